@@ -1,0 +1,61 @@
+# specd — the two quick-start commands are `make demo` and `make test`.
+# Everything a fresh machine lacks is installed here: a project-local Python
+# environment (.venv) with torch==2.11.0, whose libtorch the `tch` crate links.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+VENV        := $(CURDIR)/.venv
+PYTHON      := $(VENV)/bin/python
+TORCH_VER   := 2.11.0
+TORCH_STAMP := $(VENV)/.torch-$(TORCH_VER)
+PY_STAMP    := $(VENV)/.pydeps-1
+
+# tch finds libtorch through the Python interpreter that has torch installed.
+export LIBTORCH_USE_PYTORCH := 1
+export PYTHON_SYS_EXECUTABLE := $(PYTHON)
+export SPECD_PYTHON := $(PYTHON)
+TORCH_LIB = $(VENV)/lib/python3.11/site-packages/torch/lib
+export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
+
+CARGO ?= cargo
+
+.PHONY: all build test lint fmt demo bench torch pydeps clean help
+
+all: build
+
+help:
+	@echo "make demo   - run the main job on the embedded default (see README)"
+	@echo "make test   - install what is missing, then lint and run every test"
+	@echo "make build  - build target/release/specd"
+	@echo "make bench  - run the criterion benchmarks"
+
+$(PYTHON):
+	python3 -m venv $(VENV)
+
+# torch is about 4.6 GB with its CUDA libraries; it also runs on CPU-only machines.
+$(TORCH_STAMP): | $(PYTHON)
+	$(PYTHON) -m pip install --disable-pip-version-check -q "torch==$(TORCH_VER)"
+	touch $@
+
+torch: $(TORCH_STAMP)
+
+build: torch
+	$(CARGO) build --release --locked -p specd
+
+lint: torch
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+test: lint
+	$(CARGO) test --workspace --locked
+
+bench: torch
+	$(CARGO) bench -p specd-sampling --bench round
+
+demo: build
+	./target/release/specd rule --target 0.6,0.3,0.1 --draft 0.5,0.25,0.25 --simulate 200000 --seed 7
+	./target/release/specd cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
+
+clean:
+	$(CARGO) clean

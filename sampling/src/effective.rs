@@ -1,0 +1,265 @@
+//! Effective next-token distributions: logits plus settings plus history to the p (or q)
+//! that is actually sampled from.
+
+use std::collections::HashMap;
+
+use crate::dist::{DenseDist, check_token};
+use crate::error::{Result, SamplingError};
+use crate::params::SamplingParams;
+
+/// The tokens the penalties look at: the prompt, and everything generated before the
+/// position being scored (committed output followed by any speculated tokens before it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokenHistory<'a> {
+    pub prompt: &'a [u32],
+    pub generated: &'a [u32],
+}
+
+/// The effective distribution for one position.
+///
+/// Order (DESIGN.md §1): penalties → temperature → top-k → top-p → min-p. Logits may be
+/// `-inf` (a masked token) but not NaN or `+inf`. Temperature 0 is the one-hot distribution
+/// on the argmax of the penalised logits, ties to the lowest id.
+pub fn effective_distribution(
+    logits: &[f32],
+    params: &SamplingParams,
+    history: TokenHistory<'_>,
+) -> Result<DenseDist> {
+    let vocab_size = logits.len();
+    if vocab_size == 0 {
+        return Err(SamplingError::EmptyDistribution);
+    }
+    let mut scores = Vec::with_capacity(vocab_size);
+    for (index, &value) in logits.iter().enumerate() {
+        if value.is_nan() || value == f32::INFINITY {
+            return Err(SamplingError::NonFiniteLogit { index, value });
+        }
+        scores.push(f64::from(value));
+    }
+    if params.has_penalties() {
+        apply_penalties(&mut scores, params, history)?;
+    }
+    let best = argmax(&scores).ok_or(SamplingError::NoFiniteLogit)?;
+    if params.is_greedy() {
+        return DenseDist::one_hot(vocab_size, best);
+    }
+    let max = scores[best as usize];
+    let inv_t = 1.0 / params.temperature;
+    let mut probs: Vec<f64> = scores.iter().map(|&s| ((s - max) * inv_t).exp()).collect();
+    if params.top_k > 0 && (params.top_k as usize) < vocab_size {
+        keep_top_k(&mut probs, params.top_k as usize);
+    }
+    if params.top_p < 1.0 {
+        keep_top_p(&mut probs, params.top_p);
+    }
+    if params.min_p > 0.0 {
+        // The argmax always survives top-k and top-p, so it is still the maximum here.
+        let floor = params.min_p * probs[best as usize];
+        probs.iter_mut().filter(|p| **p < floor).for_each(|p| *p = 0.0);
+    }
+    DenseDist::from_weights(probs)
+}
+
+/// Effective distributions for a block: row i of `rows` scores the token after
+/// `generated ++ block[..i]`, so penalties at position i see the i speculated tokens before it.
+pub fn block_distributions(
+    rows: &[&[f32]],
+    params: &SamplingParams,
+    prompt: &[u32],
+    generated: &[u32],
+    block: &[u32],
+) -> Result<Vec<DenseDist>> {
+    if block.len() + 1 < rows.len() {
+        return Err(SamplingError::ShapeMismatch(format!(
+            "{} logit rows need at least {} block tokens, got {}",
+            rows.len(),
+            rows.len() - 1,
+            block.len()
+        )));
+    }
+    let mut history = generated.to_vec();
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            history.push(block[i - 1]);
+        }
+        out.push(effective_distribution(row, params, TokenHistory { prompt, generated: &history })?);
+    }
+    Ok(out)
+}
+
+fn apply_penalties(scores: &mut [f64], params: &SamplingParams, history: TokenHistory<'_>) -> Result<()> {
+    let vocab_size = scores.len();
+    let mut generated_counts: HashMap<u32, u32> = HashMap::new();
+    for &t in history.generated {
+        check_token(t, vocab_size)?;
+        *generated_counts.entry(t).or_default() += 1;
+    }
+    if params.repetition_penalty != 1.0 {
+        let mut seen: Vec<u32> = history.prompt.to_vec();
+        seen.extend(generated_counts.keys());
+        seen.sort_unstable();
+        seen.dedup();
+        let r = params.repetition_penalty;
+        for t in seen {
+            check_token(t, vocab_size)?;
+            let s = &mut scores[t as usize];
+            *s = if *s > 0.0 { *s / r } else { *s * r };
+        }
+    }
+    for (&t, &count) in &generated_counts {
+        scores[t as usize] -= params.presence_penalty + params.frequency_penalty * f64::from(count);
+    }
+    Ok(())
+}
+
+/// Index of the largest finite-or-not score, ties to the lowest id; None when all are -inf.
+fn argmax(scores: &[f64]) -> Option<u32> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, &s) in scores.iter().enumerate() {
+        if s == f64::NEG_INFINITY {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| s > b) {
+            best = Some((i, s));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+fn by_prob_desc_then_id(probs: &[f64]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
+    move |a, b| probs[*b as usize].total_cmp(&probs[*a as usize]).then(a.cmp(b))
+}
+
+fn keep_top_k(probs: &mut [f64], k: usize) {
+    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+    order.select_nth_unstable_by(k - 1, by_prob_desc_then_id(probs));
+    for &t in &order[k..] {
+        probs[t as usize] = 0.0;
+    }
+}
+
+fn keep_top_p(probs: &mut [f64], top_p: f64) {
+    let total: f64 = probs.iter().sum();
+    let mut order: Vec<u32> = (0..probs.len() as u32).filter(|&t| probs[t as usize] > 0.0).collect();
+    order.sort_unstable_by(by_prob_desc_then_id(probs));
+    let needed = top_p * total;
+    let mut running = 0.0;
+    let mut keep = order.len();
+    for (i, &t) in order.iter().enumerate() {
+        running += probs[t as usize];
+        if running >= needed {
+            keep = i + 1;
+            break;
+        }
+    }
+    for &t in &order[keep..] {
+        probs[t as usize] = 0.0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dist(logits: &[f32], params: SamplingParams) -> Vec<f64> {
+        effective_distribution(logits, &params, TokenHistory::default()).unwrap().probs().to_vec()
+    }
+
+    fn assert_close(a: &[f64], b: &[f64]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-7, "{a:?} vs {b:?}"); // logits are f32
+        }
+    }
+
+    #[test]
+    fn softmax_at_temperature_one_and_two() {
+        let l = [0.0f32, (2.0f32).ln(), (5.0f32).ln()];
+        assert_close(&dist(&l, SamplingParams::default()), &[0.125, 0.25, 0.625]);
+        let hot = dist(&l, SamplingParams { temperature: 2.0, ..Default::default() });
+        let w = [1.0, 2f64.sqrt(), 5f64.sqrt()];
+        let s: f64 = w.iter().sum();
+        assert_close(&hot, &w.map(|x| x / s));
+    }
+
+    #[test]
+    fn greedy_is_one_hot_on_the_lowest_argmax() {
+        assert_eq!(dist(&[1.0, 3.0, 3.0, 2.0], SamplingParams::greedy()), vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_in_order() {
+        let probs = [0.4, 0.3, 0.2, 0.1];
+        let l: Vec<f32> = probs.iter().map(|p: &f64| p.ln() as f32).collect();
+        let k2 = dist(&l, SamplingParams { top_k: 2, ..Default::default() });
+        assert!((k2[0] - 4.0 / 7.0).abs() < 1e-6 && k2[2] == 0.0 && k2[3] == 0.0);
+        let p = dist(&l, SamplingParams { top_p: 0.75, ..Default::default() });
+        assert!((p[2] - 2.0 / 9.0).abs() < 1e-6 && p[3] == 0.0, "0.4+0.3 < 0.75 so the third stays: {p:?}");
+        let m = dist(&l, SamplingParams { min_p: 0.45, ..Default::default() });
+        assert!(m[2] > 0.0 && m[3] == 0.0, "0.2 >= 0.45*0.4 stays, 0.1 goes: {m:?}");
+        // top-k first, then top-p on the renormalised remainder: (4/7, 3/7) needs both for 0.6.
+        let kp = dist(&l, SamplingParams { top_k: 2, top_p: 0.6, ..Default::default() });
+        assert!(kp[0] > 0.0 && kp[1] > 0.0 && kp[2] == 0.0);
+    }
+
+    #[test]
+    fn penalties_use_the_history() {
+        let l = [2.0f32, -1.0, 0.5];
+        let params = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 4.0,
+            ..Default::default()
+        };
+        // 2.0 / 4 = 0.5 ties with token 2; lowest id wins.
+        let out = effective_distribution(&l, &params, TokenHistory { prompt: &[0], generated: &[] }).unwrap();
+        assert_eq!(out.probs(), &[1.0, 0.0, 0.0]);
+        let out = effective_distribution(&l, &params, TokenHistory { prompt: &[0, 0], generated: &[0, 0] }).unwrap();
+        assert_eq!(out.probs(), &[1.0, 0.0, 0.0], "repetition penalty applies once per token, not per count");
+        let freq = SamplingParams { temperature: 0.0, frequency_penalty: 0.6, ..Default::default() };
+        let out = effective_distribution(&l, &freq, TokenHistory { prompt: &[0], generated: &[0, 0] }).unwrap();
+        assert_eq!(out.probs(), &[1.0, 0.0, 0.0], "2.0 - 2*0.6 = 0.8 > 0.5: prompt tokens do not count");
+        let out = effective_distribution(&l, &freq, TokenHistory { prompt: &[], generated: &[0, 0, 0] }).unwrap();
+        assert_eq!(out.probs(), &[0.0, 0.0, 1.0], "2.0 - 3*0.6 = 0.2 < 0.5");
+        let pres = SamplingParams { temperature: 0.0, presence_penalty: 1.6, ..Default::default() };
+        let out = effective_distribution(&l, &pres, TokenHistory { prompt: &[0], generated: &[] }).unwrap();
+        assert_eq!(out.probs(), &[1.0, 0.0, 0.0], "presence ignores the prompt");
+        let out = effective_distribution(&l, &pres, TokenHistory { prompt: &[], generated: &[0] }).unwrap();
+        assert_eq!(out.probs(), &[0.0, 0.0, 1.0], "2.0 - 1.6 = 0.4 < 0.5");
+    }
+
+    #[test]
+    fn block_positions_see_the_speculated_tokens_before_them() {
+        let row = [1.0f32, 0.9, 0.0];
+        let rows = [&row[..], &row[..], &row[..]];
+        let params = SamplingParams { temperature: 0.0, presence_penalty: 0.5, ..Default::default() };
+        let dists = block_distributions(&rows, &params, &[], &[], &[0, 1]).unwrap();
+        assert_eq!(dists[0].probs(), &[1.0, 0.0, 0.0]);
+        assert_eq!(dists[1].probs(), &[0.0, 1.0, 0.0], "token 0 was speculated at position 1");
+        assert_eq!(dists[2].probs(), &[1.0, 0.0, 0.0], "both penalised: 0.5 > 0.4");
+    }
+
+    #[test]
+    fn bad_logits_are_clear_errors() {
+        let p = SamplingParams::default();
+        assert!(matches!(
+            effective_distribution(&[0.0, f32::NAN], &p, TokenHistory::default()),
+            Err(SamplingError::NonFiniteLogit { index: 1, .. })
+        ));
+        assert!(matches!(
+            effective_distribution(&[f32::INFINITY], &p, TokenHistory::default()),
+            Err(SamplingError::NonFiniteLogit { index: 0, .. })
+        ));
+        assert_eq!(
+            effective_distribution(&[f32::NEG_INFINITY; 2], &p, TokenHistory::default()),
+            Err(SamplingError::NoFiniteLogit)
+        );
+        let masked = effective_distribution(&[f32::NEG_INFINITY, 0.0], &p, TokenHistory::default()).unwrap();
+        assert_eq!(masked.probs(), &[0.0, 1.0]);
+        let rep = SamplingParams { repetition_penalty: 1.2, ..Default::default() };
+        assert!(matches!(
+            effective_distribution(&[0.0, 0.0], &rep, TokenHistory { prompt: &[5], generated: &[] }),
+            Err(SamplingError::TokenOutOfRange { token: 5, vocab_size: 2 })
+        ));
+    }
+}

@@ -1,0 +1,44 @@
+//! specd-sampling: the law that specd preserves, and nothing else (no networks, no tensors).
+//!
+//! Speculative sampling (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023,
+//! arXiv:2302.01318) lets a cheap draft propose tokens that a target accepts or corrects so
+//! that the output is distributed exactly as the target's own sampling. Modules:
+//!
+//! - [`params`]: [`SamplingParams`], validated sampling settings;
+//! - [`effective`]: logits + settings + history → the effective distribution p or q
+//!   (penalties → temperature → top-k → top-p → min-p; temperature 0 is greedy);
+//! - [`dist`]: [`DenseDist`], [`SparseDist`] and the draft's [`Truncation`] to a sparse q;
+//! - [`rng`]: Philox4x32-10 counter-based randomness keyed by (seed, round, position, purpose);
+//! - [`rule`]: the algorithm and [`BlockOutcome`]; [`dense_rule`] applies it on full
+//!   distributions, [`sparse_rule`] on the sparse wire format, whose target half is
+//!   [`target_pieces`];
+//! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
+//! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
+//! - [`cost`]: expected tokens per round, speedup and the best draft length γ;
+//! - [`chi2`]: Pearson's χ² goodness-of-fit test for the statistical tests;
+//! - [`error`]: [`SamplingError`].
+
+pub mod chi2;
+pub mod cost;
+pub mod dense_rule;
+pub mod dist;
+pub mod effective;
+pub mod error;
+pub mod law;
+pub mod naive;
+pub mod params;
+pub mod rng;
+pub mod rule;
+pub mod sparse_rule;
+pub mod target_pieces;
+
+pub use cost::{CostModel, MAX_GAMMA};
+pub use dense_rule::{DenseCandidate, RoundKey, verify_block_dense};
+pub use dist::{DenseDist, SparseDist, Truncation};
+pub use effective::{TokenHistory, block_distributions, effective_distribution};
+pub use error::{Result, SamplingError};
+pub use params::SamplingParams;
+pub use rng::{Purpose, StreamKey};
+pub use rule::{BlockOutcome, EmittedFrom, acceptance_probability};
+pub use sparse_rule::{SparseCandidate, verify_block_sparse};
+pub use target_pieces::{ScoredBlock, ScoredPosition, score_block};

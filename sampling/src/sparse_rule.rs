@@ -1,0 +1,155 @@
+//! The block rule on the sparse wire format: what the coordinator runs every round.
+
+use crate::dense_rule::RoundKey;
+use crate::dist::{SparseDist, sample_weights};
+use crate::error::{Result, SamplingError};
+use crate::rng::Purpose;
+use crate::rule::{BlockOutcome, EmittedFrom, acceptance_probability};
+use crate::target_pieces::{ScoredBlock, ScoredPosition};
+
+/// One candidate with the sparse q (support S and q on S) it was drawn from.
+#[derive(Debug, Clone, Copy)]
+pub struct SparseCandidate<'a> {
+    pub token: u32,
+    pub q: &'a SparseDist,
+}
+
+/// Applies the rule of [`crate::rule`] with q on supports and the target's [`ScoredBlock`].
+///
+/// At the first rejection the residual is a mixture: inside S it has mass
+/// R_in = Σ_S max(0, p - q), outside S mass P_out (there q = 0). With probability
+/// R_in / (R_in + P_out) a token is drawn from S in proportion to max(0, p - q), otherwise
+/// the target's complement sample is emitted. Both branches are exact draws from r.
+/// Draws: `(Accept, i)` for acceptance; `(Residual, i)` for the branch and the draw in S.
+pub fn verify_block_sparse(candidates: &[SparseCandidate<'_>], scored: &ScoredBlock, key: RoundKey) -> Result<BlockOutcome> {
+    let gamma = candidates.len();
+    if scored.positions.len() != gamma {
+        return Err(SamplingError::ShapeMismatch(format!(
+            "{gamma} candidates but the target scored {} positions",
+            scored.positions.len()
+        )));
+    }
+    for (i, (c, s)) in candidates.iter().zip(&scored.positions).enumerate() {
+        validate_position(i + 1, c.q, s)?;
+    }
+    let expected_acceptance = candidates
+        .iter()
+        .zip(&scored.positions)
+        .map(|(c, s)| c.q.probs().iter().zip(&s.p_on_support).map(|(q, p)| q.min(*p)).sum())
+        .collect();
+    let mut tokens = Vec::with_capacity(gamma + 1);
+    let mut acceptance = Vec::with_capacity(gamma);
+    for (i, (candidate, scored_i)) in candidates.iter().zip(&scored.positions).enumerate() {
+        let position = i + 1;
+        let Some(j) = candidate.q.tokens().iter().position(|&t| t == candidate.token) else {
+            return Err(SamplingError::ImpossibleProposal { position, token: candidate.token });
+        };
+        let a = acceptance_probability(scored_i.p_on_support[j], candidate.q.probs()[j]);
+        acceptance.push(a);
+        if key.stream(position, Purpose::Accept).uniform() < a {
+            tokens.push(candidate.token);
+            continue;
+        }
+        let (token, emitted_from) = sample_sparse_residual(position, candidate.q, scored_i, key)?;
+        tokens.push(token);
+        return Ok(BlockOutcome { accepted: i, tokens, acceptance, expected_acceptance, emitted_from });
+    }
+    tokens.push(scored.bonus);
+    Ok(BlockOutcome { accepted: gamma, tokens, acceptance, expected_acceptance, emitted_from: EmittedFrom::Bonus })
+}
+
+fn sample_sparse_residual(position: usize, q: &SparseDist, scored: &ScoredPosition, key: RoundKey) -> Result<(u32, EmittedFrom)> {
+    let mut stream = key.stream(position, Purpose::Residual).stream();
+    let inside = || q.tokens().iter().zip(q.probs()).zip(&scored.p_on_support).map(|((&t, &q), &p)| (t, (p - q).max(0.0)));
+    let r_in: f64 = inside().map(|(_, w)| w).sum();
+    let total = r_in + scored.complement_mass;
+    if total <= 0.0 {
+        // p and q agree on S up to rounding and p has no mass outside: the residual is
+        // undefined and reaching here has probability at most the rounding error. Draw from p.
+        let on_support = q.tokens().iter().copied().zip(scored.p_on_support.iter().copied());
+        let mass: f64 = scored.p_on_support.iter().sum();
+        return sample_weights(on_support, mass, stream.next_uniform())
+            .map(|t| (t, EmittedFrom::Residual))
+            .ok_or_else(|| SamplingError::InvalidTargetReply(format!("position {position}: p has no mass at all")));
+    }
+    if stream.next_uniform() * total < r_in {
+        let token = sample_weights(inside(), r_in, stream.next_uniform()).expect("r_in > 0 here");
+        Ok((token, EmittedFrom::Residual))
+    } else {
+        let token = scored
+            .complement_sample
+            .ok_or(SamplingError::MissingComplementSample { position, mass: scored.complement_mass })?;
+        Ok((token, EmittedFrom::Complement))
+    }
+}
+
+fn validate_position(position: usize, q: &SparseDist, scored: &ScoredPosition) -> Result<()> {
+    let bad = |what: String| Err(SamplingError::InvalidTargetReply(format!("position {position}: {what}")));
+    if scored.p_on_support.len() != q.len() {
+        return bad(format!("{} probabilities for a support of {}", scored.p_on_support.len(), q.len()));
+    }
+    if let Some(p) = scored.p_on_support.iter().find(|p| !(0.0..=1.0 + 1e-9).contains(*p)) {
+        return bad(format!("probability {p} outside [0, 1]"));
+    }
+    let m = scored.complement_mass;
+    if !(0.0..=1.0 + 1e-9).contains(&m) {
+        return bad(format!("complement mass {m} outside [0, 1]"));
+    }
+    let total = m + scored.p_on_support.iter().sum::<f64>();
+    if (total - 1.0).abs() > 1e-6 {
+        return bad(format!("p on the support plus the complement mass is {total}, not 1"));
+    }
+    match scored.complement_sample {
+        None if m > 0.0 => Err(SamplingError::MissingComplementSample { position, mass: m }),
+        Some(c) if q.tokens().contains(&c) => bad(format!("complement sample {c} is inside the support")),
+        Some(c) if c as usize >= q.vocab_size() => Err(SamplingError::TokenOutOfRange { token: c, vocab_size: q.vocab_size() }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q_ab() -> SparseDist {
+        SparseDist::new(3, vec![0, 1], vec![0.5, 0.5]).unwrap()
+    }
+
+    fn scored(p_on_support: Vec<f64>, complement_mass: f64, complement_sample: Option<u32>) -> ScoredBlock {
+        ScoredBlock { positions: vec![ScoredPosition { p_on_support, complement_mass, complement_sample }], bonus: 2 }
+    }
+
+    #[test]
+    fn refuses_broken_target_replies() {
+        let q = q_ab();
+        let c = [SparseCandidate { token: 0, q: &q }];
+        let key = RoundKey { seed: 0, round: 0 };
+        let cases = [
+            scored(vec![0.5], 0.5, Some(2)),
+            scored(vec![0.5, 0.2], 0.1, Some(2)),
+            scored(vec![0.5, 0.2], 0.3, None),
+            scored(vec![0.5, 0.2], 0.3, Some(1)),
+            scored(vec![0.5, 0.2], 0.3, Some(9)),
+            scored(vec![f64::NAN, 0.2], 0.3, Some(2)),
+        ];
+        for case in &cases {
+            assert!(verify_block_sparse(&c, case, key).is_err(), "{case:?}");
+        }
+        let off_support = [SparseCandidate { token: 2, q: &q }];
+        assert_eq!(
+            verify_block_sparse(&off_support, &scored(vec![0.5, 0.2], 0.3, Some(2)), key),
+            Err(SamplingError::ImpossibleProposal { position: 1, token: 2 })
+        );
+    }
+
+    #[test]
+    fn all_mass_outside_the_support_always_emits_the_complement_sample() {
+        let q = q_ab();
+        for seed in 0..100 {
+            let c = [SparseCandidate { token: 1, q: &q }];
+            let out = verify_block_sparse(&c, &scored(vec![0.0, 0.0], 1.0, Some(2)), RoundKey { seed, round: 0 }).unwrap();
+            assert_eq!(out.tokens, vec![2]);
+            assert_eq!(out.emitted_from, EmittedFrom::Complement);
+        }
+    }
+}

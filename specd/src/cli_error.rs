@@ -1,0 +1,35 @@
+//! How the binary reports failures: invalid input is one line on stderr and exit code 2,
+//! anything else exit code 1 with its cause chain.
+
+use std::fmt;
+use std::process::ExitCode;
+
+/// The user asked for something that cannot be done as asked.
+#[derive(Debug)]
+pub struct InvalidInput(pub String);
+
+impl fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidInput {}
+
+pub fn invalid(message: impl Into<String>) -> anyhow::Error {
+    InvalidInput(message.into()).into()
+}
+
+pub fn exit_code(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.is::<InvalidInput>() => {
+            eprintln!("error: {err}");
+            ExitCode::from(2)
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

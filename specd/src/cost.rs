@@ -1,0 +1,107 @@
+//! `specd cost`: the cost model of DESIGN.md §1 — does drafting pay, and with which γ.
+
+use clap::Args;
+use serde_json::json;
+use specd_sampling::SamplingError;
+use specd_sampling::cost::{CostModel, MAX_GAMMA};
+
+use crate::cli_error::invalid;
+
+/// Expected speed of speculative decoding from acceptance and timings.
+///
+/// With per-token acceptance α a round of draft length γ commits (1 - α^(γ+1)) / (1 - α)
+/// tokens on average. A round costs γ draft steps, the round trip to the draft node (--rtt-ms)
+/// and one target verify pass; target-only decoding costs one target pass per token. The best
+/// γ maximises tokens per second; γ = 0 (no speculation) wins when the draft does not pay.
+///
+/// Example (DESIGN.md §1): 1.75 tokens per round, 80 ms per token, 1.25x:
+///   specd cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
+/// With a 50 ms draft step the same γ gives 0.875x and the best γ is 0.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct CostArgs {
+    /// Draft length: candidates per round (0 = target-only).
+    #[arg(long, env = "SPECD_COST_GAMMA")]
+    gamma: u32,
+    /// Per-token acceptance probability α, in [0, 1).
+    #[arg(long, env = "SPECD_COST_ALPHA")]
+    alpha: f64,
+    /// Milliseconds of one target pass (a verify pass scores the whole block at about this cost).
+    #[arg(long, env = "SPECD_COST_TARGET_MS")]
+    target_ms: f64,
+    /// Milliseconds of one draft step.
+    #[arg(long, env = "SPECD_COST_DRAFT_MS")]
+    draft_ms: f64,
+    /// Round trip between the coordinator and the draft node, paid once per speculative round.
+    #[arg(long, env = "SPECD_COST_RTT_MS", default_value_t = 0.0)]
+    rtt_ms: f64,
+    /// Largest γ considered for the best draft length.
+    #[arg(long, env = "SPECD_COST_MAX_GAMMA", default_value_t = 16)]
+    max_gamma: u32,
+    /// Print one JSON object instead of the table.
+    #[arg(long, env = "SPECD_JSON")]
+    json: bool,
+}
+
+pub fn run(args: &CostArgs) -> anyhow::Result<()> {
+    if args.max_gamma > MAX_GAMMA {
+        return Err(invalid(format!("--max-gamma {} is above the maximum {MAX_GAMMA}", args.max_gamma)));
+    }
+    if args.gamma > args.max_gamma {
+        return Err(invalid(format!("--gamma {} is above the maximum {} (--max-gamma)", args.gamma, args.max_gamma)));
+    }
+    let model = CostModel::new(args.alpha, args.target_ms, args.draft_ms, args.rtt_ms).map_err(|err| match err {
+        SamplingError::InvalidParameter { name, value, expected } => {
+            invalid(format!("--{} {value}: {expected}", name.replace('_', "-")))
+        }
+        other => invalid(other.to_string()),
+    })?;
+    let g = args.gamma;
+    let (best_gamma, best_speedup) = model.best_gamma(args.max_gamma);
+    if args.json {
+        let report = json!({
+            "gamma": g,
+            "alpha": args.alpha,
+            "target_ms": args.target_ms,
+            "draft_ms": args.draft_ms,
+            "rtt_ms": args.rtt_ms,
+            "tokens_per_round": model.tokens_per_round(g),
+            "round_ms": model.round_ms(g),
+            "ms_per_token": model.ms_per_token(g),
+            "target_only_ms_per_token": model.ms_per_token(0),
+            "speedup": model.speedup(g),
+            "analytic_bound": model.analytic_bound(g),
+            "best_gamma": best_gamma,
+            "best_speedup": best_speedup,
+            "best_ms_per_token": model.ms_per_token(best_gamma),
+            "speculation": if best_gamma == 0 { "off" } else { "on" },
+        });
+        println!("{report}");
+        return Ok(());
+    }
+    println!("α = {}, target pass {} ms, draft step {} ms, round trip {} ms\n", args.alpha, args.target_ms, args.draft_ms, args.rtt_ms);
+    println!("{:>5} {:>16} {:>10} {:>12} {:>9}", "γ", "tokens/round", "round ms", "ms/token", "speedup");
+    for gamma in 0..=args.max_gamma.min(g.max(best_gamma) + 2) {
+        let marks = match (gamma == g, gamma == best_gamma) {
+            (true, true) => "  <- asked, best",
+            (true, false) => "  <- asked",
+            (false, true) => "  <- best",
+            _ => "",
+        };
+        println!(
+            "{gamma:>5} {:>16.4} {:>10.3} {:>12.3} {:>8.3}x{marks}",
+            model.tokens_per_round(gamma),
+            model.round_ms(gamma),
+            model.ms_per_token(gamma),
+            model.speedup(gamma)
+        );
+    }
+    println!();
+    println!("At γ = {g}: {:.4} tokens per round, {:.3} ms per round, {:.3} ms per token, {:.3}x over target-only.", model.tokens_per_round(g), model.round_ms(g), model.ms_per_token(g), model.speedup(g));
+    if best_gamma == 0 {
+        println!("Best γ = 0: the draft does not pay here, so speculation switches itself off (1x).");
+    } else {
+        println!("Best γ = {best_gamma}: {best_speedup:.3}x over target-only.");
+    }
+    Ok(())
+}
