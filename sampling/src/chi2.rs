@@ -43,7 +43,12 @@ pub fn chi_square_test(observed: &[u64], expected_probs: &[f64]) -> Result<ChiSq
         }
         if p == 0.0 {
             if o > 0 {
-                return Ok(ChiSquare { statistic: f64::INFINITY, degrees_of_freedom: 0, p_value: 0.0, pooled_cells: 0 });
+                return Ok(ChiSquare {
+                    statistic: f64::INFINITY,
+                    degrees_of_freedom: 0,
+                    p_value: 0.0,
+                    pooled_cells: 0,
+                });
             }
             continue;
         }

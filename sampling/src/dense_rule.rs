@@ -1,7 +1,8 @@
 //! The block rule on full distributions: the reference path.
 
-use crate::dist::{DenseDist, sample_weights};
+use crate::dist::DenseDist;
 use crate::error::{Result, SamplingError};
+use crate::kernels::{overlap_and_excess, sample_index};
 use crate::rng::{Purpose, StreamKey};
 use crate::rule::{BlockOutcome, EmittedFrom, acceptance_probability};
 
@@ -36,13 +37,14 @@ pub fn verify_block_dense(candidates: &[DenseCandidate<'_>], p: &[DenseDist], ke
     verify_block_dense_with(candidates, p, key, sample_residual)
 }
 
-/// The dense loop with the draw at the first rejection left to `on_reject(p_i, q_i, u)`:
+/// The dense loop with the draw at the first rejection left to
+/// `on_reject(p_i, q_i, residual mass, u)`:
 /// [`sample_residual`] makes it the exact rule, [`crate::naive`] the wrong one.
 pub(crate) fn verify_block_dense_with(
     candidates: &[DenseCandidate<'_>],
     p: &[DenseDist],
     key: RoundKey,
-    on_reject: impl Fn(&DenseDist, &DenseDist, f64) -> u32,
+    on_reject: impl Fn(&DenseDist, &DenseDist, f64, f64) -> u32,
 ) -> Result<BlockOutcome> {
     let gamma = candidates.len();
     if p.len() != gamma + 1 {
@@ -58,9 +60,9 @@ pub(crate) fn verify_block_dense_with(
             return Err(SamplingError::VocabMismatch { target: vocab_size, draft: dist });
         }
     }
-    let expected_acceptance = candidates.iter().zip(p).map(|(c, p)| p.overlap(c.q)).collect();
     let mut tokens = Vec::with_capacity(gamma + 1);
     let mut acceptance = Vec::with_capacity(gamma);
+    let mut expected_acceptance = Vec::with_capacity(gamma);
     for (i, (candidate, p_i)) in candidates.iter().zip(p).enumerate() {
         let position = i + 1;
         let q_x = candidate.q.prob(candidate.token);
@@ -69,27 +71,38 @@ pub(crate) fn verify_block_dense_with(
         }
         let a = acceptance_probability(p_i.prob(candidate.token), q_x);
         acceptance.push(a);
+        let (overlap, residual_mass) = overlap_and_excess(p_i.probs(), candidate.q.probs());
+        expected_acceptance.push(overlap);
         if key.stream(position, Purpose::Accept).uniform() < a {
             tokens.push(candidate.token);
             continue;
         }
         let u = key.stream(position, Purpose::Residual).uniform();
-        tokens.push(on_reject(p_i, candidate.q, u));
-        return Ok(BlockOutcome { accepted: i, tokens, acceptance, expected_acceptance, emitted_from: EmittedFrom::Residual });
+        tokens.push(on_reject(p_i, candidate.q, residual_mass, u));
+        return Ok(BlockOutcome {
+            accepted: i,
+            tokens,
+            acceptance,
+            expected_acceptance,
+            emitted_from: EmittedFrom::Residual,
+        });
     }
     tokens.push(p[gamma].sample(key.stream(gamma + 1, Purpose::Bonus).uniform()));
     Ok(BlockOutcome { accepted: gamma, tokens, acceptance, expected_acceptance, emitted_from: EmittedFrom::Bonus })
 }
 
-/// Draw from r ∝ max(0, p - q) with the uniform `u`, falling back to p when r has no mass.
-pub fn sample_residual(p: &DenseDist, q: &DenseDist, u: f64) -> u32 {
-    let residual = |i: usize| (p.probs()[i] - q.probs()[i]).max(0.0);
-    let mass: f64 = (0..p.vocab_size()).map(residual).sum();
-    if mass > 0.0 {
-        let weights = (0..p.vocab_size()).map(|i| (i as u32, residual(i)));
-        if let Some(token) = sample_weights(weights, mass, u) {
-            return token;
-        }
+/// Draw from r ∝ max(0, p - q), whose total is `residual_mass`, with the uniform `u`; falls
+/// back to p when r has no mass.
+pub fn sample_residual(p: &DenseDist, q: &DenseDist, residual_mass: f64, u: f64) -> u32 {
+    let (p_probs, q_probs) = (p.probs(), q.probs());
+    let residual = |i: usize| {
+        let d = p_probs[i] - q_probs[i];
+        if d > 0.0 { d } else { 0.0 }
+    };
+    if residual_mass > 0.0
+        && let Some(token) = sample_index(p_probs.len(), residual, residual_mass, u)
+    {
+        return token as u32;
     }
     p.sample(u)
 }
@@ -113,7 +126,7 @@ mod tests {
             Err(SamplingError::ImpossibleProposal { position: 1, token: 2 })
         );
         let ok = [DenseCandidate { token: 0, q: &q }];
-        assert!(matches!(verify_block_dense(&ok, &[p.clone()], key), Err(SamplingError::ShapeMismatch(_))));
+        assert!(matches!(verify_block_dense(&ok, std::slice::from_ref(&p), key), Err(SamplingError::ShapeMismatch(_))));
         let wide = DenseDist::new(vec![0.25; 4]).unwrap();
         let other = [DenseCandidate { token: 0, q: &wide }];
         assert_eq!(
@@ -128,7 +141,8 @@ mod tests {
         for seed in 0..200 {
             for token in 0..3 {
                 let c = [DenseCandidate { token, q: &p }, DenseCandidate { token, q: &p }];
-                let out = verify_block_dense(&c, &[p.clone(), p.clone(), p.clone()], RoundKey { seed, round: 0 }).unwrap();
+                let out =
+                    verify_block_dense(&c, &[p.clone(), p.clone(), p.clone()], RoundKey { seed, round: 0 }).unwrap();
                 assert_eq!(out.accepted, 2);
                 assert_eq!(out.emitted_from, EmittedFrom::Bonus);
                 assert_eq!(out.acceptance, vec![1.0, 1.0]);
@@ -151,7 +165,7 @@ mod tests {
     #[test]
     fn residual_of_equal_distributions_falls_back_to_p() {
         let p = abc([0.6, 0.3, 0.1]);
-        assert_eq!(sample_residual(&p, &p, 0.0), 0);
-        assert_eq!(sample_residual(&p, &p, 0.95), 2);
+        assert_eq!(sample_residual(&p, &p, 0.0, 0.0), 0);
+        assert_eq!(sample_residual(&p, &p, 0.0, 0.95), 2);
     }
 }

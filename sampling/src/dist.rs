@@ -1,6 +1,7 @@
 //! Dense and sparse next-token distributions, and the draft's truncation to a sparse q.
 
 use crate::error::{Result, SamplingError};
+use crate::kernels::{overlap_and_excess, sample_index};
 
 /// How far from 1 a given list of probabilities may sum before it is refused.
 pub const NORMALISATION_TOLERANCE: f64 = 1e-6;
@@ -65,18 +66,16 @@ impl DenseDist {
 
     /// Inverse-CDF sample with the uniform `u` in [0, 1).
     pub fn sample(&self, u: f64) -> u32 {
-        sample_weights(self.probs.iter().copied().enumerate().map(|(i, p)| (i as u32, p)), 1.0, u)
-            .expect("a validated distribution has positive mass")
+        let probs = &self.probs;
+        sample_index(probs.len(), |i| probs[i], 1.0, u).expect("a validated distribution has positive mass") as u32
     }
 
     /// The smallest set of tokens holding at least `1 - truncation.epsilon` of the mass, at
     /// most `truncation.max_entries` of them, renormalised: the q the draft samples from.
     pub fn truncate(&self, truncation: Truncation) -> SparseDist {
-        let mut order: Vec<u32> =
-            (0..self.probs.len() as u32).filter(|&t| self.probs[t as usize] > 0.0).collect();
-        let by_mass_then_id = |a: &u32, b: &u32| {
-            self.probs[*b as usize].total_cmp(&self.probs[*a as usize]).then(a.cmp(b))
-        };
+        let mut order: Vec<u32> = (0..self.probs.len() as u32).filter(|&t| self.probs[t as usize] > 0.0).collect();
+        let by_mass_then_id =
+            |a: &u32, b: &u32| self.probs[*b as usize].total_cmp(&self.probs[*a as usize]).then(a.cmp(b));
         if order.len() > truncation.max_entries {
             order.select_nth_unstable_by(truncation.max_entries - 1, by_mass_then_id);
             order.truncate(truncation.max_entries);
@@ -99,7 +98,7 @@ impl DenseDist {
 
     /// Expected acceptance Σ_x min(p(x), q(x)) of a draft q against this p.
     pub fn overlap(&self, q: &DenseDist) -> f64 {
-        self.probs.iter().zip(&q.probs).map(|(p, q)| p.min(*q)).sum()
+        overlap_and_excess(&self.probs, &q.probs).0
     }
 }
 
@@ -166,7 +165,8 @@ impl SparseDist {
         for &t in &tokens {
             check_token(t, vocab_size)?;
         }
-        let probs = if (sum - 1.0).abs() > ROUNDING_SLACK { probs.into_iter().map(|p| p / sum).collect() } else { probs };
+        let probs =
+            if (sum - 1.0).abs() > ROUNDING_SLACK { probs.into_iter().map(|p| p / sum).collect() } else { probs };
         Ok(Self { vocab_size, tokens, probs })
     }
 
@@ -213,11 +213,7 @@ impl SparseDist {
 /// Inverse-CDF draw from `(token, weight)` pairs of total `total` with `u` in [0, 1).
 /// Rounding can leave `u * total` just past the running sum: the last token of positive
 /// weight is returned then, never one of zero weight. `None` when every weight is zero.
-pub(crate) fn sample_weights(
-    weights: impl Iterator<Item = (u32, f64)>,
-    total: f64,
-    u: f64,
-) -> Option<u32> {
+pub(crate) fn sample_weights(weights: impl Iterator<Item = (u32, f64)>, total: f64, u: f64) -> Option<u32> {
     let threshold = u * total;
     let mut running = 0.0;
     let mut last_positive = None;
@@ -249,11 +245,7 @@ fn checked_sum(probs: &[f64]) -> Result<f64> {
 }
 
 pub(crate) fn check_token(token: u32, vocab_size: usize) -> Result<()> {
-    if (token as usize) < vocab_size {
-        Ok(())
-    } else {
-        Err(SamplingError::TokenOutOfRange { token, vocab_size })
-    }
+    if (token as usize) < vocab_size { Ok(()) } else { Err(SamplingError::TokenOutOfRange { token, vocab_size }) }
 }
 
 #[cfg(test)]
@@ -269,10 +261,7 @@ mod tests {
             DenseDist::new(vec![0.5, f64::NAN, 0.5]),
             Err(SamplingError::InvalidProbability { index: 1, .. })
         ));
-        assert!(matches!(
-            DenseDist::new(vec![1.5, -0.5]),
-            Err(SamplingError::InvalidProbability { index: 1, .. })
-        ));
+        assert!(matches!(DenseDist::new(vec![1.5, -0.5]), Err(SamplingError::InvalidProbability { index: 1, .. })));
         assert_eq!(DenseDist::new(vec![]), Err(SamplingError::EmptyDistribution));
     }
 

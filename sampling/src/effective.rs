@@ -20,11 +20,7 @@ pub struct TokenHistory<'a> {
 /// Order (DESIGN.md §1): penalties → temperature → top-k → top-p → min-p. Logits may be
 /// `-inf` (a masked token) but not NaN or `+inf`. Temperature 0 is the one-hot distribution
 /// on the argmax of the penalised logits, ties to the lowest id.
-pub fn effective_distribution(
-    logits: &[f32],
-    params: &SamplingParams,
-    history: TokenHistory<'_>,
-) -> Result<DenseDist> {
+pub fn effective_distribution(logits: &[f32], params: &SamplingParams, history: TokenHistory<'_>) -> Result<DenseDist> {
     let vocab_size = logits.len();
     if vocab_size == 0 {
         return Err(SamplingError::EmptyDistribution);
@@ -206,11 +202,7 @@ mod tests {
     #[test]
     fn penalties_use_the_history() {
         let l = [2.0f32, -1.0, 0.5];
-        let params = SamplingParams {
-            temperature: 0.0,
-            repetition_penalty: 4.0,
-            ..Default::default()
-        };
+        let params = SamplingParams { temperature: 0.0, repetition_penalty: 4.0, ..Default::default() };
         // 2.0 / 4 = 0.5 ties with token 2; lowest id wins.
         let out = effective_distribution(&l, &params, TokenHistory { prompt: &[0], generated: &[] }).unwrap();
         assert_eq!(out.probs(), &[1.0, 0.0, 0.0]);

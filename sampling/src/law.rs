@@ -20,7 +20,7 @@ pub struct PositionLaw {
     pub accepted_mass: Vec<f64>,
     /// β = Σ min(p, q): the probability that the candidate is accepted.
     pub beta: f64,
-    /// 1 - β.
+    /// 1 - β = Σ max(0, q - p), the probability that the candidate is rejected.
     pub rejection: f64,
     /// r = max(0, p - q) / Σ max(0, p - q); `None` when that mass is zero (p = q).
     pub residual: Option<Vec<f64>>,
@@ -38,7 +38,8 @@ pub fn position_law(p: &DenseDist, q: &DenseDist) -> PositionLaw {
     let acceptance = p.iter().zip(q).map(|(&p, &q)| (q > 0.0).then(|| acceptance_probability(p, q))).collect();
     let accepted_mass: Vec<f64> = p.iter().zip(q).map(|(p, q)| p.min(*q)).collect();
     let beta: f64 = accepted_mass.iter().sum();
-    let rejection = (1.0 - beta).max(0.0);
+    // Σ q·(1 - min(1, p/q)) = Σ max(0, q - p): exactly 0 when p = q, unlike 1 - β in floats.
+    let rejection = p.iter().zip(q).map(|(p, q)| (q - p).max(0.0)).sum();
     let excess: Vec<f64> = p.iter().zip(q).map(|(p, q)| (p - q).max(0.0)).collect();
     let excess_mass: f64 = excess.iter().sum();
     let residual = (excess_mass > 0.0).then(|| excess.iter().map(|e| e / excess_mass).collect::<Vec<_>>());
@@ -48,7 +49,16 @@ pub fn position_law(p: &DenseDist, q: &DenseDist) -> PositionLaw {
     };
     let naive_output = accepted_mass.iter().zip(p).map(|(a, p)| a + rejection * p).collect();
     let independent_match_acceptance = p.iter().zip(q).map(|(p, q)| p * q).sum();
-    PositionLaw { acceptance, accepted_mass, beta, rejection, residual, output, naive_output, independent_match_acceptance }
+    PositionLaw {
+        acceptance,
+        accepted_mass,
+        beta,
+        rejection,
+        residual,
+        output,
+        naive_output,
+        independent_match_acceptance,
+    }
 }
 
 /// The law of the token emitted after a rejection under the sparse scheme: from the support

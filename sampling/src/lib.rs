@@ -16,7 +16,8 @@
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
 //! - [`cost`]: expected tokens per round, speedup and the best draft length γ;
 //! - [`chi2`]: Pearson's χ² goodness-of-fit test for the statistical tests;
-//! - [`error`]: [`SamplingError`].
+//! - [`error`]: the crate's error type, [`SamplingError`];
+//! - `kernels` (private): vocabulary-wide sums and draws written to run fast.
 
 pub mod chi2;
 pub mod cost;
@@ -24,6 +25,7 @@ pub mod dense_rule;
 pub mod dist;
 pub mod effective;
 pub mod error;
+mod kernels;
 pub mod law;
 pub mod naive;
 pub mod params;

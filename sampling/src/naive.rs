@@ -10,6 +10,10 @@ use crate::rule::BlockOutcome;
 
 /// The block loop of [`crate::dense_rule::verify_block_dense`] with "resample from p" at the
 /// first rejection. Do not use for generation.
-pub fn naive_verify_block_dense(candidates: &[DenseCandidate<'_>], p: &[DenseDist], key: RoundKey) -> Result<BlockOutcome> {
-    verify_block_dense_with(candidates, p, key, |p_i, _q_i, u| p_i.sample(u))
+pub fn naive_verify_block_dense(
+    candidates: &[DenseCandidate<'_>],
+    p: &[DenseDist],
+    key: RoundKey,
+) -> Result<BlockOutcome> {
+    verify_block_dense_with(candidates, p, key, |p_i, _q_i, _residual_mass, u| p_i.sample(u))
 }

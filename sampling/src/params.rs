@@ -55,7 +55,12 @@ impl SamplingParams {
             if ok { Ok(()) } else { Err(SamplingError::InvalidParameter { name, value, expected }) }
         };
         let t = self.temperature;
-        check(t.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&t), "temperature", t, "must be in [0, 100]; 0 is greedy")?;
+        check(
+            t.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&t),
+            "temperature",
+            t,
+            "must be in [0, 100]; 0 is greedy",
+        )?;
         check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]; 1 disables")?;
         check((0.0..=1.0).contains(&self.min_p), "min_p", self.min_p, "must be in [0, 1]; 0 disables")?;
         let r = self.repetition_penalty;
@@ -90,7 +95,16 @@ mod tests {
             SamplingParams { presence_penalty: 3.0, ..Default::default() },
             SamplingParams { frequency_penalty: -2.5, ..Default::default() },
         ];
-        let names = ["temperature", "temperature", "top_p", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"];
+        let names = [
+            "temperature",
+            "temperature",
+            "top_p",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ];
         for (params, name) in bad.iter().zip(names) {
             match params.validate() {
                 Err(SamplingError::InvalidParameter { name: got, .. }) => assert_eq!(got, name),

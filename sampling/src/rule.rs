@@ -49,7 +49,8 @@ pub struct BlockOutcome {
     /// The acceptance probability min(1, p/q) of each candidate that was evaluated
     /// (accepted ones, and the first rejected one).
     pub acceptance: Vec<f64>,
-    /// Σ_x min(p_i(x), q_i(x)) for every block position: the expected acceptance, which is a
+    /// Σ_x min(p_i(x), q_i(x)) for every evaluated position: the probability that the
+    /// position's candidate is accepted given the accepted prefix before it, a
     /// lower-variance estimate of α than counting accepts.
     pub expected_acceptance: Vec<f64>,
     pub emitted_from: EmittedFrom,

@@ -21,7 +21,11 @@ pub struct SparseCandidate<'a> {
 /// R_in / (R_in + P_out) a token is drawn from S in proportion to max(0, p - q), otherwise
 /// the target's complement sample is emitted. Both branches are exact draws from r.
 /// Draws: `(Accept, i)` for acceptance; `(Residual, i)` for the branch and the draw in S.
-pub fn verify_block_sparse(candidates: &[SparseCandidate<'_>], scored: &ScoredBlock, key: RoundKey) -> Result<BlockOutcome> {
+pub fn verify_block_sparse(
+    candidates: &[SparseCandidate<'_>],
+    scored: &ScoredBlock,
+    key: RoundKey,
+) -> Result<BlockOutcome> {
     let gamma = candidates.len();
     if scored.positions.len() != gamma {
         return Err(SamplingError::ShapeMismatch(format!(
@@ -32,13 +36,9 @@ pub fn verify_block_sparse(candidates: &[SparseCandidate<'_>], scored: &ScoredBl
     for (i, (c, s)) in candidates.iter().zip(&scored.positions).enumerate() {
         validate_position(i + 1, c.q, s)?;
     }
-    let expected_acceptance = candidates
-        .iter()
-        .zip(&scored.positions)
-        .map(|(c, s)| c.q.probs().iter().zip(&s.p_on_support).map(|(q, p)| q.min(*p)).sum())
-        .collect();
     let mut tokens = Vec::with_capacity(gamma + 1);
     let mut acceptance = Vec::with_capacity(gamma);
+    let mut expected_acceptance = Vec::with_capacity(gamma);
     for (i, (candidate, scored_i)) in candidates.iter().zip(&scored.positions).enumerate() {
         let position = i + 1;
         let Some(j) = candidate.q.tokens().iter().position(|&t| t == candidate.token) else {
@@ -46,6 +46,7 @@ pub fn verify_block_sparse(candidates: &[SparseCandidate<'_>], scored: &ScoredBl
         };
         let a = acceptance_probability(scored_i.p_on_support[j], candidate.q.probs()[j]);
         acceptance.push(a);
+        expected_acceptance.push(candidate.q.probs().iter().zip(&scored_i.p_on_support).map(|(q, p)| q.min(*p)).sum());
         if key.stream(position, Purpose::Accept).uniform() < a {
             tokens.push(candidate.token);
             continue;
@@ -58,9 +59,15 @@ pub fn verify_block_sparse(candidates: &[SparseCandidate<'_>], scored: &ScoredBl
     Ok(BlockOutcome { accepted: gamma, tokens, acceptance, expected_acceptance, emitted_from: EmittedFrom::Bonus })
 }
 
-fn sample_sparse_residual(position: usize, q: &SparseDist, scored: &ScoredPosition, key: RoundKey) -> Result<(u32, EmittedFrom)> {
+fn sample_sparse_residual(
+    position: usize,
+    q: &SparseDist,
+    scored: &ScoredPosition,
+    key: RoundKey,
+) -> Result<(u32, EmittedFrom)> {
     let mut stream = key.stream(position, Purpose::Residual).stream();
-    let inside = || q.tokens().iter().zip(q.probs()).zip(&scored.p_on_support).map(|((&t, &q), &p)| (t, (p - q).max(0.0)));
+    let inside =
+        || q.tokens().iter().zip(q.probs()).zip(&scored.p_on_support).map(|((&t, &q), &p)| (t, (p - q).max(0.0)));
     let r_in: f64 = inside().map(|(_, w)| w).sum();
     let total = r_in + scored.complement_mass;
     if total <= 0.0 {
@@ -102,7 +109,9 @@ fn validate_position(position: usize, q: &SparseDist, scored: &ScoredPosition) -
     match scored.complement_sample {
         None if m > 0.0 => Err(SamplingError::MissingComplementSample { position, mass: m }),
         Some(c) if q.tokens().contains(&c) => bad(format!("complement sample {c} is inside the support")),
-        Some(c) if c as usize >= q.vocab_size() => Err(SamplingError::TokenOutOfRange { token: c, vocab_size: q.vocab_size() }),
+        Some(c) if c as usize >= q.vocab_size() => {
+            Err(SamplingError::TokenOutOfRange { token: c, vocab_size: q.vocab_size() })
+        }
         _ => Ok(()),
     }
 }
@@ -147,7 +156,8 @@ mod tests {
         let q = q_ab();
         for seed in 0..100 {
             let c = [SparseCandidate { token: 1, q: &q }];
-            let out = verify_block_sparse(&c, &scored(vec![0.0, 0.0], 1.0, Some(2)), RoundKey { seed, round: 0 }).unwrap();
+            let out =
+                verify_block_sparse(&c, &scored(vec![0.0, 0.0], 1.0, Some(2)), RoundKey { seed, round: 0 }).unwrap();
             assert_eq!(out.tokens, vec![2]);
             assert_eq!(out.emitted_from, EmittedFrom::Complement);
         }

@@ -8,8 +8,9 @@
 //! that part of the residual.
 
 use crate::dense_rule::RoundKey;
-use crate::dist::{DenseDist, check_token, sample_weights};
+use crate::dist::{DenseDist, check_token};
 use crate::error::{Result, SamplingError};
+use crate::kernels::{lane_sum, sample_index};
 use crate::rng::Purpose;
 
 /// The target's answer for one block position.
@@ -58,13 +59,12 @@ pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey) -> Resul
             outside[t as usize] = false;
         }
         let p_on_support = support.iter().map(|&t| p_i.prob(t)).collect();
-        let in_complement = || {
-            p_i.probs().iter().enumerate().filter(|&(t, _)| outside[t]).map(|(t, &w)| (t as u32, w))
-        };
-        let complement_mass: f64 = in_complement().map(|(_, w)| w).sum();
+        let probs = p_i.probs();
+        let outside_mass = |i: usize| if outside[i] { probs[i] } else { 0.0 };
+        let complement_mass = lane_sum(0..probs.len(), outside_mass);
         let complement_sample = if complement_mass > 0.0 {
             let u = key.stream(position, Purpose::Complement).uniform();
-            sample_weights(in_complement(), complement_mass, u)
+            sample_index(probs.len(), outside_mass, complement_mass, u).map(|t| t as u32)
         } else {
             None
         };

@@ -18,7 +18,7 @@ use crate::cli_error::invalid;
 ///   specd cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
 /// With a 50 ms draft step the same γ gives 0.875x and the best γ is 0.
 #[derive(Debug, Args)]
-#[command(verbatim_doc_comment)]
+#[command(verbatim_doc_comment, allow_negative_numbers = true)]
 pub struct CostArgs {
     /// Draft length: candidates per round (0 = target-only).
     #[arg(long, env = "SPECD_COST_GAMMA")]
@@ -79,7 +79,10 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
         println!("{report}");
         return Ok(());
     }
-    println!("α = {}, target pass {} ms, draft step {} ms, round trip {} ms\n", args.alpha, args.target_ms, args.draft_ms, args.rtt_ms);
+    println!(
+        "α = {}, target pass {} ms, draft step {} ms, round trip {} ms\n",
+        args.alpha, args.target_ms, args.draft_ms, args.rtt_ms
+    );
     println!("{:>5} {:>16} {:>10} {:>12} {:>9}", "γ", "tokens/round", "round ms", "ms/token", "speedup");
     for gamma in 0..=args.max_gamma.min(g.max(best_gamma) + 2) {
         let marks = match (gamma == g, gamma == best_gamma) {
@@ -97,7 +100,13 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
         );
     }
     println!();
-    println!("At γ = {g}: {:.4} tokens per round, {:.3} ms per round, {:.3} ms per token, {:.3}x over target-only.", model.tokens_per_round(g), model.round_ms(g), model.ms_per_token(g), model.speedup(g));
+    println!(
+        "At γ = {g}: {:.4} tokens per round, {:.3} ms per round, {:.3} ms per token, {:.3}x over target-only.",
+        model.tokens_per_round(g),
+        model.round_ms(g),
+        model.ms_per_token(g),
+        model.speedup(g)
+    );
     if best_gamma == 0 {
         println!("Best γ = 0: the draft does not pay here, so speculation switches itself off (1x).");
     } else {

@@ -10,16 +10,14 @@ pub fn parse_distribution(flag: &str, text: &str) -> anyhow::Result<DenseDist> {
     let mut probs = Vec::new();
     for (i, item) in text.split(',').enumerate() {
         let item = item.trim();
-        let value: f64 = item
-            .parse()
-            .map_err(|_| invalid(format!("{flag}: entry {} ('{item}') is not a number", i + 1)))?;
+        let value: f64 =
+            item.parse().map_err(|_| invalid(format!("{flag}: entry {} ('{item}') is not a number", i + 1)))?;
         probs.push(value);
     }
     DenseDist::new(probs).map_err(|err| match err {
-        SamplingError::InvalidProbability { index, value } => invalid(format!(
-            "{flag}: entry {} is {value}; probabilities must be finite and non-negative",
-            index + 1
-        )),
+        SamplingError::InvalidProbability { index, value } => {
+            invalid(format!("{flag}: entry {} is {value}; probabilities must be finite and non-negative", index + 1))
+        }
         SamplingError::NotNormalised { sum, tolerance } => {
             invalid(format!("{flag} sums to {}, not 1 (tolerance {tolerance:e})", short_number(sum)))
         }

@@ -27,10 +27,10 @@ const MAX_SIMULATIONS: u64 = 100_000_000;
 #[command(verbatim_doc_comment)]
 pub struct RuleArgs {
     /// Target distribution p: comma-separated probabilities summing to 1.
-    #[arg(long, env = "SPECD_RULE_TARGET", value_name = "P1,P2,..")]
+    #[arg(long, env = "SPECD_RULE_TARGET", value_name = "P1,P2,..", allow_hyphen_values = true)]
     target: String,
     /// Draft distribution q over the same tokens (zeros allowed: never proposed).
-    #[arg(long, env = "SPECD_RULE_DRAFT", value_name = "Q1,Q2,..")]
+    #[arg(long, env = "SPECD_RULE_DRAFT", value_name = "Q1,Q2,..", allow_hyphen_values = true)]
     draft: String,
     /// Run the real sampler this many times (and the naive rule as many) and test both
     /// against p with Pearson's χ²; 0 disables.
@@ -150,10 +150,19 @@ fn labels(n: usize) -> Vec<String> {
     }
 }
 
-fn print_table(p: &DenseDist, q: &DenseDist, law: &PositionLaw, args: &RuleArgs, sims: Option<&(Simulation, Simulation)>) {
+fn print_table(
+    p: &DenseDist,
+    q: &DenseDist,
+    law: &PositionLaw,
+    args: &RuleArgs,
+    sims: Option<&(Simulation, Simulation)>,
+) {
     let names = labels(p.vocab_size());
     println!("Exact speculative sampling, one position (Leviathan et al. 2023; Chen et al. 2023)\n");
-    println!("{:>6} {:>9} {:>9} {:>14} {:>14} {:>9} {:>11} {:>10}", "token", "p", "q", "min(1,p/q)", "accepted mass", "residual", "output law", "naive law");
+    println!(
+        "{:>6} {:>9} {:>9} {:>14} {:>14} {:>9} {:>11} {:>10}",
+        "token", "p", "q", "min(1,p/q)", "accepted mass", "residual", "output law", "naive law"
+    );
     for (i, name) in names.iter().enumerate() {
         let acceptance = law.acceptance[i].map_or_else(|| "never".to_string(), |a| format!("{a:.6}"));
         let residual = law.residual.as_ref().map_or_else(|| "-".to_string(), |r| format!("{:.6}", r[i]));
@@ -169,14 +178,23 @@ fn print_table(p: &DenseDist, q: &DenseDist, law: &PositionLaw, args: &RuleArgs,
     println!();
     println!("1. A candidate x ~ q is accepted with probability min(1, p(x)/q(x)); it is proposed and");
     println!("   accepted with mass q(x)·min(1, p(x)/q(x)) = min(p(x), q(x)) (column 'accepted mass').");
-    println!("2. β = Σ min(p, q) = {:.6} is the acceptance probability; a rejection happens with 1 - β = {:.6}.", law.beta, law.rejection);
+    println!(
+        "2. β = Σ min(p, q) = {:.6} is the acceptance probability; a rejection happens with 1 - β = {:.6}.",
+        law.beta, law.rejection
+    );
     match &law.residual {
-        Some(_) => println!("3. On rejection the token is drawn from r = max(0, p - q) / Σ max(0, p - q), whose mass is also {:.6}.", law.rejection),
+        Some(_) => println!(
+            "3. On rejection the token is drawn from r = max(0, p - q) / Σ max(0, p - q), whose mass is also {:.6}.",
+            law.rejection
+        ),
         None => println!("3. p = q: Σ max(0, p - q) = 0, the residual is never needed (every candidate is accepted)."),
     }
     println!("4. Output law = accepted mass + (1 - β)·r = p exactly: {}.", fmt_list(&law.output));
     println!("   Resampling from p instead gives accepted mass + (1 - β)·p = {}: wrong.", fmt_list(&law.naive_output));
-    println!("   Requiring two independent draws to match would accept only Σ p·q = {:.6} of candidates.", law.independent_match_acceptance);
+    println!(
+        "   Requiring two independent draws to match would accept only Σ p·q = {:.6} of candidates.",
+        law.independent_match_acceptance
+    );
     if let Some((exact, naive)) = sims {
         println!();
         println!("Simulated {} rounds with seed {} (counter-based generator):", args.simulate, args.seed);
