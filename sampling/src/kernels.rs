@@ -39,8 +39,9 @@ pub(crate) fn overlap_and_excess(p: &[f64], q: &[f64]) -> (f64, f64) {
     for (cp, cq) in p_chunks.zip(q_chunks) {
         for j in 0..LANES {
             let (x, y) = (cp[j], cq[j]);
-            overlap[j] += if x < y { x } else { y };
-            excess[j] += if x > y { x - y } else { 0.0 };
+            let m = if x < y { x } else { y };
+            overlap[j] += m;
+            excess[j] += x - m;
         }
     }
     let mut tail = (0.0, 0.0);
