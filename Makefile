@@ -9,11 +9,15 @@ VENV        := $(CURDIR)/.venv
 PYTHON      := $(VENV)/bin/python
 TORCH_VER   := 2.11.0
 TORCH_STAMP := $(VENV)/.torch-$(TORCH_VER)
-PY_STAMP    := $(VENV)/.pydeps-1
+PY_STAMP    := $(VENV)/.pydeps-2
 
 # tch finds libtorch through the Python interpreter that has torch installed.
 export LIBTORCH_USE_PYTORCH := 1
 export PYTHON_SYS_EXECUTABLE := $(PYTHON)
+# torch-sys's build script runs `python3` from PATH (`python` when VIRTUAL_ENV is set),
+# not PYTHON_SYS_EXECUTABLE: put the venv first so it finds torch.
+export VIRTUAL_ENV := $(VENV)
+export PATH := $(VENV)/bin:$(PATH)
 export SPECD_PYTHON := $(PYTHON)
 TORCH_LIB = $(VENV)/lib/python3.11/site-packages/torch/lib
 export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
@@ -28,7 +32,7 @@ help:
 	@echo "make demo   - run the main job on the embedded default (see README)"
 	@echo "make test   - install what is missing, then lint and run every test"
 	@echo "make build  - build target/release/specd"
-	@echo "make bench  - run the criterion benchmarks"
+	@echo "make bench  - run the criterion benchmarks (sampling round, model verify vs decode)"
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -40,6 +44,18 @@ $(TORCH_STAMP): | $(PYTHON)
 
 torch: $(TORCH_STAMP)
 
+# transformers (PyPI, with torch) makes the model tests' tiny random checkpoints and
+# reference logits under target/fixtures; nothing is downloaded from a model hub.
+# grpcio and grpcio-tools run the Python client test (stubs generated from proto/).
+TRANSFORMERS_VER := 5.24.0
+GRPCIO_VER := 1.76.0
+$(PY_STAMP): $(TORCH_STAMP)
+	$(PYTHON) -m pip install --disable-pip-version-check -q "transformers==$(TRANSFORMERS_VER)" \
+		"grpcio==$(GRPCIO_VER)" "grpcio-tools==$(GRPCIO_VER)"
+	touch $@
+
+pydeps: $(PY_STAMP)
+
 build: torch
 	$(CARGO) build --release --locked -p specd
 
@@ -47,11 +63,13 @@ lint: torch
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-test: lint
-	$(CARGO) test --workspace --locked
+# Release: the whole-system law tests draw 200 000 generations per check through gRPC.
+test: lint pydeps
+	$(CARGO) test --workspace --release --locked
 
 bench: torch
 	$(CARGO) bench -p specd-sampling --bench round
+	$(CARGO) bench -p specd-model --bench verify_vs_decode
 
 demo: build
 	./target/release/specd rule --target 0.6,0.3,0.1 --draft 0.5,0.25,0.25 --simulate 200000 --seed 7

@@ -1,6 +1,7 @@
 //! `specd`: one binary for every role and tool of exact speculative decoding.
 //!
 //! Subcommands live in their own modules:
+//! - [`logits`]: score tokens with a model;
 //! - [`rule`]: the exact acceptance/residual rule on one position, with the naive counterexample;
 //! - [`cost`]: the cost model (tokens per round, speedup, best draft length).
 //!
@@ -9,6 +10,7 @@
 mod cli_error;
 mod cost;
 mod distribution_arg;
+mod logits;
 mod rule;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +30,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Logits(logits::LogitsArgs),
     Rule(rule::RuleArgs),
     Cost(cost::CostArgs),
 }
@@ -35,6 +38,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Logits(args) => logits::run(&args),
         Command::Rule(args) => rule::run(&args),
         Command::Cost(args) => cost::run(&args),
     };

@@ -1,0 +1,343 @@
+//! `config.json` and `generation_config.json` of a Llama-family checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// The three families this crate runs; they share one forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// `LlamaForCausalLM` (`model_type: llama`).
+    Llama,
+    /// `MistralForCausalLM` (`model_type: mistral`), optional sliding window.
+    Mistral,
+    /// `Qwen2ForCausalLM` (`model_type: qwen2`): biases on q/k/v.
+    Qwen2,
+}
+
+impl Architecture {
+    /// The Hugging Face class name.
+    pub fn class_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+}
+
+/// How rotary position frequencies are scaled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+    /// Llama 3.x frequency-dependent scaling.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+}
+
+/// The parts of `config.json` the forward pass needs, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Bias on q/k/v projections (always for Qwen2, `attention_bias` for Llama).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (`attention_bias` for Llama).
+    pub o_bias: bool,
+    /// Biases in the MLP (`mlp_bias` for Llama).
+    pub mlp_bias: bool,
+    /// A query at position i sees keys j with i - j < window (Mistral `sliding_window`).
+    pub sliding_window: Option<usize>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    hidden_act: Option<String>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+    partial_rotary_factor: Option<f64>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn default_max_pos() -> usize {
+    2048
+}
+
+impl LlamaConfig {
+    /// Reads `dir/config.json` and `dir/generation_config.json` (optional; its EOS ids win).
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let value = read_json(&path, "config.json describes the architecture")?;
+        let mut cfg = Self::from_value(&path, &value)?;
+        let gen_path = dir.join("generation_config.json");
+        if gen_path.is_file() {
+            let generation = read_json(&gen_path, "")?;
+            if let Some(eos) = generation.get("eos_token_id") {
+                let ids = token_ids(&gen_path, "eos_token_id", eos)?;
+                if !ids.is_empty() {
+                    cfg.eos_token_ids = ids;
+                }
+            }
+            if let Some(bos) = generation.get("bos_token_id")
+                && let Some(&id) = token_ids(&gen_path, "bos_token_id", bos)?.first()
+            {
+                cfg.bos_token_id = Some(id);
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parses and validates a `config.json` value; `path` is for error messages.
+    pub fn from_value(path: &Path, value: &Value) -> Result<Self> {
+        let invalid = |message: String| ModelError::InvalidFile { path: path.to_owned(), message };
+        let architecture = architecture_of(path, value)?;
+        let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
+        if let Some(act) = &raw.hidden_act
+            && act != "silu"
+        {
+            return Err(invalid(format!("hidden_act {act:?} is not supported (only silu)")));
+        }
+        if raw.partial_rotary_factor.is_some_and(|f| f != 1.0) {
+            return Err(invalid("partial_rotary_factor != 1 is not supported".into()));
+        }
+        let heads = raw.num_attention_heads;
+        let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(invalid(format!(
+                "num_attention_heads {heads} must be a positive multiple of num_key_value_heads {kv_heads}"
+            )));
+        }
+        if raw.hidden_size == 0
+            || raw.vocab_size == 0
+            || raw.num_hidden_layers == 0
+            || raw.intermediate_size == 0
+            || raw.max_position_embeddings == 0
+        {
+            return Err(invalid("sizes must be positive".into()));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if raw.hidden_size.is_multiple_of(heads) => raw.hidden_size / heads,
+            None => {
+                return Err(invalid(format!(
+                    "hidden_size {} is not divisible by num_attention_heads {heads}",
+                    raw.hidden_size
+                )));
+            }
+        };
+        // Bounds far above any real model keep every size product (parameters, cache bytes)
+        // inside u64 and turn absurd configs into errors instead of allocation failures.
+        for (name, value, max) in [
+            ("vocab_size", raw.vocab_size, 1 << 24),
+            ("hidden_size", raw.hidden_size, 1 << 20),
+            ("intermediate_size", raw.intermediate_size, 1 << 20),
+            ("num_hidden_layers", raw.num_hidden_layers, 1 << 10),
+            ("num_attention_heads", heads, 1 << 12),
+            ("head_dim", head_dim, 1 << 12),
+            ("max_position_embeddings", raw.max_position_embeddings, 1 << 24),
+        ] {
+            if value > max {
+                return Err(invalid(format!("{name} {value} exceeds the supported maximum {max}")));
+            }
+        }
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(invalid(format!("head_dim {head_dim} must be even and positive")));
+        }
+        if !(raw.rms_norm_eps.is_finite() && raw.rms_norm_eps >= 0.0) {
+            return Err(invalid("rms_norm_eps must be finite and non-negative".into()));
+        }
+        // transformers 5 writes `rope_parameters` (theta inside); 4.x writes `rope_theta`
+        // and `rope_scaling`.
+        let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+        let rope_theta =
+            rope.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64).or(raw.rope_theta).unwrap_or(10_000.0);
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(invalid(format!("rope_theta {rope_theta} must be positive")));
+        }
+        let rope_scaling = match rope {
+            None | Some(Value::Null) => RopeScaling::None,
+            Some(r) => parse_rope_scaling(r).map_err(invalid)?,
+        };
+        let (qkv_bias, o_bias, mlp_bias, sliding_window) = match architecture {
+            Architecture::Llama => (raw.attention_bias, raw.attention_bias, raw.mlp_bias, None),
+            Architecture::Mistral => (false, false, false, raw.sliding_window),
+            Architecture::Qwen2 => {
+                // Qwen2 windows only the layers from `max_window_layers` on; no released
+                // checkpoint turns it on, so refuse rather than approximate.
+                if raw.use_sliding_window == Some(true) {
+                    return Err(invalid("Qwen2 use_sliding_window = true is not supported".into()));
+                }
+                (true, false, false, None)
+            }
+        };
+        if sliding_window == Some(0) {
+            return Err(invalid("sliding_window must be positive".into()));
+        }
+        let eos_token_ids = match &raw.eos_token_id {
+            Some(v) => token_ids(path, "eos_token_id", v)?,
+            None => Vec::new(),
+        };
+        let bos_token_id = match &raw.bos_token_id {
+            Some(v) => token_ids(path, "bos_token_id", v)?.first().copied(),
+            None => None,
+        };
+        Ok(Self {
+            architecture,
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_hidden_layers: raw.num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            rms_norm_eps: raw.rms_norm_eps,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            qkv_bias,
+            o_bias,
+            mlp_bias,
+            sliding_window,
+            bos_token_id,
+            eos_token_ids,
+        })
+    }
+
+    /// Number of parameters implied by the config.
+    pub fn num_parameters(&self) -> u64 {
+        let h = self.hidden_size as u64;
+        let qd = (self.num_attention_heads * self.head_dim) as u64;
+        let kvd = (self.num_key_value_heads * self.head_dim) as u64;
+        let i = self.intermediate_size as u64;
+        let v = self.vocab_size as u64;
+        let attn = h * qd * 2 + h * kvd * 2;
+        let layer = attn + 3 * h * i + 2 * h;
+        let head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + head + h + self.num_hidden_layers as u64 * layer
+    }
+}
+
+fn architecture_of(path: &Path, value: &Value) -> Result<Architecture> {
+    let unsupported = |found: String| ModelError::UnsupportedArchitecture { path: path.to_owned(), found };
+    let model_type = value.get("model_type").and_then(Value::as_str);
+    let class = value.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
+    let by_type = match model_type {
+        Some("llama") => Some(Architecture::Llama),
+        Some("mistral") => Some(Architecture::Mistral),
+        Some("qwen2") => Some(Architecture::Qwen2),
+        Some(other) => return Err(unsupported(format!("model_type {other:?}"))),
+        None => None,
+    };
+    let by_class = match class {
+        Some("LlamaForCausalLM") => Some(Architecture::Llama),
+        Some("MistralForCausalLM") => Some(Architecture::Mistral),
+        Some("Qwen2ForCausalLM") => Some(Architecture::Qwen2),
+        Some(other) => return Err(unsupported(format!("architectures[0] {other:?}"))),
+        None => None,
+    };
+    match (by_type, by_class) {
+        (Some(a), Some(b)) if a != b => Err(unsupported(format!(
+            "model_type {:?} disagrees with architectures[0] {:?}",
+            model_type.unwrap_or_default(),
+            class.unwrap_or_default()
+        ))),
+        (Some(a), _) | (None, Some(a)) => Ok(a),
+        (None, None) => Err(unsupported("neither model_type nor architectures".into())),
+    }
+}
+
+fn parse_rope_scaling(r: &Value) -> std::result::Result<RopeScaling, String> {
+    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |key: &str| -> std::result::Result<f64, String> {
+        r.get(key)
+            .and_then(Value::as_f64)
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or_else(|| format!("rope scaling {kind:?} needs a positive {key}"))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        "llama3" => {
+            let s = RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position_embeddings: num("original_max_position_embeddings")?,
+            };
+            if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = s
+                && high_freq_factor <= low_freq_factor
+            {
+                return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor".into());
+            }
+            Ok(s)
+        }
+        other => Err(format!("rope scaling type {other:?} is not supported")),
+    }
+}
+
+fn token_ids(path: &Path, key: &str, v: &Value) -> Result<Vec<u32>> {
+    let bad = || ModelError::InvalidFile {
+        path: path.to_owned(),
+        message: format!("{key} must be a token id or a list of token ids"),
+    };
+    let one = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad);
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => items.iter().map(one).collect(),
+        x => Ok(vec![one(x)?]),
+    }
+}
+
+/// Reads and parses a JSON file; `what` explains why a missing file matters.
+pub(crate) fn read_json(path: &Path, what: &str) -> Result<Value> {
+    if !path.is_file() {
+        return Err(ModelError::MissingFile { path: path.to_owned(), what: what.to_owned() });
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_owned(), source })?;
+    serde_json::from_str(&text)
+        .map_err(|e| ModelError::InvalidFile { path: PathBuf::from(path), message: e.to_string() })
+}

@@ -1,0 +1,140 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong when loading or running a model.
+///
+/// Variants name the file and, where there is one, the tensor, so an operator can fix a bad
+/// checkpoint without a debugger. [`ModelError::class`] sorts them by who is at fault, for
+/// the nodes' table from errors to status codes.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file that the checkpoint needs is not there.
+    #[error("missing file {path}: {what}")]
+    MissingFile { path: PathBuf, what: String },
+
+    /// A file exists but cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A JSON file (config, index, table) does not parse or has invalid values.
+    #[error("invalid {path}: {message}")]
+    InvalidFile { path: PathBuf, message: String },
+
+    /// `config.json` names an architecture this crate does not implement.
+    #[error(
+        "unsupported architecture in {path}: {found} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
+    )]
+    UnsupportedArchitecture { path: PathBuf, found: String },
+
+    /// A tensor the architecture needs is absent from the weights.
+    #[error("missing tensor {tensor} in {path}")]
+    MissingTensor { path: PathBuf, tensor: String },
+
+    /// A tensor has the wrong shape for the config.
+    #[error("tensor {tensor} in {path} has shape {found:?}, expected {expected:?}")]
+    TensorShape { path: PathBuf, tensor: String, expected: Vec<i64>, found: Vec<i64> },
+
+    /// A tensor is stored with a dtype this crate cannot convert.
+    #[error("tensor {tensor} in {path} has unsupported dtype {dtype}")]
+    TensorDtype { path: PathBuf, tensor: String, dtype: String },
+
+    /// The tokenizer file cannot be loaded or used.
+    #[error("tokenizer {path}: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+
+    /// A device or dtype string does not parse, or the device is not available.
+    #[error("device: {0}")]
+    Device(String),
+
+    /// A request is malformed (empty input, token id out of range, bad truncation length...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// The session id is not open on this model.
+    #[error("unknown session {0}")]
+    UnknownSession(u64),
+
+    /// A forward would run past the session's preallocated capacity.
+    #[error("session {session} holds {len} tokens; {extra} more exceed its capacity of {capacity}")]
+    ContextOverflow { session: u64, len: usize, extra: usize, capacity: usize },
+
+    /// Opening the session would exceed the node's memory budget for KV caches.
+    #[error(
+        "a session of {requested} bytes would exceed the memory budget: {in_use} of {budget} bytes in use by {sessions} sessions"
+    )]
+    MemoryBudget { requested: u64, in_use: u64, budget: u64, sessions: usize },
+
+    /// libtorch reported an error.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+
+    /// The model worker thread is gone or failed while running the request.
+    #[error("model worker: {0}")]
+    WorkerGone(String),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// A transport-neutral class of [`ModelError`], for the nodes' one table from errors to
+/// status codes (the class names follow gRPC's codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The request is malformed or asks past the session's capacity.
+    InvalidArgument,
+    /// The session is not open.
+    NotFound,
+    /// The memory budget is exhausted.
+    ResourceExhausted,
+    /// The model files or the device are not usable as configured.
+    FailedPrecondition,
+    /// The model thread is gone.
+    Unavailable,
+    /// libtorch failed.
+    Internal,
+}
+
+impl ModelError {
+    /// The class of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::InvalidInput(_) | Self::ContextOverflow { .. } => ErrorClass::InvalidArgument,
+            Self::UnknownSession(_) => ErrorClass::NotFound,
+            Self::MemoryBudget { .. } => ErrorClass::ResourceExhausted,
+            Self::MissingFile { .. }
+            | Self::Io { .. }
+            | Self::InvalidFile { .. }
+            | Self::UnsupportedArchitecture { .. }
+            | Self::MissingTensor { .. }
+            | Self::TensorShape { .. }
+            | Self::TensorDtype { .. }
+            | Self::Tokenizer { .. }
+            | Self::Device(_) => ErrorClass::FailedPrecondition,
+            Self::WorkerGone(_) => ErrorClass::Unavailable,
+            Self::Torch(_) => ErrorClass::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_follow_who_is_at_fault() {
+        assert_eq!(ModelError::InvalidInput("x".into()).class(), ErrorClass::InvalidArgument);
+        let overflow = ModelError::ContextOverflow { session: 1, len: 2, extra: 3, capacity: 4 };
+        assert_eq!(overflow.class(), ErrorClass::InvalidArgument);
+        assert_eq!(ModelError::UnknownSession(3).class(), ErrorClass::NotFound);
+        let budget = ModelError::MemoryBudget { requested: 1, in_use: 2, budget: 2, sessions: 1 };
+        assert_eq!(budget.class(), ErrorClass::ResourceExhausted);
+        let missing = ModelError::MissingTensor { path: "m".into(), tensor: "t".into() };
+        assert_eq!(missing.class(), ErrorClass::FailedPrecondition);
+        assert_eq!(ModelError::WorkerGone("x".into()).class(), ErrorClass::Unavailable);
+    }
+}

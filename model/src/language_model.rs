@@ -1,0 +1,166 @@
+//! The [`LanguageModel`] trait that the draft and target nodes program against.
+
+use crate::error::{ModelError, Result};
+
+/// Identifies one session (one generation's KV cache) on one model.
+pub type SessionId = u64;
+
+/// What a node tells its peers about the model it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// Human-readable name (the checkpoint directory or table file name).
+    pub name: String,
+    /// `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM` or `Table`.
+    pub architecture: String,
+    /// Number of logits per position (may exceed the tokenizer's vocabulary).
+    pub vocab_size: usize,
+    /// Token ids that end a generation (from `generation_config.json`, else `config.json`).
+    pub eos_token_ids: Vec<u32>,
+    /// Beginning-of-sequence token, when the checkpoint declares one.
+    pub bos_token_id: Option<u32>,
+    /// Longest sequence the model supports (`max_position_embeddings`).
+    pub context_length: usize,
+    /// Hash of the tokenizer's vocabulary: two nodes with equal fingerprints map the same
+    /// ids to the same strings. See [`crate::tokenizer::TextTokenizer::fingerprint`].
+    pub tokenizer_fingerprint: String,
+    /// Whether [`LanguageModel::encode`] and [`LanguageModel::decode`] work.
+    pub has_tokenizer: bool,
+    /// Bytes of KV cache one session needs per token of capacity.
+    pub kv_bytes_per_token: u64,
+}
+
+/// Logits for a run of positions, row-major `rows × vocab`, always `f32` on the host.
+///
+/// Row `i` scores the token that follows input token `i`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    vocab: usize,
+    data: Vec<f32>,
+}
+
+impl Logits {
+    /// Wraps row-major data; `data.len()` must be a multiple of `vocab`.
+    pub fn new(vocab: usize, data: Vec<f32>) -> Result<Self> {
+        if vocab == 0 || !data.len().is_multiple_of(vocab) {
+            return Err(ModelError::InvalidInput(format!("{} logits do not form rows of {vocab}", data.len())));
+        }
+        Ok(Self { vocab, data })
+    }
+
+    /// Number of positions.
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.vocab
+    }
+
+    /// Number of logits per position.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The logits of position `i`, or `None` past the end.
+    pub fn row(&self, i: usize) -> Option<&[f32]> {
+        self.data.get(i * self.vocab..(i + 1) * self.vocab)
+    }
+
+    /// Iterates over the rows.
+    pub fn iter_rows(&self) -> impl Iterator<Item = &[f32]> {
+        self.data.chunks_exact(self.vocab)
+    }
+
+    /// All logits, row-major.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// The rows as separate vectors (for JSON output).
+    pub fn to_rows(&self) -> Vec<Vec<f32>> {
+        self.iter_rows().map(<[f32]>::to_vec).collect()
+    }
+}
+
+/// A causal language model with per-session KV caches.
+///
+/// A session's cache covers a prefix of its token sequence. `forward` appends tokens and
+/// returns logits for **every** appended position, so one call scores a whole speculative
+/// block; `truncate` rolls the cache back to a committed length in O(1).
+///
+/// Implementations are not required to be `Sync`: they live on one worker thread
+/// ([`crate::worker::ModelWorker`]) that owns the weights and every session's cache.
+pub trait LanguageModel {
+    /// Static facts about the model.
+    fn info(&self) -> &ModelInfo;
+
+    /// Opens a session whose cache holds up to `capacity` tokens (default: the context
+    /// length). Fails with [`ModelError::MemoryBudget`] when the node's budget is exhausted.
+    fn open_session(&mut self, capacity: Option<usize>) -> Result<SessionId>;
+
+    /// Number of tokens the session's cache holds.
+    fn session_len(&self, session: SessionId) -> Result<usize>;
+
+    /// Appends `tokens` to the session and returns one row of logits per token.
+    ///
+    /// On error the session keeps its previous length.
+    fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits>;
+
+    /// Shrinks the session to its first `len` tokens (O(1); `len` ≤ current length).
+    fn truncate(&mut self, session: SessionId, len: usize) -> Result<()>;
+
+    /// Drops the session and frees its cache.
+    fn release(&mut self, session: SessionId) -> Result<()>;
+
+    /// Bytes of cache held by open sessions, and the budget (if any).
+    fn memory_in_use(&self) -> (u64, Option<u64>);
+
+    /// Encodes text with the model's tokenizer, when it has one.
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let _ = text;
+        Err(ModelError::InvalidInput(format!("{} has no tokenizer; pass token ids", self.info().name)))
+    }
+
+    /// Decodes token ids to text with the model's tokenizer, when it has one.
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        let _ = ids;
+        Err(ModelError::InvalidInput(format!("{} has no tokenizer to decode with", self.info().name)))
+    }
+}
+
+/// Checks token ids against the vocabulary before they reach libtorch.
+pub(crate) fn check_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(ModelError::InvalidInput("no tokens to forward".into()));
+    }
+    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::InvalidInput(format!("token id {bad} is outside the vocabulary of {vocab}")));
+    }
+    Ok(())
+}
+
+impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
+    fn info(&self) -> &ModelInfo {
+        (**self).info()
+    }
+    fn open_session(&mut self, capacity: Option<usize>) -> Result<SessionId> {
+        (**self).open_session(capacity)
+    }
+    fn session_len(&self, session: SessionId) -> Result<usize> {
+        (**self).session_len(session)
+    }
+    fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
+        (**self).forward(session, tokens)
+    }
+    fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
+        (**self).truncate(session, len)
+    }
+    fn release(&mut self, session: SessionId) -> Result<()> {
+        (**self).release(session)
+    }
+    fn memory_in_use(&self) -> (u64, Option<u64>) {
+        (**self).memory_in_use()
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        (**self).encode(text)
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        (**self).decode(ids)
+    }
+}

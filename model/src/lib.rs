@@ -1,0 +1,56 @@
+//! `specd-model`: what the draft and target nodes run.
+//!
+//! - [`language_model`]: the [`LanguageModel`] trait (sessions, forward with logits for every
+//!   position, O(1) truncate, release) and [`ModelInfo`] (vocab size, EOS ids, context length,
+//!   tokenizer fingerprint).
+//! - [`llama`]: Llama / Mistral / Qwen2 on libtorch (`tch`), loaded from Hugging Face
+//!   checkpoints without conversion; [`config`] reads `config.json` and
+//!   `generation_config.json`; `weights` reads safetensors (single or sharded); `rope` and
+//!   `kv_cache` are the pieces of the forward pass.
+//! - [`table`]: a model whose distributions are written out in a JSON file, used by the law
+//!   tests to drive the whole system with known p and q. The file format is documented in
+//!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
+//!   0.1], "rules": [{"prefix": [0], "probs": [...]}, {"suffix": [1], "probs": [...]}]}`,
+//!   and its logits are `ln p` with [`table::ZERO_PROB_LOGIT`] for `p = 0`.
+//! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
+//! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`].
+//! - [`device`]: `--device` and `--dtype`; [`load`]: open a model from a path.
+//! - [`history`]: a session's token history and how it follows rollback points;
+//!   [`registry`]: a node's open sessions by the coordinator's session id; [`node_model`]:
+//!   a model and its sessions, what both node roles share.
+//! - [`error`]: the crate's one error type.
+//!
+//! Memory: each session preallocates its KV cache for its capacity when it opens; the
+//! optional budget ([`LoadOptions::memory_budget`]) bounds the bytes of all open sessions'
+//! caches (weights not included), and a session that would exceed it is refused with
+//! [`ModelError::MemoryBudget`].
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod history;
+mod kv_cache;
+pub mod language_model;
+pub mod llama;
+pub mod load;
+pub mod node_model;
+pub mod registry;
+mod rope;
+mod sessions;
+pub mod table;
+pub mod tokenizer;
+mod weights;
+pub mod worker;
+
+pub use config::{Architecture, LlamaConfig, RopeScaling};
+pub use device::{DType, DeviceSpec};
+pub use error::{ErrorClass, ModelError, Result};
+pub use history::{CatchUp, SessionHistory};
+pub use language_model::{LanguageModel, Logits, ModelInfo, SessionId};
+pub use llama::LlamaModel;
+pub use load::{BoxedModel, LoadOptions, load_model};
+pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};
+pub use registry::{RegistryError, SessionRegistry};
+pub use table::TableModel;
+pub use tokenizer::TextTokenizer;
+pub use worker::{ModelHandle, ModelWorker};

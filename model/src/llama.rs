@@ -1,0 +1,384 @@
+//! The Llama family (Llama, Mistral, Qwen2) on libtorch: one forward pass scores a run of
+//! tokens against a session's KV cache.
+
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::config::LlamaConfig;
+use crate::device::DType;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId, check_tokens};
+use crate::load::LoadOptions;
+use crate::rope::{Rope, apply_rope};
+use crate::sessions::{SessionTable, resolve_capacity};
+use crate::tokenizer::TextTokenizer;
+use crate::weights::WeightStore;
+
+/// One decoder layer. q/k/v and gate/up are fused at load time (one matmul each instead of
+/// three and two), which matters most for small runs of tokens.
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Tensor,
+    /// `[q_dim + 2 * kv_dim, hidden]`: q, k, v stacked.
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
+    o: Tensor,
+    o_bias: Option<Tensor>,
+    mlp_norm: Tensor,
+    /// `[2 * intermediate, hidden]`: gate, up stacked.
+    gate_up: Tensor,
+    gate_up_bias: Option<Tensor>,
+    down: Tensor,
+    down_bias: Option<Tensor>,
+}
+
+/// Stacks tensors along dim 0 (weights of fused projections).
+fn stack(parts: &[Tensor]) -> Result<Tensor> {
+    Ok(Tensor::f_cat(parts, 0)?)
+}
+
+/// Stacks optional biases: all present or all absent (the config decides).
+fn stack_bias(parts: [Option<Tensor>; 3]) -> Result<Option<Tensor>> {
+    match parts {
+        [Some(a), Some(b), Some(c)] => stack(&[a, b, c]).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A Llama-family causal LM with its sessions' KV caches.
+#[derive(Debug)]
+pub struct LlamaModel {
+    cfg: LlamaConfig,
+    info: ModelInfo,
+    tokenizer: Option<TextTokenizer>,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    /// The embedding matrix itself when embeddings are tied.
+    lm_head: Tensor,
+    rope: Rope,
+    device: Device,
+    kind: Kind,
+    sessions: SessionTable<KvCache>,
+}
+
+/// Where weights come from: a checkpoint, or random numbers (benchmarks).
+trait WeightSource {
+    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor>;
+    fn get_optional(&mut self, name: &str, shape: &[i64]) -> Result<Option<Tensor>>;
+    fn get_bias(&mut self, present: bool, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
+        if present { self.get(name, shape).map(Some) } else { Ok(None) }
+    }
+}
+
+impl WeightSource for WeightStore {
+    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        self.take(name, shape)
+    }
+    fn get_optional(&mut self, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
+        self.take_optional(name, shape)
+    }
+}
+
+#[derive(Debug)]
+struct RandomWeights {
+    device: Device,
+    kind: Kind,
+}
+
+impl WeightSource for RandomWeights {
+    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let t = if name.ends_with("norm.weight") {
+            Tensor::f_ones(shape, (Kind::Float, self.device))?
+        } else {
+            Tensor::f_randn(shape, (Kind::Float, self.device))?.f_mul_scalar(0.02)?
+        };
+        Ok(t.f_to_kind(self.kind)?)
+    }
+    fn get_optional(&mut self, _name: &str, _shape: &[i64]) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+impl LlamaModel {
+    /// Loads a Hugging Face checkpoint directory (`config.json`, safetensors weights,
+    /// optional `tokenizer.json` and `generation_config.json`).
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let cfg = LlamaConfig::from_dir(dir)?;
+        let device = opts.device.to_device()?;
+        let kind = opts.dtype.kind();
+        let tok_path = dir.join("tokenizer.json");
+        let tokenizer = if tok_path.is_file() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
+        let mut store = WeightStore::load(dir, device, kind)?;
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Self::build(cfg, name, tokenizer, &mut store, opts)
+    }
+
+    /// A model of the given shape with random weights (N(0, 0.02²), unit norms), for
+    /// benchmarks. Seeded through libtorch's global generator.
+    pub fn random(cfg: LlamaConfig, seed: i64, opts: &LoadOptions) -> Result<Self> {
+        tch::manual_seed(seed);
+        let mut source = RandomWeights { device: opts.device.to_device()?, kind: opts.dtype.kind() };
+        Self::build(cfg, "random".into(), None, &mut source, opts)
+    }
+
+    fn build(
+        cfg: LlamaConfig,
+        name: String,
+        tokenizer: Option<TextTokenizer>,
+        w: &mut dyn WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
+        let device = opts.device.to_device()?;
+        let kind = opts.dtype.kind();
+        let h = cfg.hidden_size as i64;
+        let v = cfg.vocab_size as i64;
+        let i = cfg.intermediate_size as i64;
+        let qd = (cfg.num_attention_heads * cfg.head_dim) as i64;
+        let kvd = (cfg.num_key_value_heads * cfg.head_dim) as i64;
+        let embed = w.get("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            let q = w.get(&format!("{a}.q_proj.weight"), &[qd, h])?;
+            let q_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.q_proj.bias"), &[qd])?;
+            let k = w.get(&format!("{a}.k_proj.weight"), &[kvd, h])?;
+            let k_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.k_proj.bias"), &[kvd])?;
+            let v = w.get(&format!("{a}.v_proj.weight"), &[kvd, h])?;
+            let v_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.v_proj.bias"), &[kvd])?;
+            let gate = w.get(&format!("{m}.gate_proj.weight"), &[i, h])?;
+            let gate_bias = w.get_bias(cfg.mlp_bias, &format!("{m}.gate_proj.bias"), &[i])?;
+            let up = w.get(&format!("{m}.up_proj.weight"), &[i, h])?;
+            let up_bias = w.get_bias(cfg.mlp_bias, &format!("{m}.up_proj.bias"), &[i])?;
+            layers.push(Layer {
+                attn_norm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+                qkv: stack(&[q, k, v])?,
+                qkv_bias: stack_bias([q_bias, k_bias, v_bias])?,
+                o: w.get(&format!("{a}.o_proj.weight"), &[h, qd])?,
+                o_bias: w.get_bias(cfg.o_bias, &format!("{a}.o_proj.bias"), &[h])?,
+                mlp_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                gate_up: stack(&[gate, up])?,
+                gate_up_bias: match (gate_bias, up_bias) {
+                    (Some(g), Some(u)) => Some(stack(&[g, u])?),
+                    _ => None,
+                },
+                down: w.get(&format!("{m}.down_proj.weight"), &[h, i])?,
+                down_bias: w.get_bias(cfg.mlp_bias, &format!("{m}.down_proj.bias"), &[h])?,
+            });
+        }
+        let norm = w.get("model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            // Some tied checkpoints still store a copy; the embedding is authoritative.
+            w.get_optional("lm_head.weight", &[v, h])?;
+            embed.shallow_clone()
+        } else {
+            w.get("lm_head.weight", &[v, h])?
+        };
+        let rope = Rope::new(&cfg, device)?;
+        let tokenizer_fingerprint = tokenizer
+            .as_ref()
+            .map_or_else(|| format!("untokenized:vocab_size={}", cfg.vocab_size), |t| t.fingerprint().to_owned());
+        let info = ModelInfo {
+            name,
+            architecture: cfg.architecture.class_name().to_owned(),
+            vocab_size: cfg.vocab_size,
+            eos_token_ids: cfg.eos_token_ids.clone(),
+            bos_token_id: cfg.bos_token_id,
+            context_length: cfg.max_position_embeddings,
+            tokenizer_fingerprint,
+            has_tokenizer: tokenizer.is_some(),
+            kv_bytes_per_token: KvCache::bytes(
+                cfg.num_hidden_layers,
+                cfg.num_key_value_heads,
+                1,
+                cfg.head_dim,
+                opts.dtype.size_in_bytes(),
+            ),
+        };
+        Ok(Self {
+            cfg,
+            info,
+            tokenizer,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            device,
+            kind,
+            sessions: SessionTable::new(opts.memory_budget),
+        })
+    }
+
+    /// The parsed configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// Bytes held by the weights.
+    pub fn weight_bytes(&self) -> u64 {
+        let elt = match self.kind {
+            Kind::Half | Kind::BFloat16 => 2,
+            _ => 4,
+        };
+        self.cfg.num_parameters() * elt
+    }
+
+    /// The dtype weights are kept in.
+    pub fn dtype(&self) -> DType {
+        match self.kind {
+            Kind::Half => DType::F16,
+            Kind::BFloat16 => DType::Bf16,
+            _ => DType::F32,
+        }
+    }
+
+    /// The forward pass over `tokens` at positions `past..past + n`; returns `[n, vocab]`
+    /// float32 logits on the model's device.
+    fn forward_tensor(&mut self, session: SessionId, past: usize, tokens: &[u32]) -> Result<Tensor> {
+        let n = tokens.len();
+        let cfg = &self.cfg;
+        let (heads, kv_heads, hd) =
+            (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
+        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+        let ids = Tensor::from_slice(&ids).f_to_device(self.device)?;
+        let mut x = self.embed.f_index_select(0, &ids)?.f_unsqueeze(0)?;
+        let (cos, sin) = self.rope.cos_sin(past, n, self.kind)?;
+        let mask = attention_mask(past, n, cfg.sliding_window, self.device)?;
+        let gqa = heads != kv_heads;
+        let cache = &mut self.sessions.get_mut(session)?.state;
+        let nn = n as i64;
+        for (li, l) in self.layers.iter().enumerate() {
+            let hs = rms_norm(&x, &l.attn_norm, cfg.rms_norm_eps)?;
+            let qkv = hs.f_linear(&l.qkv, l.qkv_bias.as_ref())?;
+            let q = qkv.f_narrow(-1, 0, heads * hd)?.f_view([1, nn, heads, hd])?.f_transpose(1, 2)?;
+            let k = qkv.f_narrow(-1, heads * hd, kv_heads * hd)?.f_reshape([1, nn, kv_heads, hd])?.f_transpose(1, 2)?;
+            let v = qkv
+                .f_narrow(-1, (heads + kv_heads) * hd, kv_heads * hd)?
+                .f_reshape([1, nn, kv_heads, hd])?
+                .f_transpose(1, 2)?;
+            let q = apply_rope(&q, &cos, &sin)?;
+            let k = apply_rope(&k, &cos, &sin)?;
+            let (k_all, v_all) = cache.append(li, past, &k, &v)?;
+            let attn = Tensor::f_scaled_dot_product_attention(
+                &q,
+                &k_all,
+                &v_all,
+                mask.as_ref(),
+                0.0,
+                false,
+                None::<f64>,
+                gqa,
+            )?
+            .f_transpose(1, 2)?
+            .f_reshape([1, nn, heads * hd])?
+            .f_linear(&l.o, l.o_bias.as_ref())?;
+            x = x.f_add(&attn)?;
+            let hs = rms_norm(&x, &l.mlp_norm, cfg.rms_norm_eps)?;
+            let gate_up = hs.f_linear(&l.gate_up, l.gate_up_bias.as_ref())?;
+            let inter = cfg.intermediate_size as i64;
+            let gate = gate_up.f_narrow(-1, 0, inter)?.f_silu()?;
+            let up = gate_up.f_narrow(-1, inter, inter)?;
+            let mlp = gate.f_mul(&up)?.f_linear(&l.down, l.down_bias.as_ref())?;
+            x = x.f_add(&mlp)?;
+        }
+        let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps)?;
+        let logits = x.f_linear(&self.lm_head, None::<&Tensor>)?;
+        Ok(logits.f_squeeze_dim(0)?.f_to_kind(Kind::Float)?)
+    }
+}
+
+/// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 as in transformers.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let kind = x.kind();
+    let xf = x.f_to_kind(Kind::Float)?;
+    let var = xf.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
+    let normed = xf.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
+    Ok(weight.f_mul(&normed.f_to_kind(kind)?)?)
+}
+
+/// Boolean `[n, past + n]` mask (true = may attend) for queries at `past..past + n`, or
+/// `None` when every key is visible (a single query with no active sliding window).
+fn attention_mask(past: usize, n: usize, window: Option<usize>, device: Device) -> Result<Option<Tensor>> {
+    let total = past + n;
+    let window_active = window.is_some_and(|w| total > w);
+    if n == 1 && !window_active {
+        return Ok(None);
+    }
+    let q = Tensor::f_arange_start(past as i64, total as i64, (Kind::Int64, device))?.f_unsqueeze(1)?;
+    let k = Tensor::f_arange(total as i64, (Kind::Int64, device))?.f_unsqueeze(0)?;
+    let mut mask = k.f_le_tensor(&q)?;
+    if let Some(w) = window {
+        let recent = q.f_sub(&k)?.f_lt(w as i64)?;
+        mask = mask.f_logical_and(&recent)?;
+    }
+    Ok(Some(mask))
+}
+
+impl LanguageModel for LlamaModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn open_session(&mut self, capacity: Option<usize>) -> Result<SessionId> {
+        let cap = resolve_capacity(capacity, self.cfg.max_position_embeddings)?;
+        let bytes = self.info.kv_bytes_per_token * cap as u64;
+        self.sessions.admit(bytes)?;
+        let cache = KvCache::new(
+            self.cfg.num_hidden_layers,
+            self.cfg.num_key_value_heads,
+            cap,
+            self.cfg.head_dim,
+            self.kind,
+            self.device,
+        )?;
+        self.sessions.insert(cache, cap, bytes)
+    }
+
+    fn session_len(&self, session: SessionId) -> Result<usize> {
+        Ok(self.sessions.get(session)?.len)
+    }
+
+    fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
+        check_tokens(tokens, self.cfg.vocab_size)?;
+        self.sessions.check_room(session, tokens.len())?;
+        let past = self.sessions.get(session)?.len;
+        let logits = self.forward_tensor(session, past, tokens)?;
+        let logits = logits.f_to_device(Device::Cpu)?.f_contiguous()?;
+        let numel = tokens.len() * self.cfg.vocab_size;
+        let mut data = vec![0f32; numel];
+        logits.f_copy_data(&mut data, numel)?;
+        self.sessions.get_mut(session)?.len = past + tokens.len();
+        Logits::new(self.cfg.vocab_size, data)
+    }
+
+    fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
+        self.sessions.truncate(session, len)
+    }
+
+    fn release(&mut self, session: SessionId) -> Result<()> {
+        self.sessions.remove(session)
+    }
+
+    fn memory_in_use(&self) -> (u64, Option<u64>) {
+        self.sessions.memory()
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tokenizer {
+            Some(t) => t.encode(text),
+            None => Err(ModelError::InvalidInput(format!("{} has no tokenizer.json; pass token ids", self.info.name))),
+        }
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        match &self.tokenizer {
+            Some(t) => t.decode(ids),
+            None => Err(ModelError::InvalidInput(format!("{} has no tokenizer.json to decode with", self.info.name))),
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! What both node roles share: a model on its worker thread and the sessions open on it,
+//! each with a role-specific state `S` that knows its model session.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::ModelError;
+use crate::history::SessionHistory;
+use crate::language_model::{LanguageModel, SessionId};
+use crate::load::{LoadOptions, load_model};
+use crate::registry::{RegistryError, SessionRegistry};
+use crate::worker::{ModelHandle, ModelWorker};
+
+/// A role's per-session state.
+pub trait NodeSessionState: Clone + Send + 'static {
+    fn model_session(&self) -> SessionId;
+}
+
+/// Why a session operation on a node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeSessionError {
+    #[error("unknown session {0}")]
+    Unknown(String),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// A loaded model and its sessions. Cheap to clone: the state is shared.
+#[derive(Debug)]
+pub struct NodeModel<S> {
+    model: ModelHandle,
+    sessions: Arc<SessionRegistry<S>>,
+}
+
+impl<S> Clone for NodeModel<S> {
+    fn clone(&self) -> Self {
+        Self { model: self.model.clone(), sessions: Arc::clone(&self.sessions) }
+    }
+}
+
+impl<S: NodeSessionState> NodeModel<S> {
+    /// Loads `path` on a worker thread named `thread`; blocks until the model is ready.
+    pub fn load(thread: &str, path: &Path, options: LoadOptions, max_sessions: usize) -> Result<Self, ModelError> {
+        let path = path.to_owned();
+        let model = ModelWorker::spawn(thread, 64, move || load_model(&path, &options))?;
+        Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)) })
+    }
+
+    pub fn handle(&self) -> &ModelHandle {
+        &self.model
+    }
+
+    pub fn active_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Opens a model session for `prompt` and registers the state `build` makes of it.
+    pub async fn open(
+        &self,
+        id: String,
+        prompt: Vec<u32>,
+        build: impl FnOnce(SessionId, SessionHistory) -> S,
+    ) -> Result<(), NodeSessionError> {
+        self.sessions.check_new(&id)?;
+        let vocab_size = self.model.info().vocab_size;
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ModelError::InvalidInput(format!(
+                "prompt token {bad} is outside the vocabulary of {vocab_size}"
+            ))
+            .into());
+        }
+        let history = SessionHistory::new(prompt)?;
+        let model_session = self.model.open_session(None).await?;
+        if let Err((err, state)) = self.sessions.insert(id, build(model_session, history)) {
+            let _ = self.model.release(state.model_session()).await;
+            return Err(err.into());
+        }
+        Ok(())
+    }
+
+    /// Runs `job` on the model thread with the session's state. The state is updated with
+    /// whatever the job left in it, also when the job reports an error.
+    pub async fn run<R: Send + 'static>(
+        &self,
+        id: &str,
+        job: impl FnOnce(&mut dyn LanguageModel, &mut S) -> R + Send + 'static,
+    ) -> Result<R, NodeSessionError> {
+        let session = self.sessions.get(id).ok_or_else(|| NodeSessionError::Unknown(id.to_owned()))?;
+        let mut state = session.lock().await;
+        let snapshot = state.clone();
+        let (updated, result) = self
+            .model
+            .call(move |m| {
+                let mut state = snapshot;
+                let result = job(m, &mut state);
+                Ok((state, result))
+            })
+            .await?;
+        *state = updated;
+        Ok(result)
+    }
+
+    /// Releases the session; `false` when it was not open.
+    pub async fn release(&self, id: &str) -> Result<bool, NodeSessionError> {
+        let Some(session) = self.sessions.remove(id) else {
+            return Ok(false);
+        };
+        let model_session = session.lock().await.model_session();
+        self.model.release(model_session).await?;
+        Ok(true)
+    }
+
+    pub async fn kv_cache_bytes(&self) -> Result<u64, NodeSessionError> {
+        Ok(self.model.call(|m| Ok(m.memory_in_use().0)).await?)
+    }
+}

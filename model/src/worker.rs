@@ -1,0 +1,179 @@
+//! One dedicated OS thread that owns the model and every session's KV cache.
+//!
+//! `tch::Tensor` is `Send` but not `Sync`, and libtorch wants one thread driving a model's
+//! state, so nodes never share the model behind a mutex: they hold a clonable
+//! [`ModelHandle`] that sends jobs over a bounded channel and awaits a one-shot reply. The
+//! thread stops when every handle is gone. A job that panics inside libtorch fails only its
+//! own request (the reply channel is dropped and the caller sees
+//! [`ModelError::WorkerGone`]); the thread keeps serving.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{ModelError, Result};
+use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
+
+type Job = Box<dyn FnOnce(&mut dyn LanguageModel) + Send>;
+
+/// Starts model worker threads.
+#[derive(Debug)]
+pub struct ModelWorker;
+
+impl ModelWorker {
+    /// Spawns a thread named `name`, builds the model there with `factory` (under
+    /// `tch::no_grad_guard`), and returns a handle once the model is loaded. `queue` bounds
+    /// the number of waiting requests.
+    pub fn spawn<M, F>(name: &str, queue: usize, factory: F) -> Result<ModelHandle>
+    where
+        M: LanguageModel + 'static,
+        F: FnOnce() -> Result<M> + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::channel::<Job>(queue.max(1));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo>>();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let _guard = tch::no_grad_guard();
+                let mut model = match factory() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(model.info().clone()));
+                while let Some(job) = rx.blocking_recv() {
+                    let model: &mut dyn LanguageModel = &mut model;
+                    // The reply sender lives in the job: a panic drops it, which the caller
+                    // sees as an error.
+                    let _ = catch_unwind(AssertUnwindSafe(|| job(model)));
+                }
+            })
+            .map_err(|e| ModelError::WorkerGone(format!("cannot spawn thread: {e}")))?;
+        let info = ready_rx.recv().map_err(|_| ModelError::WorkerGone("the worker died while loading".into()))??;
+        Ok(ModelHandle { tx, info: Arc::new(info) })
+    }
+}
+
+/// A clonable handle to a model worker. Async methods for use inside a runtime;
+/// `*_blocking` methods for plain threads (they must not be called from async code).
+#[derive(Debug, Clone)]
+pub struct ModelHandle {
+    tx: mpsc::Sender<Job>,
+    info: Arc<ModelInfo>,
+}
+
+impl ModelHandle {
+    /// The model's static facts.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn job<R, F>(f: F) -> (Job, oneshot::Receiver<Result<R>>)
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let job: Job = Box::new(move |m| {
+            let _ = reply.send(f(m));
+        });
+        (job, rx)
+    }
+
+    /// Runs `f` on the worker thread and awaits its result.
+    pub async fn call<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    {
+        let (job, rx) = Self::job(f);
+        self.tx.send(job).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| failed())?
+    }
+
+    /// Runs `f` on the worker thread and blocks until it is done.
+    pub fn call_blocking<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    {
+        let (job, rx) = Self::job(f);
+        self.tx.blocking_send(job).map_err(|_| gone())?;
+        rx.blocking_recv().map_err(|_| failed())?
+    }
+
+    /// See [`LanguageModel::open_session`].
+    pub async fn open_session(&self, capacity: Option<usize>) -> Result<SessionId> {
+        self.call(move |m| m.open_session(capacity)).await
+    }
+
+    /// See [`LanguageModel::forward`].
+    pub async fn forward(&self, session: SessionId, tokens: Vec<u32>) -> Result<Logits> {
+        self.call(move |m| m.forward(session, &tokens)).await
+    }
+
+    /// Truncates to `len` then forwards `tokens`: one round's work in one message.
+    pub async fn truncate_and_forward(&self, session: SessionId, len: usize, tokens: Vec<u32>) -> Result<Logits> {
+        self.call(move |m| {
+            m.truncate(session, len)?;
+            m.forward(session, &tokens)
+        })
+        .await
+    }
+
+    /// See [`LanguageModel::truncate`].
+    pub async fn truncate(&self, session: SessionId, len: usize) -> Result<()> {
+        self.call(move |m| m.truncate(session, len)).await
+    }
+
+    /// See [`LanguageModel::release`].
+    pub async fn release(&self, session: SessionId) -> Result<()> {
+        self.call(move |m| m.release(session)).await
+    }
+
+    /// See [`LanguageModel::session_len`].
+    pub async fn session_len(&self, session: SessionId) -> Result<usize> {
+        self.call(move |m| m.session_len(session)).await
+    }
+
+    /// See [`LanguageModel::encode`].
+    pub async fn encode(&self, text: String) -> Result<Vec<u32>> {
+        self.call(move |m| m.encode(&text)).await
+    }
+
+    /// Blocking [`Self::open_session`].
+    pub fn open_session_blocking(&self, capacity: Option<usize>) -> Result<SessionId> {
+        self.call_blocking(move |m| m.open_session(capacity))
+    }
+
+    /// Blocking [`Self::forward`].
+    pub fn forward_blocking(&self, session: SessionId, tokens: Vec<u32>) -> Result<Logits> {
+        self.call_blocking(move |m| m.forward(session, &tokens))
+    }
+
+    /// Blocking [`Self::truncate`].
+    pub fn truncate_blocking(&self, session: SessionId, len: usize) -> Result<()> {
+        self.call_blocking(move |m| m.truncate(session, len))
+    }
+
+    /// Blocking [`Self::release`].
+    pub fn release_blocking(&self, session: SessionId) -> Result<()> {
+        self.call_blocking(move |m| m.release(session))
+    }
+
+    /// Blocking [`Self::encode`].
+    pub fn encode_blocking(&self, text: String) -> Result<Vec<u32>> {
+        self.call_blocking(move |m| m.encode(&text))
+    }
+}
+
+fn gone() -> ModelError {
+    ModelError::WorkerGone("the model thread has stopped".into())
+}
+
+fn failed() -> ModelError {
+    ModelError::WorkerGone("the model thread failed while running the request".into())
+}

@@ -1,0 +1,115 @@
+//! KV-cache consistency: incremental decoding equals a full recompute, truncate-then-redecode
+//! equals a fresh session, one forward of k tokens equals k one-token forwards (≤ 1e-5, f32).
+
+mod common;
+
+use anyhow::Result;
+use common::{FIXTURES, load, max_abs_diff, reference, rows};
+use specd_model::{LanguageModel, LlamaModel, ModelError};
+
+const TOL: f32 = 1e-5;
+
+fn full(m: &mut LlamaModel, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let s = m.open_session(None)?;
+    let out = m.forward(s, tokens)?.to_rows();
+    m.release(s)?;
+    Ok(out)
+}
+
+#[test]
+fn incremental_decoding_equals_full_recompute() -> Result<()> {
+    for name in FIXTURES {
+        let tokens = reference(name)?.tokens;
+        let mut m = load(name)?;
+        let want = full(&mut m, &tokens)?;
+        // Prefill 5, then one token at a time.
+        let s = m.open_session(None)?;
+        let mut parts = vec![m.forward(s, &tokens[..5])?];
+        for t in &tokens[5..] {
+            parts.push(m.forward(s, std::slice::from_ref(t))?);
+        }
+        assert_eq!(m.session_len(s)?, tokens.len());
+        let diff = max_abs_diff(&rows(&parts), &want);
+        assert!(diff <= TOL, "{name}: incremental vs full {diff}");
+    }
+    Ok(())
+}
+
+#[test]
+fn one_forward_of_k_equals_k_single_forwards() -> Result<()> {
+    for name in FIXTURES {
+        let tokens = reference(name)?.tokens;
+        let mut m = load(name)?;
+        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+        m.forward(a, &tokens[..4])?;
+        m.forward(b, &tokens[..4])?;
+        let block = m.forward(a, &tokens[4..10])?;
+        let singles: Vec<_> =
+            tokens[4..10].iter().map(|t| m.forward(b, std::slice::from_ref(t))).collect::<Result<_, _>>()?;
+        let diff = max_abs_diff(&block.to_rows(), &rows(&singles));
+        assert!(diff <= TOL, "{name}: block vs singles {diff}");
+    }
+    Ok(())
+}
+
+#[test]
+fn truncate_then_redecode_equals_a_fresh_session() -> Result<()> {
+    for name in FIXTURES {
+        let tokens = reference(name)?.tokens;
+        let mut m = load(name)?;
+        // A speculative block that gets rejected: different tokens after position 6.
+        let s = m.open_session(None)?;
+        m.forward(s, &tokens[..6])?;
+        let rejected: Vec<u32> = tokens[6..].iter().map(|t| (t + 11) % 96).collect();
+        let stale = m.forward(s, &rejected)?;
+        m.truncate(s, 6)?;
+        assert_eq!(m.session_len(s)?, 6);
+        let redone = m.forward(s, &tokens[6..])?;
+        let fresh = full(&mut m, &tokens)?;
+        let diff = max_abs_diff(&redone.to_rows(), &fresh[6..]);
+        assert!(diff <= TOL, "{name}: truncate+redecode vs fresh {diff}");
+        // The rejected block really scored differently (the test can fail).
+        assert!(max_abs_diff(&stale.to_rows(), &fresh[6..]) > 1e-2, "{name}");
+    }
+    Ok(())
+}
+
+#[test]
+fn session_errors_are_typed() -> Result<()> {
+    let mut m = load("llama_tied")?;
+    let s = m.open_session(Some(8))?;
+    m.forward(s, &[1, 2, 3])?;
+    assert!(matches!(m.forward(s, &[1; 6]), Err(ModelError::ContextOverflow { len: 3, extra: 6, capacity: 8, .. })));
+    assert_eq!(m.session_len(s)?, 3, "a failed forward keeps the length");
+    assert!(matches!(m.truncate(s, 4), Err(ModelError::InvalidInput(_))));
+    assert!(matches!(m.forward(s, &[96]), Err(ModelError::InvalidInput(_))));
+    assert!(matches!(m.forward(s, &[]), Err(ModelError::InvalidInput(_))));
+    assert!(matches!(m.open_session(Some(65)), Err(ModelError::InvalidInput(_))));
+    m.release(s)?;
+    assert!(matches!(m.forward(s, &[1]), Err(ModelError::UnknownSession(id)) if id == s));
+    assert!(matches!(m.release(s), Err(ModelError::UnknownSession(_))));
+    Ok(())
+}
+
+#[test]
+fn memory_budget_refuses_a_session_that_does_not_fit() -> Result<()> {
+    let dir = common::fixture("llama_tied");
+    // 2 layers × 2 (k, v) × 4 kv heads × 8 head_dim × 4 bytes = 512 bytes per token.
+    let opts = specd_model::LoadOptions { memory_budget: Some(512 * 100), ..common::cpu_f32() };
+    let mut m = LlamaModel::load(&dir, &opts)?;
+    assert_eq!(m.info().kv_bytes_per_token, 512);
+    let a = m.open_session(Some(60))?;
+    let err = m.open_session(Some(60)).unwrap_err();
+    assert!(
+        matches!(err, ModelError::MemoryBudget { requested: 30720, in_use: 30720, budget: 51200, sessions: 1 }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("memory budget"));
+    let b = m.open_session(Some(40))?;
+    assert_eq!(m.memory_in_use(), (512 * 100, Some(51200)));
+    m.release(a)?;
+    m.release(b)?;
+    assert_eq!(m.memory_in_use().0, 0);
+    m.open_session(Some(64))?;
+    Ok(())
+}
