@@ -72,8 +72,7 @@ bench: torch
 	$(CARGO) bench -p specd-model --bench verify_vs_decode
 
 demo: build
-	./target/release/specd rule --target 0.6,0.3,0.1 --draft 0.5,0.25,0.25 --simulate 200000 --seed 7
-	./target/release/specd cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
+	./scripts/demo.sh
 
 clean:
 	$(CARGO) clean

@@ -6,10 +6,12 @@
 //! - [`convert`]: conversions between wire messages and `specd-sampling` types, validating
 //!   what a peer sent;
 //! - [`error`]: [`ProtoError`] and its mapping to gRPC status codes;
+//! - [`transport`]: the accepted-connection stream every server uses;
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server reflection.
 
 pub mod convert;
 pub mod error;
+pub mod transport;
 
 pub use error::ProtoError;
 

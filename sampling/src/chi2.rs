@@ -76,6 +76,49 @@ pub fn chi_square_test(observed: &[u64], expected_probs: &[f64]) -> Result<ChiSq
     Ok(ChiSquare { statistic, degrees_of_freedom, p_value, pooled_cells })
 }
 
+/// Pearson's χ² test that two samples over the same cells come from one law (a 2 × C
+/// contingency table). Cells whose smaller expected count is below [`MIN_EXPECTED_COUNT`]
+/// are pooled into one cell, as in [`chi_square_test`].
+pub fn two_sample_chi_square(a: &[u64], b: &[u64]) -> Result<ChiSquare> {
+    if a.len() != b.len() {
+        return Err(SamplingError::ShapeMismatch(format!("{} cells against {}", a.len(), b.len())));
+    }
+    let (na, nb) = (a.iter().sum::<u64>() as f64, b.iter().sum::<u64>() as f64);
+    if na == 0.0 || nb == 0.0 {
+        return Err(SamplingError::NoObservations);
+    }
+    let share_a = na / (na + nb);
+    let min_share = share_a.min(1.0 - share_a);
+    let mut cells: Vec<(f64, f64)> = Vec::new();
+    let (mut pooled, mut pooled_cells) = ((0.0, 0.0), 0);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64, y as f64);
+        if x + y == 0.0 {
+            continue;
+        }
+        if (x + y) * min_share < MIN_EXPECTED_COUNT {
+            pooled.0 += x;
+            pooled.1 += y;
+            pooled_cells += 1;
+        } else {
+            cells.push((x, y));
+        }
+    }
+    if pooled_cells > 0 {
+        cells.push(pooled);
+    }
+    let statistic: f64 = cells
+        .iter()
+        .map(|&(x, y)| {
+            let (ea, eb) = ((x + y) * share_a, (x + y) * (1.0 - share_a));
+            (x - ea) * (x - ea) / ea + (y - eb) * (y - eb) / eb
+        })
+        .sum();
+    let degrees_of_freedom = cells.len().saturating_sub(1);
+    let p_value = if degrees_of_freedom == 0 { 1.0 } else { chi_square_survival(statistic, degrees_of_freedom) };
+    Ok(ChiSquare { statistic, degrees_of_freedom, p_value, pooled_cells })
+}
+
 /// P(χ²_k ≥ x) = Q(k/2, x/2), the regularised upper incomplete gamma function.
 pub fn chi_square_survival(x: f64, k: usize) -> f64 {
     if x <= 0.0 {
@@ -185,6 +228,19 @@ mod tests {
         let misfit = chi_square_test(&[500, 300, 200], &[0.6, 0.3, 0.1]).unwrap();
         assert!(misfit.p_value < 1e-20, "{misfit:?}");
         assert_eq!(misfit.degrees_of_freedom, 2);
+    }
+
+    #[test]
+    fn two_samples_of_one_law_pass_and_of_two_laws_fail() {
+        let same = two_sample_chi_square(&[600, 300, 100], &[1200, 600, 200]).unwrap();
+        assert!(same.statistic < 1e-20 && same.p_value > 0.999_999, "{same:?}");
+        assert_eq!(same.degrees_of_freedom, 2);
+        let different = two_sample_chi_square(&[600, 300, 100], &[500, 300, 200]).unwrap();
+        assert!(different.p_value < 1e-9, "{different:?}");
+        let pooled = two_sample_chi_square(&[500, 2, 1], &[500, 1, 2]).unwrap();
+        assert_eq!((pooled.pooled_cells, pooled.degrees_of_freedom), (2, 1));
+        assert!(two_sample_chi_square(&[1], &[1, 2]).is_err());
+        assert_eq!(two_sample_chi_square(&[0, 0], &[1, 2]), Err(SamplingError::NoObservations));
     }
 
     #[test]

@@ -16,6 +16,24 @@ impl fmt::Display for InvalidInput {
 
 impl std::error::Error for InvalidInput {}
 
+/// A gRPC call failed: printed with its code, exit code 2 for INVALID_ARGUMENT, else 1.
+#[derive(Debug)]
+pub struct RpcFailure(pub tonic::Status);
+
+impl fmt::Display for RpcFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.0.code(), self.0.message())
+    }
+}
+
+impl std::error::Error for RpcFailure {}
+
+impl RpcFailure {
+    fn is_invalid_argument(&self) -> bool {
+        self.0.code() == tonic::Code::InvalidArgument
+    }
+}
+
 pub fn invalid(message: impl Into<String>) -> anyhow::Error {
     InvalidInput(message.into()).into()
 }
@@ -23,7 +41,10 @@ pub fn invalid(message: impl Into<String>) -> anyhow::Error {
 pub fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) if err.is::<InvalidInput>() => {
+        Err(err)
+            if err.is::<InvalidInput>()
+                || err.downcast_ref::<RpcFailure>().is_some_and(RpcFailure::is_invalid_argument) =>
+        {
             eprintln!("error: {err}");
             ExitCode::from(2)
         }

@@ -1,17 +1,23 @@
 //! `specd`: one binary for every role and tool of exact speculative decoding.
 //!
 //! Subcommands live in their own modules:
+//! - [`serve`]: `up`, `target`, `draft`, `coordinator`: the roles as gRPC servers;
+//! - [`generate`]: a client of the public Generation API;
+//! - [`audit`]: a two-sample χ² check of the output law against a running cluster;
 //! - [`logits`]: score tokens with a model;
 //! - [`rule`]: the exact acceptance/residual rule on one position, with the naive counterexample;
 //! - [`cost`]: the cost model (tokens per round, speedup, best draft length).
 //!
 //! Exit codes: 0 on success, 2 on invalid input (one line on stderr), 1 on any other failure.
 
+mod audit;
 mod cli_error;
 mod cost;
 mod distribution_arg;
+mod generate;
 mod logits;
 mod rule;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +36,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Up(serve::UpArgs),
+    Target(serve::TargetArgs),
+    Draft(serve::DraftArgs),
+    Coordinator(serve::CoordinatorArgs),
+    Generate(generate::GenerateArgs),
+    Audit(audit::AuditArgs),
     Logits(logits::LogitsArgs),
     Rule(rule::RuleArgs),
     Cost(cost::CostArgs),
@@ -38,6 +50,12 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(args) => serve::run_up(&args),
+        Command::Target(args) => serve::run_target(&args),
+        Command::Draft(args) => serve::run_draft(&args),
+        Command::Coordinator(args) => serve::run_coordinator(&args),
+        Command::Generate(args) => generate::run(&args),
+        Command::Audit(args) => audit::run(&args),
         Command::Logits(args) => logits::run(&args),
         Command::Rule(args) => rule::run(&args),
         Command::Cost(args) => cost::run(&args),

@@ -1,0 +1,63 @@
+//! The coordinator's one error type and its gRPC status codes.
+
+use specd_proto::ProtoError;
+use specd_sampling::SamplingError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The client's request is malformed.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A node could not be reached.
+    #[error("cannot reach the {role} node at {address}: {message}")]
+    Unreachable { role: &'static str, address: String, message: String },
+    /// A node answered with an error.
+    #[error("the {role} node at {address} failed: {status}")]
+    Node { role: &'static str, address: String, status: Status },
+    /// The nodes cannot work together (different vocabularies or tokenizers).
+    #[error("{0}")]
+    Incompatible(String),
+    /// A node sent something the rule cannot use: a protocol violation.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("no {0} node is configured")]
+    NoNode(&'static str),
+}
+
+impl From<SamplingError> for CoordinatorError {
+    fn from(err: SamplingError) -> Self {
+        Self::Protocol(err.to_string())
+    }
+}
+
+impl From<ProtoError> for CoordinatorError {
+    fn from(err: ProtoError) -> Self {
+        Self::Protocol(err.to_string())
+    }
+}
+
+impl CoordinatorError {
+    /// The one table from errors to gRPC codes.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidRequest(_) => Code::InvalidArgument,
+            Self::Unreachable { .. } | Self::NoNode(_) => Code::Unavailable,
+            Self::Node { status, .. } => match status.code() {
+                // The node's own verdict on the client's input, or its capacity, passes through.
+                code
+                @ (Code::InvalidArgument | Code::ResourceExhausted | Code::OutOfRange | Code::DeadlineExceeded) => code,
+                Code::Unavailable => Code::Unavailable,
+                _ => Code::Internal,
+            },
+            Self::Incompatible(_) => Code::FailedPrecondition,
+            Self::Protocol(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<CoordinatorError> for Status {
+    fn from(err: CoordinatorError) -> Self {
+        Status::new(err.code(), err.to_string())
+    }
+}

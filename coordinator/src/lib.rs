@@ -1,0 +1,98 @@
+//! specd-coordinator: the public API and the exact speculative round loop.
+//!
+//! - [`service`]: the `specd.v1.Generation` service; one [`session::SessionActor`] per
+//!   request and a registry of generations in flight;
+//! - [`session`]: a generation's loop (rounds, stop conditions, streaming) and the drop guard
+//!   that releases both nodes' sessions on finish, error, timeout and client cancel;
+//! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
+//! - [`text`]: incremental detokenization (by the target) and stop strings;
+//! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
+//! - [`request`]: validation of client requests;
+//! - [`error`]: [`CoordinatorError`] and its status codes;
+//! - [`run`] / [`serve`]: the server, with health and reflection.
+
+pub mod error;
+pub mod nodes;
+pub mod request;
+pub mod round;
+pub mod service;
+pub mod session;
+pub mod text;
+
+use std::future::Future;
+use std::time::Duration;
+
+use specd_proto::v1::generation_server::GenerationServer;
+use specd_sampling::Truncation;
+use tokio::net::TcpListener;
+
+pub use error::CoordinatorError;
+pub use nodes::NodePool;
+pub use request::{Defaults, RuleVariant};
+pub use service::GenerationService;
+
+/// How to run a coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Target node URLs (`http://host:port`); new sessions go round-robin over them.
+    pub targets: Vec<String>,
+    /// Draft node URLs; none means target-only decoding.
+    pub drafts: Vec<String>,
+    /// Draft length when a request leaves it unset.
+    pub default_gamma: u32,
+    pub default_max_new_tokens: u32,
+    /// The draft's truncation of q for the sparse wire format.
+    pub truncation: Truncation,
+    /// Deadline of every call to a node, and of connecting to one.
+    pub node_timeout: Duration,
+    /// Always [`RuleVariant::Exact`] in service; the wrong variant exists so that the law
+    /// tests can show they catch it.
+    pub rule: RuleVariant,
+}
+
+/// Connects to the nodes (refusing incompatible ones), then serves until `shutdown`.
+pub async fn run(
+    listener: TcpListener,
+    config: CoordinatorConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CoordinatorError> {
+    let service = connect(&config).await?;
+    serve(listener, service, shutdown).await
+}
+
+/// Connects to every node and checks they can work together.
+pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, CoordinatorError> {
+    let pool = NodePool::connect(&config.targets, &config.drafts, config.node_timeout).await?;
+    let defaults = Defaults {
+        gamma: config.default_gamma,
+        max_new_tokens: config.default_max_new_tokens,
+        truncation: config.truncation,
+        rule: config.rule,
+    };
+    Ok(GenerationService::new(pool, defaults))
+}
+
+/// Serves the Generation API, grpc.health.v1 and server reflection.
+pub async fn serve(
+    listener: TcpListener,
+    service: GenerationService,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CoordinatorError> {
+    let transport =
+        |message: String| CoordinatorError::Unreachable { role: "coordinator", address: "-".into(), message };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<GenerationServer<GenerationService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(specd_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| transport(e.to_string()))?;
+    tracing::info!(addr = ?listener.local_addr().ok(), "coordinator serving");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(GenerationServer::new(service))
+        .serve_with_incoming_shutdown(specd_proto::transport::incoming(listener), shutdown)
+        .await
+        .map_err(|e| transport(e.to_string()))
+}

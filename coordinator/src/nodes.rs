@@ -1,0 +1,210 @@
+//! Typed clients of the draft and target nodes, and the pool the coordinator balances over.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use specd_proto::v1::draft_service_client::DraftServiceClient;
+use specd_proto::v1::target_service_client::TargetServiceClient;
+use specd_proto::v1::{
+    DetokenizeRequest, InfoRequest, NodeInfo, OpenSessionRequest, ProposeRequest, ProposeResponse, ReleaseRequest,
+    TokenizeRequest, VerifyRequest, VerifyResponse,
+};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::error::CoordinatorError;
+
+/// One node: its role, address and client.
+#[derive(Debug, Clone)]
+pub struct NodeClient<C> {
+    pub role: &'static str,
+    pub address: String,
+    client: C,
+    timeout: Duration,
+}
+
+pub type DraftClient = NodeClient<DraftServiceClient<Channel>>;
+pub type TargetClient = NodeClient<TargetServiceClient<Channel>>;
+
+async fn channel(role: &'static str, address: &str, timeout: Duration) -> Result<Channel, CoordinatorError> {
+    let unreachable = |message: String| CoordinatorError::Unreachable { role, address: address.to_owned(), message };
+    let endpoint = Endpoint::from_shared(address.to_owned())
+        .map_err(|e| unreachable(format!("not a valid URL: {e}")))?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true);
+    endpoint.connect().await.map_err(|e| unreachable(e.to_string()))
+}
+
+impl<C: Clone> NodeClient<C> {
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    fn error(&self, status: Status) -> CoordinatorError {
+        if status.code() == Code::Unavailable {
+            CoordinatorError::Unreachable {
+                role: self.role,
+                address: self.address.clone(),
+                message: status.message().into(),
+            }
+        } else {
+            CoordinatorError::Node { role: self.role, address: self.address.clone(), status }
+        }
+    }
+}
+
+impl DraftClient {
+    pub async fn connect(address: &str, timeout: Duration) -> Result<Self, CoordinatorError> {
+        let client = DraftServiceClient::new(channel("draft", address, timeout).await?);
+        Ok(Self { role: "draft", address: address.to_owned(), client, timeout })
+    }
+
+    pub async fn info(&self) -> Result<NodeInfo, CoordinatorError> {
+        let reply = self.client.clone().info(self.request(InfoRequest {})).await;
+        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    }
+
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<(), CoordinatorError> {
+        self.client.clone().open_session(self.request(request)).await.map(drop).map_err(|s| self.error(s))
+    }
+
+    pub async fn propose(&self, request: ProposeRequest) -> Result<ProposeResponse, CoordinatorError> {
+        let reply = self.client.clone().propose(self.request(request)).await;
+        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    }
+
+    pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
+        let reply = self.client.clone().release(self.request(ReleaseRequest { session_id })).await;
+        reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
+    }
+}
+
+impl TargetClient {
+    pub async fn connect(address: &str, timeout: Duration) -> Result<Self, CoordinatorError> {
+        let client = TargetServiceClient::new(channel("target", address, timeout).await?);
+        Ok(Self { role: "target", address: address.to_owned(), client, timeout })
+    }
+
+    pub async fn info(&self) -> Result<NodeInfo, CoordinatorError> {
+        let reply = self.client.clone().info(self.request(InfoRequest {})).await;
+        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    }
+
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<(), CoordinatorError> {
+        self.client.clone().open_session(self.request(request)).await.map(drop).map_err(|s| self.error(s))
+    }
+
+    pub async fn verify(&self, request: VerifyRequest) -> Result<VerifyResponse, CoordinatorError> {
+        let reply = self.client.clone().verify(self.request(request)).await;
+        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    }
+
+    pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
+        let reply = self.client.clone().release(self.request(ReleaseRequest { session_id })).await;
+        reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
+    }
+
+    pub async fn tokenize(&self, text: String) -> Result<Vec<u32>, CoordinatorError> {
+        let reply = self.client.clone().tokenize(self.request(TokenizeRequest { text })).await;
+        reply.map(|r| r.into_inner().token_ids).map_err(|s| self.error(s))
+    }
+
+    pub async fn detokenize(&self, token_ids: Vec<u32>) -> Result<String, CoordinatorError> {
+        let reply = self.client.clone().detokenize(self.request(DetokenizeRequest { token_ids })).await;
+        reply.map(|r| r.into_inner().text).map_err(|s| self.error(s))
+    }
+}
+
+/// What every node of the cluster agrees on, checked at startup.
+#[derive(Debug, Clone)]
+pub struct ModelFacts {
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub tokenizer_fingerprint: String,
+    pub target_model: String,
+    pub draft_model: Option<String>,
+    /// The target can tokenise text prompts and decode output.
+    pub has_tokenizer: bool,
+}
+
+/// Every node the coordinator uses; new sessions go round-robin over the replicas.
+#[derive(Debug)]
+pub struct NodePool {
+    targets: Vec<TargetClient>,
+    drafts: Vec<DraftClient>,
+    next: AtomicUsize,
+    pub facts: ModelFacts,
+}
+
+impl NodePool {
+    /// Connects to every node and refuses a cluster whose vocabularies or tokenizers differ,
+    /// naming both sides.
+    pub async fn connect(targets: &[String], drafts: &[String], timeout: Duration) -> Result<Self, CoordinatorError> {
+        if targets.is_empty() {
+            return Err(CoordinatorError::NoNode("target"));
+        }
+        let mut target_clients = Vec::new();
+        let mut target_infos = Vec::new();
+        for address in targets {
+            let client = TargetClient::connect(address, timeout).await?;
+            target_infos.push((address.clone(), client.info().await?));
+            target_clients.push(client);
+        }
+        let mut draft_clients = Vec::new();
+        let mut draft_infos = Vec::new();
+        for address in drafts {
+            let client = DraftClient::connect(address, timeout).await?;
+            draft_infos.push((address.clone(), client.info().await?));
+            draft_clients.push(client);
+        }
+        let (first_address, first) = &target_infos[0];
+        for (role, (address, info)) in
+            target_infos.iter().skip(1).map(|i| ("target", i)).chain(draft_infos.iter().map(|i| ("draft", i)))
+        {
+            check_compatible(first_address, first, role, address, info)?;
+        }
+        let facts = ModelFacts {
+            vocab_size: first.vocab_size as usize,
+            context_length: first.context_length as usize,
+            eos_token_ids: first.eos_token_ids.clone(),
+            tokenizer_fingerprint: first.tokenizer_fingerprint.clone(),
+            target_model: first.model_id.clone(),
+            draft_model: draft_infos.first().map(|(_, i)| i.model_id.clone()),
+            has_tokenizer: first.has_tokenizer,
+        };
+        Ok(Self { targets: target_clients, drafts: draft_clients, next: AtomicUsize::new(0), facts })
+    }
+
+    /// The replicas a new session will use (and keep: they hold its KV caches).
+    pub fn pick(&self) -> (TargetClient, Option<DraftClient>) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let target = self.targets[n % self.targets.len()].clone();
+        let draft = (!self.drafts.is_empty()).then(|| self.drafts[n % self.drafts.len()].clone());
+        (target, draft)
+    }
+}
+
+fn check_compatible(
+    target_address: &str,
+    target: &NodeInfo,
+    role: &str,
+    address: &str,
+    info: &NodeInfo,
+) -> Result<(), CoordinatorError> {
+    if info.vocab_size != target.vocab_size {
+        return Err(CoordinatorError::Incompatible(format!(
+            "vocabularies differ: the target at {target_address} ({}) has {} tokens, the {role} at {address} ({}) has {}",
+            target.model_id, target.vocab_size, info.model_id, info.vocab_size
+        )));
+    }
+    if info.tokenizer_fingerprint != target.tokenizer_fingerprint {
+        return Err(CoordinatorError::Incompatible(format!(
+            "tokenizers differ: the target at {target_address} ({}) has fingerprint {}, the {role} at {address} ({}) has {}",
+            target.model_id, target.tokenizer_fingerprint, info.model_id, info.tokenizer_fingerprint
+        )));
+    }
+    Ok(())
+}

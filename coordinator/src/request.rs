@@ -1,0 +1,219 @@
+//! Validation of a client's GenerateRequest into a [`GenerationSpec`], with messages that
+//! say what is wrong.
+
+use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria};
+use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation};
+
+use crate::error::CoordinatorError;
+use crate::nodes::ModelFacts;
+
+/// How the draft and the coordinator exchange q.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Wire {
+    Sparse(Truncation),
+    Dense,
+}
+
+/// Which acceptance rule the coordinator applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RuleVariant {
+    /// The exact rule of Leviathan et al. and Chen et al.
+    #[default]
+    Exact,
+    /// Resample from p on rejection: wrong, dense wire format only. For tests that must
+    /// prove they detect a broken coordinator.
+    NaiveResampleFromTarget,
+}
+
+/// The coordinator's defaults for what a request leaves unset, and its rule.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    pub gamma: u32,
+    pub max_new_tokens: u32,
+    pub truncation: Truncation,
+    pub rule: RuleVariant,
+}
+
+/// A validated generation.
+#[derive(Debug, Clone)]
+pub struct GenerationSpec {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub seed: u64,
+    pub max_new_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub stop_strings: Vec<String>,
+    pub eos_token_ids: Vec<u32>,
+    pub gamma: u32,
+    pub wire: Wire,
+    pub rule: RuleVariant,
+    /// Decode the output to text (the target has a tokenizer).
+    pub detokenize: bool,
+}
+
+fn invalid(message: impl Into<String>) -> CoordinatorError {
+    CoordinatorError::InvalidRequest(message.into())
+}
+
+/// Validates everything but the prompt's text, which the caller has already tokenised.
+pub fn validate(
+    request: &GenerateRequest,
+    prompt: Vec<u32>,
+    facts: &ModelFacts,
+    defaults: &Defaults,
+    random_seed: impl FnOnce() -> u64,
+) -> Result<GenerationSpec, CoordinatorError> {
+    if prompt.is_empty() {
+        return Err(invalid("the prompt is empty"));
+    }
+    if let Some(bad) = prompt.iter().find(|&&t| t as usize >= facts.vocab_size) {
+        return Err(invalid(format!("prompt token {bad} is outside the vocabulary of {}", facts.vocab_size)));
+    }
+    let sampling = request.sampling.unwrap_or_default();
+    let params = sampling_params(&sampling)?;
+    let stopping = request.stopping.clone().unwrap_or_default();
+    let max_new_tokens = max_new_tokens(&stopping, prompt.len(), facts, defaults)?;
+    if let Some(bad) = stopping.stop_token_ids.iter().find(|&&t| t as usize >= facts.vocab_size) {
+        return Err(invalid(format!("stop token {bad} is outside the vocabulary of {}", facts.vocab_size)));
+    }
+    if stopping.stop_strings.iter().any(String::is_empty) {
+        return Err(invalid("stop_strings may not contain an empty string"));
+    }
+    if !stopping.stop_strings.is_empty() && !facts.has_tokenizer {
+        return Err(invalid("stop_strings need text, but the target model has no tokenizer"));
+    }
+    let speculation = request.speculation.unwrap_or(Speculation { gamma: None, dense: false });
+    let gamma = speculation.gamma.unwrap_or(defaults.gamma);
+    if gamma > MAX_GAMMA {
+        return Err(invalid(format!("gamma {gamma} is above the maximum {MAX_GAMMA}")));
+    }
+    Ok(GenerationSpec {
+        request_id: request.request_id.clone(),
+        prompt,
+        params,
+        seed: sampling.seed.unwrap_or_else(random_seed),
+        max_new_tokens,
+        stop_token_ids: stopping.stop_token_ids,
+        stop_strings: stopping.stop_strings,
+        eos_token_ids: if stopping.ignore_eos { Vec::new() } else { facts.eos_token_ids.clone() },
+        gamma,
+        wire: if speculation.dense || defaults.rule != RuleVariant::Exact {
+            Wire::Dense
+        } else {
+            Wire::Sparse(defaults.truncation)
+        },
+        rule: defaults.rule,
+        detokenize: facts.has_tokenizer,
+    })
+}
+
+fn sampling_params(s: &WireSampling) -> Result<SamplingParams, CoordinatorError> {
+    let defaults = SamplingParams::default();
+    let top_k = s.top_k.unwrap_or(0);
+    if top_k < 0 {
+        return Err(invalid(format!("top_k {top_k} is negative; 0 disables it")));
+    }
+    let params = SamplingParams {
+        temperature: s.temperature.unwrap_or(defaults.temperature),
+        top_k: top_k as u32,
+        top_p: s.top_p.unwrap_or(defaults.top_p),
+        min_p: s.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: s.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: s.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+    };
+    params.validate().map_err(|err| match err {
+        SamplingError::InvalidParameter { name, value, expected } => invalid(format!("{name} {value}: {expected}")),
+        other => invalid(other.to_string()),
+    })?;
+    Ok(params)
+}
+
+fn max_new_tokens(
+    stopping: &StoppingCriteria,
+    prompt_len: usize,
+    facts: &ModelFacts,
+    defaults: &Defaults,
+) -> Result<usize, CoordinatorError> {
+    let room = facts.context_length.saturating_sub(prompt_len);
+    if room == 0 {
+        return Err(invalid(format!(
+            "the prompt has {prompt_len} tokens, the whole context of {} tokens",
+            facts.context_length
+        )));
+    }
+    match stopping.max_new_tokens {
+        Some(0) => Err(invalid("max_new_tokens is 0; ask for at least 1")),
+        Some(n) if n as usize > room => Err(invalid(format!(
+            "max_new_tokens {n} does not fit: the prompt has {prompt_len} tokens and the context {} (room for {room})",
+            facts.context_length
+        ))),
+        Some(n) => Ok(n as usize),
+        None => Ok((defaults.max_new_tokens as usize).min(room)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> ModelFacts {
+        ModelFacts {
+            vocab_size: 10,
+            context_length: 8,
+            eos_token_ids: vec![9],
+            tokenizer_fingerprint: "f".into(),
+            target_model: "t".into(),
+            draft_model: None,
+            has_tokenizer: false,
+        }
+    }
+
+    fn defaults() -> Defaults {
+        Defaults {
+            gamma: 4,
+            max_new_tokens: 100,
+            truncation: Truncation::new(0.0, 8).unwrap(),
+            rule: RuleVariant::Exact,
+        }
+    }
+
+    fn check(request: &GenerateRequest, prompt: Vec<u32>) -> Result<GenerationSpec, String> {
+        validate(request, prompt, &facts(), &defaults(), || 7).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn refuses_bad_requests_with_reasons() {
+        let ok = GenerateRequest::default();
+        assert_eq!(check(&ok, vec![]).unwrap_err(), "the prompt is empty");
+        assert!(check(&ok, vec![10]).unwrap_err().contains("outside the vocabulary"));
+        let with = |sampling: WireSampling| GenerateRequest { sampling: Some(sampling), ..ok.clone() };
+        let bad_t = check(&with(WireSampling { temperature: Some(-1.0), ..Default::default() }), vec![1]);
+        assert!(bad_t.unwrap_err().starts_with("temperature -1"));
+        let nan_t = check(&with(WireSampling { temperature: Some(f64::NAN), ..Default::default() }), vec![1]);
+        assert!(nan_t.unwrap_err().starts_with("temperature NaN"));
+        let top_p = check(&with(WireSampling { top_p: Some(1.5), ..Default::default() }), vec![1]);
+        assert!(top_p.unwrap_err().starts_with("top_p 1.5"));
+        let top_k = check(&with(WireSampling { top_k: Some(-3), ..Default::default() }), vec![1]);
+        assert!(top_k.unwrap_err().contains("top_k -3 is negative"));
+        let stop = |n| GenerateRequest {
+            stopping: Some(StoppingCriteria { max_new_tokens: Some(n), ..Default::default() }),
+            ..ok.clone()
+        };
+        assert!(check(&stop(0), vec![1]).unwrap_err().contains("max_new_tokens is 0"));
+        assert!(check(&stop(8), vec![1]).unwrap_err().contains("room for 7"));
+        let gamma =
+            GenerateRequest { speculation: Some(Speculation { gamma: Some(MAX_GAMMA + 1), dense: false }), ..ok };
+        assert!(check(&gamma, vec![1]).unwrap_err().contains("above the maximum"));
+    }
+
+    #[test]
+    fn fills_defaults() {
+        let spec = check(&GenerateRequest::default(), vec![1, 2]).unwrap();
+        assert_eq!((spec.gamma, spec.max_new_tokens, spec.seed), (4, 6, 7));
+        assert_eq!(spec.eos_token_ids, vec![9]);
+        assert_eq!(spec.params, SamplingParams::default());
+        assert!(matches!(spec.wire, Wire::Sparse(_)));
+    }
+}

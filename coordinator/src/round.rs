@@ -1,0 +1,155 @@
+//! One round of the protocol (DESIGN.md §2): Propose to the draft, Verify at the target, the
+//! exact rule here.
+
+use std::time::Instant;
+
+use prost::Message;
+use specd_proto::convert::{parse_dense_proposal, parse_dense_rows, parse_scored_block, parse_sparse_proposal};
+use specd_proto::v1::{ProposeRequest, Support, VerifyRequest};
+use specd_sampling::naive::naive_verify_block_dense;
+use specd_sampling::{
+    BlockOutcome, DenseCandidate, DenseDist, RoundKey, SparseCandidate, SparseDist, verify_block_dense,
+    verify_block_sparse,
+};
+
+use crate::error::CoordinatorError;
+use crate::nodes::{DraftClient, TargetClient};
+use crate::request::{GenerationSpec, RuleVariant, Wire};
+
+/// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
+/// committed tokens after them that it has not been sent yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub valid: usize,
+    pub pending: Vec<u32>,
+}
+
+impl Cursor {
+    /// After a round that this node took part in: the accepted prefix stays valid, the
+    /// corrected token is pending.
+    pub fn advance(&mut self, base: usize, outcome: &BlockOutcome) {
+        self.valid = base + outcome.accepted;
+        self.pending = vec![outcome.emitted()];
+    }
+
+    /// After a round this node sat out: everything committed is pending.
+    pub fn append(&mut self, tokens: &[u32]) {
+        self.pending.extend_from_slice(tokens);
+    }
+}
+
+/// A finished round and what it cost.
+#[derive(Debug)]
+pub struct RoundReport {
+    pub outcome: BlockOutcome,
+    pub gamma: usize,
+    pub draft_ns: u64,
+    pub verify_ns: u64,
+    pub wall_ns: u64,
+    /// Encoded protobuf bytes of the round's requests and replies.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+enum Proposals {
+    Sparse(Vec<(u32, SparseDist)>),
+    Dense(Vec<(u32, DenseDist)>),
+}
+
+/// Runs round `round` with draft length `gamma` (0 or no draft: target-only).
+pub async fn run_round(
+    spec: &GenerationSpec,
+    session_id: &str,
+    round: u32,
+    vocab_size: usize,
+    target: (&TargetClient, &Cursor),
+    draft: Option<(&DraftClient, &Cursor, u32)>,
+) -> Result<RoundReport, CoordinatorError> {
+    let started = Instant::now();
+    let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
+    let (mut proposals, mut draft_ns) = match spec.wire {
+        Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
+        Wire::Dense => (Proposals::Dense(Vec::new()), 0),
+    };
+    if let Some((client, cursor, gamma)) = draft.filter(|d| d.2 > 0) {
+        let (truncation, dense) = match spec.wire {
+            Wire::Sparse(t) => (Some(t.into()), false),
+            Wire::Dense => (None, true),
+        };
+        let request = ProposeRequest {
+            session_id: session_id.to_owned(),
+            round,
+            rollback_to: cursor.valid as u32,
+            pending_token_ids: cursor.pending.clone(),
+            gamma,
+            truncation,
+            dense,
+        };
+        bytes_sent += request.encoded_len() as u64;
+        let reply = client.propose(request).await?;
+        bytes_received += reply.encoded_len() as u64;
+        if reply.positions.len() != gamma as usize {
+            return Err(CoordinatorError::Protocol(format!(
+                "asked the draft for {gamma} candidates, got {}",
+                reply.positions.len()
+            )));
+        }
+        draft_ns = reply.draft_ns;
+        proposals = match spec.wire {
+            Wire::Sparse(_) => Proposals::Sparse(
+                reply.positions.iter().map(|p| parse_sparse_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
+            ),
+            Wire::Dense => Proposals::Dense(
+                reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
+            ),
+        };
+    }
+    let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
+        Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
+        Proposals::Dense(p) => (p.iter().map(|(t, _)| *t).collect(), Vec::new()),
+    };
+    let gamma = candidates.len();
+    let (target_client, target_cursor) = target;
+    let request = VerifyRequest {
+        session_id: session_id.to_owned(),
+        round,
+        rollback_to: target_cursor.valid as u32,
+        pending_token_ids: target_cursor.pending.clone(),
+        candidate_token_ids: candidates,
+        supports,
+        dense: matches!(spec.wire, Wire::Dense),
+    };
+    bytes_sent += request.encoded_len() as u64;
+    let reply = target_client.verify(request).await?;
+    bytes_received += reply.encoded_len() as u64;
+    if matches!(spec.wire, Wire::Sparse(_)) && reply.bonus_token_id as usize >= vocab_size {
+        return Err(CoordinatorError::Protocol(format!(
+            "bonus token {} is outside the vocabulary of {vocab_size}",
+            reply.bonus_token_id
+        )));
+    }
+    let key = RoundKey { seed: spec.seed, round };
+    let outcome = match &proposals {
+        Proposals::Sparse(p) => {
+            let block: Vec<_> = p.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
+            verify_block_sparse(&block, &parse_scored_block(&reply), key)?
+        }
+        Proposals::Dense(p) => {
+            let rows = parse_dense_rows(&reply, gamma, vocab_size)?;
+            let block: Vec<_> = p.iter().map(|(token, q)| DenseCandidate { token: *token, q }).collect();
+            match spec.rule {
+                RuleVariant::Exact => verify_block_dense(&block, &rows, key)?,
+                RuleVariant::NaiveResampleFromTarget => naive_verify_block_dense(&block, &rows, key)?,
+            }
+        }
+    };
+    Ok(RoundReport {
+        outcome,
+        gamma,
+        draft_ns,
+        verify_ns: reply.verify_ns,
+        wall_ns: started.elapsed().as_nanos() as u64,
+        bytes_sent,
+        bytes_received,
+    })
+}

@@ -1,0 +1,132 @@
+//! The public `Generation` service: validation, one session actor per request, and the
+//! registry of generations in flight.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::generation_server::Generation;
+use specd_proto::v1::{GenerateRequest, GenerateResponse};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::error::CoordinatorError;
+use crate::nodes::NodePool;
+use crate::request::{Defaults, validate};
+use crate::session::SessionActor;
+
+/// A generation in flight, for operators.
+#[derive(Debug, Clone)]
+pub struct ActiveGeneration {
+    pub request_id: String,
+    pub started: Instant,
+}
+
+/// The coordinator's shared state.
+#[derive(Debug, Clone)]
+pub struct GenerationService {
+    pool: Arc<NodePool>,
+    defaults: Defaults,
+    active: Arc<DashMap<String, ActiveGeneration>>,
+    next_id: Arc<AtomicU64>,
+    instance: u64,
+}
+
+/// Removes a generation from the registry when its actor ends.
+struct Registered {
+    active: Arc<DashMap<String, ActiveGeneration>>,
+    session_id: String,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.active.remove(&self.session_id);
+    }
+}
+
+impl GenerationService {
+    pub fn new(pool: NodePool, defaults: Defaults) -> Self {
+        Self {
+            pool: Arc::new(pool),
+            defaults,
+            active: Arc::default(),
+            next_id: Arc::default(),
+            instance: RandomState::new().hash_one(std::process::id()),
+        }
+    }
+
+    /// Generations in flight.
+    pub fn active(&self) -> Vec<ActiveGeneration> {
+        self.active.iter().map(|e| e.value().clone()).collect()
+    }
+
+    async fn start(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<ReceiverStream<Result<GenerateResponse, Status>>, Status> {
+        let (target, draft) = self.pool.pick();
+        let prompt = match &request.prompt {
+            Some(Prompt::TokenIds(ids)) => ids.ids.clone(),
+            Some(Prompt::Text(_)) if !self.pool.facts.has_tokenizer => {
+                return Err(CoordinatorError::InvalidRequest(
+                    "the target model has no tokenizer: send token_ids instead of text".into(),
+                )
+                .into());
+            }
+            Some(Prompt::Text(text)) => target.tokenize(text.clone()).await?,
+            None => return Err(CoordinatorError::InvalidRequest("the prompt is empty".into()).into()),
+        };
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let session_id = format!("{:016x}-{n}", self.instance);
+        let random_seed = || RandomState::new().hash_one(n);
+        let mut spec = validate(request, prompt, &self.pool.facts, &self.defaults, random_seed)?;
+        if spec.request_id.is_empty() {
+            spec.request_id.clone_from(&session_id);
+        }
+        let (out, rx) = mpsc::channel(16);
+        self.active.insert(
+            session_id.clone(),
+            ActiveGeneration { request_id: spec.request_id.clone(), started: Instant::now() },
+        );
+        let registered = Registered { active: Arc::clone(&self.active), session_id: session_id.clone() };
+        let actor = SessionActor { session_id, spec, vocab_size: self.pool.facts.vocab_size, target, draft, out };
+        tokio::spawn(async move {
+            let _registered = registered;
+            actor.run().await;
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+}
+
+#[tonic::async_trait]
+impl Generation for GenerationService {
+    type GenerateStreamStream = ReceiverStream<Result<GenerateResponse, Status>>;
+
+    async fn generate_stream(
+        &self,
+        request: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStreamStream>, Status> {
+        Ok(Response::new(self.start(request.get_ref()).await?))
+    }
+
+    async fn generate(&self, request: Request<GenerateRequest>) -> Result<Response<GenerateResponse>, Status> {
+        let mut stream = self.start(request.get_ref()).await?;
+        let mut all = GenerateResponse::default();
+        while let Some(message) = stream.next().await {
+            let message = message?;
+            all.token_ids.extend(message.token_ids);
+            all.text.push_str(&message.text);
+            all.request_id = message.request_id;
+            all.finish_reason = message.finish_reason;
+            all.usage = message.usage.or(all.usage);
+            all.stats = message.stats.or(all.stats);
+        }
+        Ok(Response::new(all))
+    }
+}

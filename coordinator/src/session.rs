@@ -1,0 +1,227 @@
+//! One generation: a session actor that opens both nodes' sessions, runs rounds until a stop
+//! condition, streams each round's tokens, and releases both nodes' sessions however it ends.
+
+use std::time::Duration;
+
+use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::error::CoordinatorError;
+use crate::nodes::{DraftClient, TargetClient};
+use crate::request::GenerationSpec;
+use crate::round::{Cursor, RoundReport, run_round};
+use crate::text::TextOutput;
+
+/// Everything one generation needs.
+#[derive(Debug)]
+pub struct SessionActor {
+    pub session_id: String,
+    pub spec: GenerationSpec,
+    pub vocab_size: usize,
+    pub target: TargetClient,
+    pub draft: Option<DraftClient>,
+    pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
+}
+
+/// Releases both nodes' sessions when the generation ends, whichever way: finish, error,
+/// timeout or a client that went away (the actor's future is then dropped).
+#[derive(Debug)]
+struct ReleaseGuard {
+    session_id: String,
+    target: TargetClient,
+    draft: Option<DraftClient>,
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        let (id, target, draft) = (self.session_id.clone(), self.target.clone(), self.draft.take());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(session = %id, "no runtime to release node sessions on");
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(err) = target.release(id.clone()).await {
+                tracing::warn!(session = %id, %err, "target release failed");
+            }
+            if let Some(draft) = draft
+                && let Err(err) = draft.release(id.clone()).await
+            {
+                tracing::warn!(session = %id, %err, "draft release failed");
+            }
+        });
+    }
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    rounds: u64,
+    draft_tokens: u64,
+    accepted_tokens: u64,
+    accepted_per_position: Vec<u64>,
+    gamma: u32,
+    draft_ns: u64,
+    verify_ns: u64,
+    wall_ns: u64,
+    bytes_sent: u64,
+    bytes_received: u64,
+}
+
+impl Stats {
+    fn record(&mut self, report: &RoundReport) {
+        self.rounds += 1;
+        self.draft_tokens += report.gamma as u64;
+        self.accepted_tokens += report.outcome.accepted as u64;
+        if self.accepted_per_position.len() < report.gamma {
+            self.accepted_per_position.resize(report.gamma, 0);
+        }
+        for slot in &mut self.accepted_per_position[..report.outcome.accepted] {
+            *slot += 1;
+        }
+        self.gamma = report.gamma as u32;
+        self.draft_ns += report.draft_ns;
+        self.verify_ns += report.verify_ns;
+        self.wall_ns += report.wall_ns;
+        self.bytes_sent += report.bytes_sent;
+        self.bytes_received += report.bytes_received;
+    }
+
+    fn to_wire(&self) -> SpeculationStats {
+        SpeculationStats {
+            rounds: self.rounds,
+            draft_tokens: self.draft_tokens,
+            accepted_tokens: self.accepted_tokens,
+            accepted_per_position: self.accepted_per_position.clone(),
+            gamma: self.gamma,
+            draft_ns: self.draft_ns,
+            verify_ns: self.verify_ns,
+            round_wall_ns: self.wall_ns,
+            wire_bytes_sent: self.bytes_sent,
+            wire_bytes_received: self.bytes_received,
+        }
+    }
+}
+
+impl SessionActor {
+    /// Runs the generation to its end, streaming into `out`. Stops early, releasing
+    /// everything, when the receiver of `out` is dropped (client cancel).
+    pub async fn run(self) {
+        let out = self.out.clone();
+        tokio::select! {
+            () = out.closed() => tracing::info!(session = %self.session_id, "client went away: generation cancelled"),
+            result = self.generate() => if let Err(err) = result {
+                tracing::warn!(%err, "generation failed");
+                let _ = out.send(Err(err.into())).await;
+            },
+        }
+    }
+
+    async fn generate(&self) -> Result<(), CoordinatorError> {
+        let spec = &self.spec;
+        let draft = self.draft.as_ref().filter(|_| spec.gamma > 0);
+        let _guard =
+            ReleaseGuard { session_id: self.session_id.clone(), target: self.target.clone(), draft: draft.cloned() };
+        let open = OpenSessionRequest {
+            session_id: self.session_id.clone(),
+            prompt_token_ids: spec.prompt.clone(),
+            sampling: Some(SamplingSettings::from(&spec.params)),
+            seed: spec.seed,
+        };
+        match draft {
+            Some(d) => {
+                let (t, d) = tokio::join!(self.target.open_session(open.clone()), d.open_session(open));
+                t?;
+                d?;
+            }
+            None => self.target.open_session(open).await?,
+        }
+        let start = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
+        let (mut target_cursor, mut draft_cursor) = (start.clone(), start);
+        let mut output: Vec<u32> = Vec::new();
+        let mut stats = Stats::default();
+        let mut text = spec.detokenize.then(|| TextOutput::new(spec.stop_strings.clone()));
+        let mut round = 0u32;
+        let finish = loop {
+            let base = spec.prompt.len() + output.len();
+            let remaining = spec.max_new_tokens - output.len();
+            // A round commits up to γ+1 tokens: never draft past what is still wanted.
+            let gamma = spec.gamma.min(remaining as u32 - 1);
+            let draft_arg = draft.map(|d| (d, &draft_cursor, gamma));
+            let report =
+                run_round(spec, &self.session_id, round, self.vocab_size, (&self.target, &target_cursor), draft_arg)
+                    .await?;
+            stats.record(&report);
+            target_cursor.advance(base, &report.outcome);
+            if report.gamma > 0 {
+                draft_cursor.advance(base, &report.outcome);
+            } else {
+                draft_cursor.append(&report.outcome.tokens);
+            }
+            let before = output.len();
+            let mut finish = None;
+            for &token in &report.outcome.tokens {
+                output.push(token);
+                finish = self.stop_reason(token, output.len());
+                if finish.is_some() {
+                    break;
+                }
+            }
+            let mut delta_text = String::new();
+            if let Some(text) = text.as_mut() {
+                let delta = text.advance(&self.target, &output, before, finish.is_some()).await?;
+                if let Some(keep) = delta.stop_at_tokens {
+                    output.truncate(keep);
+                    finish = Some(FinishReason::Stop);
+                }
+                delta_text = delta.text;
+            }
+            let message = GenerateResponse {
+                request_id: spec.request_id.clone(),
+                text: delta_text,
+                token_ids: output[before..].to_vec(),
+                stats: Some(stats.to_wire()),
+                ..Default::default()
+            };
+            if self.out.send(Ok(message)).await.is_err() {
+                break FinishReason::Cancelled;
+            }
+            if let Some(reason) = finish {
+                break reason;
+            }
+            round += 1;
+        };
+        tracing::info!(
+            session = %self.session_id,
+            request = %spec.request_id,
+            finish = ?finish,
+            completion_tokens = output.len(),
+            rounds = stats.rounds,
+            accepted = stats.accepted_tokens,
+            drafted = stats.draft_tokens,
+            draft_ms = Duration::from_nanos(stats.draft_ns).as_secs_f64() * 1e3,
+            verify_ms = Duration::from_nanos(stats.verify_ns).as_secs_f64() * 1e3,
+            "generation finished"
+        );
+        let last = GenerateResponse {
+            request_id: spec.request_id.clone(),
+            finish_reason: finish as i32,
+            usage: Some(Usage { prompt_tokens: spec.prompt.len() as u32, completion_tokens: output.len() as u32 }),
+            stats: Some(stats.to_wire()),
+            ..Default::default()
+        };
+        let _ = self.out.send(Ok(last)).await;
+        Ok(())
+    }
+
+    fn stop_reason(&self, token: u32, generated: usize) -> Option<FinishReason> {
+        if self.spec.stop_token_ids.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if self.spec.eos_token_ids.contains(&token) {
+            Some(FinishReason::Eos)
+        } else if generated >= self.spec.max_new_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}

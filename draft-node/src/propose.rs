@@ -1,0 +1,101 @@
+//! One Propose: catch up with the rollback point, then sample γ candidates, each from the
+//! (truncated) q it is sent with. Runs on the model thread in one job, so a block costs one
+//! channel round trip however long it is.
+
+use std::time::Instant;
+
+use specd_model::{LanguageModel, SessionHistory, SessionId};
+use specd_sampling::{
+    DenseDist, Purpose, SamplingParams, SparseDist, StreamKey, TokenHistory, Truncation, effective_distribution,
+};
+
+use crate::error::DraftError;
+
+/// The distribution a candidate was drawn from, in the wire format asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProposalDist {
+    Sparse(SparseDist),
+    Dense(DenseDist),
+}
+
+/// What a Propose asks for.
+#[derive(Debug, Clone)]
+pub struct ProposeJob {
+    pub round: u32,
+    pub rollback_to: usize,
+    pub pending: Vec<u32>,
+    pub gamma: usize,
+    /// `None`: dense wire format.
+    pub truncation: Option<Truncation>,
+}
+
+/// A session's state that the job needs and updates.
+#[derive(Debug, Clone)]
+pub struct DraftState {
+    pub model_session: SessionId,
+    pub history: SessionHistory,
+    pub params: SamplingParams,
+    pub seed: u64,
+}
+
+/// The block and how long the model work took.
+#[derive(Debug)]
+pub struct Proposal {
+    pub candidates: Vec<(u32, ProposalDist)>,
+    pub draft_ns: u64,
+}
+
+/// Runs on the model thread. On error the history is left as it was, but its cache is
+/// marked empty: the model may have truncated or extended it half-way.
+pub fn propose(
+    model: &mut dyn LanguageModel,
+    state: &mut DraftState,
+    job: &ProposeJob,
+) -> Result<Proposal, DraftError> {
+    let result = propose_inner(model, state, job);
+    if result.is_err() {
+        state.history.forget_cache();
+    }
+    result
+}
+
+fn propose_inner(
+    model: &mut dyn LanguageModel,
+    state: &mut DraftState,
+    job: &ProposeJob,
+) -> Result<Proposal, DraftError> {
+    let started = Instant::now();
+    let mut history = state.history.clone();
+    let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
+    let mut candidates = Vec::with_capacity(job.gamma);
+    if job.gamma > 0 {
+        model.truncate(state.model_session, catch_up.keep)?;
+        let mut logits = model.forward(state.model_session, &catch_up.feed)?;
+        history.mark_cached();
+        for position in 1..=job.gamma {
+            let row = logits.row(logits.rows() - 1).expect("forward returns a row per token");
+            let q = effective_distribution(
+                row,
+                &state.params,
+                TokenHistory { prompt: history.prompt(), generated: history.generated() },
+            )?;
+            let u = StreamKey::new(state.seed, job.round, position as u32, Purpose::Draft).uniform();
+            let (token, dist) = match job.truncation {
+                Some(t) => {
+                    let sparse = q.truncate(t);
+                    (sparse.sample(u), ProposalDist::Sparse(sparse))
+                }
+                None => (q.sample(u), ProposalDist::Dense(q)),
+            };
+            candidates.push((token, dist));
+            if position < job.gamma {
+                logits = model.forward(state.model_session, &[token])?;
+                history.push_forwarded(&[token]);
+            } else {
+                history.push_unforwarded(token);
+            }
+        }
+    }
+    state.history = history;
+    Ok(Proposal { candidates, draft_ns: started.elapsed().as_nanos() as u64 })
+}

@@ -1,0 +1,210 @@
+//! `specd generate`: a client of the public Generation API.
+
+use std::io::Write;
+
+use clap::Args;
+use serde_json::json;
+use specd_proto::v1::generation_client::GenerationClient;
+use specd_proto::v1::{
+    FinishReason, GenerateRequest, GenerateResponse, SamplingParams, Speculation, StoppingCriteria, TokenIds,
+    generate_request::Prompt,
+};
+use tokio_stream::StreamExt;
+
+use crate::cli_error::{RpcFailure, invalid};
+
+/// Generate text from a running coordinator (`specd up` or `specd coordinator`).
+///
+/// Example:
+///   specd generate --endpoint http://127.0.0.1:50051 --token-ids 1,2,3 --max-new-tokens 32 --stream
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment, allow_negative_numbers = true)]
+pub struct GenerateArgs {
+    /// The coordinator's URL.
+    #[arg(long, env = "SPECD_ENDPOINT", default_value = "http://127.0.0.1:50051")]
+    endpoint: String,
+    /// The prompt as text (tokenised by the model's tokenizer).
+    #[arg(long, env = "SPECD_PROMPT", conflicts_with = "token_ids", required_unless_present = "token_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids, comma-separated.
+    #[arg(long, env = "SPECD_TOKEN_IDS", value_delimiter = ',')]
+    token_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most (default: the coordinator's).
+    #[arg(long, env = "SPECD_MAX_NEW_TOKENS")]
+    max_new_tokens: Option<u32>,
+    #[command(flatten)]
+    sampling: SamplingFlags,
+    /// Makes the output reproducible.
+    #[arg(long, env = "SPECD_SEED")]
+    seed: Option<u64>,
+    /// Draft length (0: target-only); default: the coordinator's policy.
+    #[arg(long, env = "SPECD_GAMMA")]
+    gamma: Option<u32>,
+    /// Use the dense reference wire format.
+    #[arg(long, env = "SPECD_DENSE")]
+    dense: bool,
+    /// Stop after any of these token ids, comma-separated.
+    #[arg(long, env = "SPECD_STOP_TOKEN_IDS", value_delimiter = ',')]
+    stop_token_ids: Vec<u32>,
+    /// Keep generating past the model's EOS.
+    #[arg(long, env = "SPECD_IGNORE_EOS")]
+    ignore_eos: bool,
+    /// Print tokens as they arrive.
+    #[arg(long, env = "SPECD_STREAM")]
+    stream: bool,
+    /// Print the final response as one JSON object.
+    #[arg(long, env = "SPECD_JSON")]
+    json: bool,
+}
+
+/// The sampling settings of a request, as flags.
+#[derive(Debug, Clone, Args)]
+pub struct SamplingFlags {
+    /// 0 is greedy.
+    #[arg(long, env = "SPECD_TEMPERATURE")]
+    temperature: Option<f64>,
+    /// Keep the k most likely tokens; 0 disables.
+    #[arg(long, env = "SPECD_TOP_K")]
+    top_k: Option<i32>,
+    /// Keep the smallest most-likely set holding this mass; 1 disables.
+    #[arg(long, env = "SPECD_TOP_P")]
+    top_p: Option<f64>,
+    /// Drop tokens below this fraction of the most likely one; 0 disables.
+    #[arg(long, env = "SPECD_MIN_P")]
+    min_p: Option<f64>,
+    #[arg(long, env = "SPECD_REPETITION_PENALTY")]
+    repetition_penalty: Option<f64>,
+    #[arg(long, env = "SPECD_PRESENCE_PENALTY")]
+    presence_penalty: Option<f64>,
+    #[arg(long, env = "SPECD_FREQUENCY_PENALTY")]
+    frequency_penalty: Option<f64>,
+}
+
+impl SamplingFlags {
+    pub fn to_wire(&self, seed: Option<u64>) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        }
+    }
+}
+
+impl GenerateArgs {
+    fn request(&self) -> GenerateRequest {
+        let prompt = match (&self.prompt, &self.token_ids) {
+            (Some(text), _) => Prompt::Text(text.clone()),
+            (None, ids) => Prompt::TokenIds(TokenIds { ids: ids.clone().unwrap_or_default() }),
+        };
+        GenerateRequest {
+            request_id: String::new(),
+            prompt: Some(prompt),
+            sampling: Some(self.sampling.to_wire(self.seed)),
+            stopping: Some(StoppingCriteria {
+                max_new_tokens: self.max_new_tokens,
+                stop_strings: Vec::new(),
+                stop_token_ids: self.stop_token_ids.clone(),
+                ignore_eos: self.ignore_eos,
+            }),
+            speculation: Some(Speculation { gamma: self.gamma, dense: self.dense }),
+        }
+    }
+}
+
+pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    if args.token_ids.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid("--token-ids is empty"));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut client = GenerationClient::connect(args.endpoint.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {}: {e}", args.endpoint))?;
+        let mut stream = client.generate_stream(args.request()).await.map_err(RpcFailure)?.into_inner();
+        let mut all = GenerateResponse::default();
+        let mut stdout = std::io::stdout();
+        while let Some(message) = stream.next().await {
+            let message = message.map_err(RpcFailure)?;
+            if args.stream && !args.json {
+                if message.text.is_empty() {
+                    for t in &message.token_ids {
+                        write!(stdout, "{t} ")?;
+                    }
+                } else {
+                    write!(stdout, "{}", message.text)?;
+                }
+                stdout.flush()?;
+            }
+            all.token_ids.extend(&message.token_ids);
+            all.text.push_str(&message.text);
+            all.request_id = message.request_id;
+            all.finish_reason = message.finish_reason;
+            all.usage = message.usage.or(all.usage);
+            all.stats = message.stats.or(all.stats);
+        }
+        print_result(args, &all);
+        Ok(())
+    })
+}
+
+fn finish_name(code: i32) -> &'static str {
+    match FinishReason::try_from(code).unwrap_or(FinishReason::Unspecified) {
+        FinishReason::Length => "length",
+        FinishReason::Eos => "eos",
+        FinishReason::Stop => "stop",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Unspecified => "unspecified",
+    }
+}
+
+fn print_result(args: &GenerateArgs, r: &GenerateResponse) {
+    let stats = r.stats.clone().unwrap_or_default();
+    let usage = r.usage.unwrap_or_default();
+    if args.json {
+        let out = json!({
+            "request_id": r.request_id,
+            "token_ids": r.token_ids,
+            "text": r.text,
+            "finish_reason": finish_name(r.finish_reason),
+            "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+            "stats": {
+                "rounds": stats.rounds,
+                "draft_tokens": stats.draft_tokens,
+                "accepted_tokens": stats.accepted_tokens,
+                "accepted_per_position": stats.accepted_per_position,
+                "gamma": stats.gamma,
+                "draft_ns": stats.draft_ns,
+                "verify_ns": stats.verify_ns,
+                "round_wall_ns": stats.round_wall_ns,
+                "wire_bytes_sent": stats.wire_bytes_sent,
+                "wire_bytes_received": stats.wire_bytes_received,
+            },
+        });
+        println!("{out}");
+        return;
+    }
+    if args.stream {
+        println!();
+    } else if r.text.is_empty() {
+        let ids: Vec<String> = r.token_ids.iter().map(u32::to_string).collect();
+        println!("{}", ids.join(" "));
+    } else {
+        println!("{}", r.text);
+    }
+    let rate = if stats.draft_tokens > 0 { stats.accepted_tokens as f64 / stats.draft_tokens as f64 } else { 0.0 };
+    let per_round = if stats.rounds > 0 { usage.completion_tokens as f64 / stats.rounds as f64 } else { 0.0 };
+    eprintln!(
+        "finish: {}; {} tokens in {} rounds ({per_round:.2} per round); accepted {}/{} drafted ({:.1}%)",
+        finish_name(r.finish_reason),
+        usage.completion_tokens,
+        stats.rounds,
+        stats.accepted_tokens,
+        stats.draft_tokens,
+        100.0 * rate
+    );
+}

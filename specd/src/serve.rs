@@ -1,0 +1,279 @@
+//! `specd target`, `specd draft`, `specd coordinator` and `specd up`: the roles as servers.
+//!
+//! Each prints `listening on HOST:PORT` once it is ready to take requests (model loaded,
+//! peers connected) and stops cleanly on Ctrl-C or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use specd_coordinator::{CoordinatorConfig, RuleVariant};
+use specd_draft_node::{DraftConfig, DraftNode};
+use specd_model::{DType, DeviceSpec, ModelError};
+use specd_sampling::{MAX_GAMMA, Truncation};
+use specd_target_node::{TargetConfig, TargetNode};
+use tokio::net::TcpListener;
+
+use crate::cli_error::invalid;
+
+fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+/// Options every node role shares.
+#[derive(Debug, Clone, Args)]
+pub struct NodeOptions {
+    /// cpu or cuda:N.
+    #[arg(long, env = "SPECD_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    device: DeviceSpec,
+    /// f32, f16 or bf16.
+    #[arg(long, env = "SPECD_DTYPE", default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+    /// Sessions a node holds at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SPECD_MAX_SESSIONS", default_value_t = 256)]
+    max_sessions: usize,
+    /// KV-cache budget of a node in MiB (all sessions together); unbounded when unset.
+    #[arg(long, env = "SPECD_KV_BUDGET_MIB")]
+    kv_budget_mib: Option<u64>,
+}
+
+/// Run a target node: the big model, scoring whole blocks in one forward pass.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Checkpoint directory (Llama, Mistral, Qwen2 in Hugging Face format) or table-model .json.
+    #[arg(long, env = "SPECD_MODEL")]
+    model: PathBuf,
+    /// Address to serve on.
+    #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50052")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    node: NodeOptions,
+}
+
+/// Run a draft node: the cheap model, proposing blocks with their distributions.
+#[derive(Debug, Args)]
+pub struct DraftArgs {
+    /// Checkpoint directory or table-model .json; its tokenizer must match the target's.
+    #[arg(long, env = "SPECD_MODEL")]
+    model: PathBuf,
+    /// Address to serve on.
+    #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50053")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    node: NodeOptions,
+}
+
+/// Options of the coordinator's policy.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyOptions {
+    /// Draft length when a request does not set one (0: target-only).
+    #[arg(long, env = "SPECD_GAMMA", default_value_t = 4)]
+    gamma: u32,
+    /// max_new_tokens when a request does not set one.
+    #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 256)]
+    max_new_tokens: u32,
+    /// The draft keeps the smallest set of tokens holding 1 - epsilon of q's mass ...
+    #[arg(long, env = "SPECD_TRUNCATION_EPSILON", default_value_t = 1e-4)]
+    truncation_epsilon: f64,
+    /// ... but at most this many (sparse wire format).
+    #[arg(long, env = "SPECD_TRUNCATION_MAX_ENTRIES", default_value_t = 64)]
+    truncation_max_entries: usize,
+    /// Deadline of each call to a node, and of connecting to one, in seconds.
+    #[arg(long, env = "SPECD_NODE_TIMEOUT_S", default_value_t = 30.0)]
+    node_timeout_s: f64,
+}
+
+/// Run a coordinator: the public Generation API in front of target and draft nodes.
+#[derive(Debug, Args)]
+pub struct CoordinatorArgs {
+    /// Address to serve clients on.
+    #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Target node URLs, comma-separated (http://host:port).
+    #[arg(long, env = "SPECD_TARGET", value_delimiter = ',', required = true)]
+    target: Vec<String>,
+    /// Draft node URLs, comma-separated; none means target-only decoding.
+    #[arg(long, env = "SPECD_DRAFT", value_delimiter = ',')]
+    draft: Vec<String>,
+    #[command(flatten)]
+    policy: PolicyOptions,
+}
+
+/// Run all three roles on loopback: a target node, a draft node and the coordinator, each a
+/// real gRPC server; clients use the coordinator's address.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// The target model: checkpoint directory or table-model .json.
+    #[arg(long, env = "SPECD_TARGET_MODEL")]
+    target_model: PathBuf,
+    /// The draft model: checkpoint directory or table-model .json.
+    #[arg(long, env = "SPECD_DRAFT_MODEL")]
+    draft_model: PathBuf,
+    /// Address the coordinator serves clients on (the nodes take free loopback ports).
+    #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    node: NodeOptions,
+    #[command(flatten)]
+    policy: PolicyOptions,
+}
+
+impl NodeOptions {
+    fn kv_budget_bytes(&self) -> Option<u64> {
+        self.kv_budget_mib.map(|m| m * 1024 * 1024)
+    }
+
+    fn target(&self, model: PathBuf) -> TargetConfig {
+        TargetConfig {
+            model,
+            device: self.device,
+            dtype: self.dtype,
+            max_sessions: self.max_sessions,
+            kv_budget_bytes: self.kv_budget_bytes(),
+        }
+    }
+
+    fn draft(&self, model: PathBuf) -> DraftConfig {
+        DraftConfig {
+            model,
+            device: self.device,
+            dtype: self.dtype,
+            max_sessions: self.max_sessions,
+            kv_budget_bytes: self.kv_budget_bytes(),
+        }
+    }
+}
+
+impl PolicyOptions {
+    fn config(&self, targets: Vec<String>, drafts: Vec<String>) -> anyhow::Result<CoordinatorConfig> {
+        if self.gamma > MAX_GAMMA {
+            return Err(invalid(format!("--gamma {} is above the maximum {MAX_GAMMA}", self.gamma)));
+        }
+        let truncation = Truncation::new(self.truncation_epsilon, self.truncation_max_entries)
+            .map_err(|e| invalid(format!("--truncation-*: {e}")))?;
+        if !(self.node_timeout_s.is_finite() && self.node_timeout_s > 0.0) {
+            return Err(invalid(format!("--node-timeout-s {} must be positive", self.node_timeout_s)));
+        }
+        Ok(CoordinatorConfig {
+            targets,
+            drafts,
+            default_gamma: self.gamma,
+            default_max_new_tokens: self.max_new_tokens,
+            truncation,
+            node_timeout: Duration::from_secs_f64(self.node_timeout_s),
+            rule: RuleVariant::Exact,
+        })
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    init_logs();
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default: info).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutting down");
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
+}
+
+fn announce(listener: &TcpListener) -> anyhow::Result<()> {
+    println!("listening on {}", listener.local_addr()?);
+    Ok(())
+}
+
+pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
+    let config = args.node.target(args.model.clone());
+    runtime()?.block_on(async {
+        let listener = bind(args.listen).await?;
+        let node = tokio::task::spawn_blocking(move || TargetNode::load(config)).await??;
+        announce(&listener)?;
+        specd_target_node::serve(listener, node, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
+    let config = args.node.draft(args.model.clone());
+    runtime()?.block_on(async {
+        let listener = bind(args.listen).await?;
+        let node = tokio::task::spawn_blocking(move || DraftNode::load(config)).await??;
+        announce(&listener)?;
+        specd_draft_node::serve(listener, node, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
+    let config = args.policy.config(args.target.clone(), args.draft.clone())?;
+    runtime()?.block_on(async {
+        let listener = bind(args.listen).await?;
+        let service = specd_coordinator::connect(&config).await?;
+        announce(&listener)?;
+        specd_coordinator::serve(listener, service, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
+    let target_config = args.node.target(args.target_model.clone());
+    let draft_config = args.node.draft(args.draft_model.clone());
+    runtime()?.block_on(async {
+        let public = bind(args.listen).await?;
+        let loopback: SocketAddr = "127.0.0.1:0".parse()?;
+        let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);
+        let target_url = format!("http://{}", target_listener.local_addr()?);
+        let draft_url = format!("http://{}", draft_listener.local_addr()?);
+        let load_target = tokio::task::spawn_blocking(move || TargetNode::load(target_config));
+        let load_draft = tokio::task::spawn_blocking(move || DraftNode::load(draft_config));
+        let (target, draft) = tokio::join!(load_target, load_draft);
+        let (target, draft) = (target??, draft??);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let target_task = tokio::spawn(specd_target_node::serve(target_listener, target, stopped(stop_rx.clone())));
+        let draft_task = tokio::spawn(specd_draft_node::serve(draft_listener, draft, stopped(stop_rx.clone())));
+        let config = args.policy.config(vec![target_url], vec![draft_url])?;
+        let service = specd_coordinator::connect(&config).await?;
+        announce(&public)?;
+        let result = specd_coordinator::serve(public, service, shutdown_signal()).await;
+        let _ = stop_tx.send(true);
+        let _ = tokio::join!(target_task, draft_task);
+        result?;
+        Ok(())
+    })
+}

@@ -1,0 +1,97 @@
+//! One Verify: catch up with the rollback point, run **one** forward pass over the pending
+//! tokens and the candidates, and compute p at every block position plus the pieces of the
+//! sparse wire format. Runs on the model thread in one job.
+
+use std::time::Instant;
+
+use specd_model::{LanguageModel, SessionHistory, SessionId};
+use specd_sampling::{DenseDist, RoundKey, SamplingParams, ScoredBlock, block_distributions, score_block};
+
+use crate::error::TargetError;
+
+/// What a Verify asks for.
+#[derive(Debug, Clone)]
+pub struct VerifyJob {
+    pub round: u32,
+    pub rollback_to: usize,
+    pub pending: Vec<u32>,
+    pub candidates: Vec<u32>,
+    /// The draft's supports, one per candidate; `None`: dense wire format.
+    pub supports: Option<Vec<Vec<u32>>>,
+}
+
+/// A session's state that the job needs and updates.
+#[derive(Debug, Clone)]
+pub struct TargetState {
+    pub model_session: SessionId,
+    pub history: SessionHistory,
+    pub params: SamplingParams,
+    pub seed: u64,
+}
+
+/// The target's answer, in the wire format asked for.
+#[derive(Debug)]
+pub enum Verdict {
+    Sparse(ScoredBlock),
+    /// p at positions 1..γ+1.
+    Dense(Vec<DenseDist>),
+}
+
+#[derive(Debug)]
+pub struct Verified {
+    pub verdict: Verdict,
+    pub verify_ns: u64,
+}
+
+/// Runs on the model thread. On error the history is left as it was and its cache marked
+/// empty (the model may have truncated or extended it half-way).
+pub fn verify(
+    model: &mut dyn LanguageModel,
+    state: &mut TargetState,
+    job: &VerifyJob,
+) -> Result<Verified, TargetError> {
+    let result = verify_inner(model, state, job);
+    if result.is_err() {
+        state.history.forget_cache();
+    }
+    result
+}
+
+fn verify_inner(
+    model: &mut dyn LanguageModel,
+    state: &mut TargetState,
+    job: &VerifyJob,
+) -> Result<Verified, TargetError> {
+    let started = Instant::now();
+    if let Some(supports) = &job.supports
+        && supports.len() != job.candidates.len()
+    {
+        return Err(TargetError::InvalidRequest(format!(
+            "{} supports for {} candidates",
+            supports.len(),
+            job.candidates.len()
+        )));
+    }
+    let mut history = state.history.clone();
+    let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
+    model.truncate(state.model_session, catch_up.keep)?;
+    let mut feed = catch_up.feed;
+    feed.extend_from_slice(&job.candidates);
+    let logits = model.forward(state.model_session, &feed)?;
+    let gamma = job.candidates.len();
+    let rows: Vec<&[f32]> = (logits.rows() - gamma - 1..logits.rows())
+        .map(|i| logits.row(i).expect("forward returns a row per token"))
+        .collect();
+    let p = block_distributions(&rows, &state.params, history.prompt(), history.generated(), &job.candidates)?;
+    history.push_forwarded(&job.candidates);
+    let key = RoundKey { seed: state.seed, round: job.round };
+    let verdict = match &job.supports {
+        Some(supports) => {
+            let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
+            Verdict::Sparse(score_block(&p, &supports, key)?)
+        }
+        None => Verdict::Dense(p),
+    };
+    state.history = history;
+    Ok(Verified { verdict, verify_ns: started.elapsed().as_nanos() as u64 })
+}

@@ -1,0 +1,160 @@
+//! Test harness: a whole specd cluster (target node, draft node, coordinator) as real gRPC
+//! servers on 127.0.0.1 ports chosen by the OS, in this process, plus table models written
+//! from Rust so that tests know the exact p and q.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use specd_coordinator::{CoordinatorConfig, RuleVariant};
+use specd_draft_node::{DraftConfig, DraftNode};
+use specd_model::{DType, DeviceSpec};
+use specd_proto::v1::draft_service_client::DraftServiceClient;
+use specd_proto::v1::generation_client::GenerationClient;
+use specd_proto::v1::target_service_client::TargetServiceClient;
+use specd_proto::v1::{InfoRequest, NodeInfo};
+use specd_sampling::Truncation;
+use specd_target_node::{TargetConfig, TargetNode};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// How to start a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub gamma: u32,
+    pub truncation: Truncation,
+    pub rule: RuleVariant,
+    pub dtype: DType,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self { gamma: 4, truncation: Truncation::new(1e-4, 64).unwrap(), rule: RuleVariant::Exact, dtype: DType::F32 }
+    }
+}
+
+/// Three servers; stopped when dropped.
+#[derive(Debug)]
+pub struct Cluster {
+    pub endpoint: String,
+    pub target_url: String,
+    pub draft_url: String,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn loopback() -> anyhow::Result<(TcpListener, String)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    Ok((listener, url))
+}
+
+impl Cluster {
+    pub async fn start(target_model: &Path, draft_model: &Path, options: &ClusterOptions) -> anyhow::Result<Self> {
+        let node = |model: &Path| (model.to_owned(), DeviceSpec::Cpu, options.dtype);
+        let (target_path, device, dtype) = node(target_model);
+        let target_config =
+            TargetConfig { model: target_path, device, dtype, max_sessions: 1024, kv_budget_bytes: None };
+        let (draft_path, device, dtype) = node(draft_model);
+        let draft_config = DraftConfig { model: draft_path, device, dtype, max_sessions: 1024, kv_budget_bytes: None };
+        let target = tokio::task::spawn_blocking(move || TargetNode::load(target_config)).await??;
+        let draft = tokio::task::spawn_blocking(move || DraftNode::load(draft_config)).await??;
+        let (stop, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let (target_listener, target_url) = loopback().await?;
+        let (draft_listener, draft_url) = loopback().await?;
+        let (public, endpoint) = loopback().await?;
+        let mut tasks = Vec::new();
+        let rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            specd_target_node::serve(target_listener, target, stopped(rx)).await.expect("target serves");
+        }));
+        let rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            specd_draft_node::serve(draft_listener, draft, stopped(rx)).await.expect("draft serves");
+        }));
+        let config = CoordinatorConfig {
+            targets: vec![target_url.clone()],
+            drafts: vec![draft_url.clone()],
+            default_gamma: options.gamma,
+            default_max_new_tokens: 64,
+            truncation: options.truncation,
+            node_timeout: Duration::from_secs(30),
+            rule: options.rule,
+        };
+        let service = specd_coordinator::connect(&config).await?;
+        let rx = stop_rx;
+        tasks.push(tokio::spawn(async move {
+            specd_coordinator::serve(public, service, stopped(rx)).await.expect("coordinator serves");
+        }));
+        Ok(Self { endpoint, target_url, draft_url, stop, tasks })
+    }
+
+    pub async fn client(&self) -> anyhow::Result<GenerationClient<Channel>> {
+        Ok(GenerationClient::connect(self.endpoint.clone()).await?)
+    }
+
+    pub async fn target_info(&self) -> anyhow::Result<NodeInfo> {
+        let mut client = TargetServiceClient::connect(self.target_url.clone()).await?;
+        Ok(client.info(InfoRequest {}).await?.into_inner())
+    }
+
+    pub async fn draft_info(&self) -> anyhow::Result<NodeInfo> {
+        let mut client = DraftServiceClient::connect(self.draft_url.clone()).await?;
+        Ok(client.info(InfoRequest {}).await?.into_inner())
+    }
+
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// A table model: `default`, and `(prefix, probs)` rules matching the whole history.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub vocab_size: usize,
+    pub default: Vec<f64>,
+    pub rules: Vec<(Vec<u32>, Vec<f64>)>,
+}
+
+impl Table {
+    /// p for the token after `history`: the rule for exactly that history, else the default.
+    pub fn probs(&self, history: &[u32]) -> &[f64] {
+        self.rules.iter().find(|(prefix, _)| prefix == history).map_or(&self.default, |(_, p)| p)
+    }
+
+    /// Writes the table-model JSON file (format: `specd_model::table`).
+    pub fn write(&self, path: &Path) -> anyhow::Result<PathBuf> {
+        let rules: Vec<_> =
+            self.rules.iter().map(|(prefix, probs)| serde_json::json!({"prefix": prefix, "probs": probs})).collect();
+        let names: Vec<String> = (0..self.vocab_size).map(|i| format!("t{i}")).collect();
+        let file = serde_json::json!({
+            "vocab_size": self.vocab_size,
+            "tokens": names,
+            "default": self.default,
+            "rules": rules,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&file)?)?;
+        Ok(path.to_owned())
+    }
+}
+
+/// A fresh directory under the workspace's `target/` for a test's files.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}

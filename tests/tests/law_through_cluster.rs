@@ -1,0 +1,196 @@
+//! The output law through the whole cluster: target node, draft node and coordinator over
+//! real gRPC with table models, against the exact target-only law of 3-token continuations.
+//!
+//! Each check draws N continuations (seeds 0..N) and applies Pearson's χ² to the 27 cells
+//! against the exact joint law computed from the tables with the same sampling settings. A
+//! correct system fails one check with probability `FALSE_FAILURE` over the choice of
+//! seeds; the seeds are fixed, so the verdict is reproducible. The last check runs a
+//! coordinator with the naive rule (resample from p) and asserts the same check rejects it.
+//! N is `SPECD_LAW_SAMPLES` (default 200 000).
+
+use std::sync::Arc;
+
+use specd_coordinator::RuleVariant;
+use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
+use specd_sampling::chi2::chi_square_test;
+use specd_sampling::law::{PrefixModel, target_sequence_law};
+use specd_sampling::{DenseDist, Purpose, SamplingParams, StreamKey, TokenHistory, Truncation, effective_distribution};
+use tokio_stream::StreamExt;
+
+const FALSE_FAILURE: f64 = 1e-3;
+const VOCAB: usize = 3;
+const LENGTH: usize = 3;
+const PROMPT: [u32; 1] = [0];
+const CLIENTS: u64 = 8;
+
+fn samples() -> u64 {
+    std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000)
+}
+
+/// Prefix-dependent tables: the seed's p and q after the prompt, pseudo-random ones (with
+/// zeros and one-hot rows) after that.
+fn tables() -> (Table, Table) {
+    let mut target = Table { vocab_size: VOCAB, default: vec![1.0 / 3.0; VOCAB], rules: Vec::new() };
+    let mut draft = target.clone();
+    target.rules.push((PROMPT.to_vec(), vec![0.6, 0.3, 0.1]));
+    draft.rules.push((PROMPT.to_vec(), vec![0.5, 0.25, 0.25]));
+    let mut prefixes = vec![PROMPT.to_vec()];
+    for _ in 1..LENGTH {
+        prefixes =
+            prefixes.iter().flat_map(|p| (0..VOCAB as u32).map(move |t| [p.clone(), vec![t]].concat())).collect();
+        for (i, prefix) in prefixes.iter().enumerate() {
+            target.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 1)));
+            draft.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 2)));
+        }
+    }
+    (target, draft)
+}
+
+fn row(i: u64, depth: u32, salt: u32) -> Vec<f64> {
+    let mut rng = StreamKey::new(i, depth, salt, Purpose::Plain).stream();
+    if rng.next_uniform() < 0.15 {
+        let mut one_hot = vec![0.0; VOCAB];
+        one_hot[(rng.next_u32() as usize) % VOCAB] = 1.0;
+        return one_hot;
+    }
+    let w: Vec<f64> =
+        (0..VOCAB).map(|_| if rng.next_uniform() < 0.2 { 0.0 } else { 0.05 + rng.next_uniform() }).collect();
+    let total: f64 = w.iter().sum();
+    if total == 0.0 {
+        return vec![1.0 / VOCAB as f64; VOCAB];
+    }
+    w.iter().map(|x| x / total).collect()
+}
+
+/// The target's effective distributions, computed as the target node does (logits ln p).
+struct EffectiveTarget {
+    table: Table,
+    params: SamplingParams,
+}
+
+impl PrefixModel for EffectiveTarget {
+    fn target(&self, prefix: &[u32]) -> DenseDist {
+        let logits: Vec<f32> =
+            self.table.probs(prefix).iter().map(|&p| if p > 0.0 { p.ln() as f32 } else { -1e30 }).collect();
+        let history = TokenHistory { prompt: &prefix[..PROMPT.len()], generated: &prefix[PROMPT.len()..] };
+        effective_distribution(&logits, &self.params, history).unwrap()
+    }
+    fn draft(&self, prefix: &[u32]) -> DenseDist {
+        self.target(prefix)
+    }
+}
+
+fn cell(seq: &[u32]) -> usize {
+    seq.iter().fold(0, |acc, &t| acc * VOCAB + t as usize)
+}
+
+fn wire(params: &SamplingParams, seed: u64) -> WireSampling {
+    WireSampling {
+        temperature: Some(params.temperature),
+        top_k: Some(params.top_k as i32),
+        top_p: Some(params.top_p),
+        min_p: Some(params.min_p),
+        repetition_penalty: Some(params.repetition_penalty),
+        presence_penalty: Some(params.presence_penalty),
+        frequency_penalty: Some(params.frequency_penalty),
+        seed: Some(seed),
+    }
+}
+
+/// Draws `n` continuations through the cluster and returns the χ² p-value against the exact law.
+async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> f64 {
+    let dir = scratch_dir(&format!("law-{}-{}-{:?}", options.gamma, dense, options.rule));
+    let (target_table, draft_table) = tables();
+    let target = target_table.write(&dir.join("target.json")).unwrap();
+    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
+    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let params = Arc::new(params);
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let (mut client, params) = (client.clone(), Arc::clone(&params));
+        tasks.push(tokio::spawn(async move {
+            let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
+            for seed in (c..n).step_by(CLIENTS as usize) {
+                let request = GenerateRequest {
+                    prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
+                    sampling: Some(wire(&params, seed)),
+                    stopping: Some(StoppingCriteria {
+                        max_new_tokens: Some(LENGTH as u32),
+                        ignore_eos: true,
+                        ..Default::default()
+                    }),
+                    speculation: Some(Speculation { gamma: None, dense }),
+                    ..Default::default()
+                };
+                let mut stream = client.generate_stream(request).await.unwrap().into_inner();
+                let mut tokens = Vec::new();
+                while let Some(message) = stream.next().await {
+                    tokens.extend(message.unwrap().token_ids);
+                }
+                assert_eq!(tokens.len(), LENGTH);
+                counts[cell(&tokens)] += 1;
+            }
+            counts
+        }));
+    }
+    let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
+    for task in tasks {
+        for (total, c) in counts.iter_mut().zip(task.await.unwrap()) {
+            *total += c;
+        }
+    }
+    cluster.shutdown().await;
+    let model = EffectiveTarget { table: target_table, params: *params };
+    let mut expected = vec![0.0; counts.len()];
+    for (seq, p) in target_sequence_law(&model, &PROMPT, LENGTH) {
+        expected[cell(&seq)] = p;
+    }
+    let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
+    eprintln!(
+        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}: χ² p-value {p_value:.4e}",
+        options.gamma, options.rule
+    );
+    p_value
+}
+
+fn small_truncation() -> ClusterOptions {
+    // K = 2 of 3 tokens: the complement branch of the sparse format is exercised.
+    ClusterOptions { truncation: Truncation::new(0.05, 2).unwrap(), ..ClusterOptions::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_at_temperature_one() {
+    let p = law_p_value(small_truncation(), SamplingParams::default(), false, samples()).await;
+    assert!(p > FALSE_FAILURE, "sparse T=1: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_law_at_temperature_one() {
+    let p = law_p_value(ClusterOptions::default(), SamplingParams::default(), true, samples()).await;
+    assert!(p > FALSE_FAILURE, "dense T=1: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_with_top_k_top_p_and_penalties() {
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 2,
+        top_p: 0.95,
+        repetition_penalty: 1.3,
+        presence_penalty: 0.2,
+        frequency_penalty: 0.1,
+        ..SamplingParams::default()
+    };
+    let p = law_p_value(small_truncation(), params, false, samples()).await;
+    assert!(p > FALSE_FAILURE, "sparse with adjustments: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_coordinator_is_caught() {
+    let options = ClusterOptions { rule: RuleVariant::NaiveResampleFromTarget, ..ClusterOptions::default() };
+    let p = law_p_value(options, SamplingParams::default(), true, samples()).await;
+    assert!(p < FALSE_FAILURE, "the naive rule passed: p = {p}");
+}

@@ -1,0 +1,216 @@
+//! The cluster as a client sees it: greedy identity, cancellation, bad input, unreachable peers.
+
+use std::time::{Duration, Instant};
+
+use specd_coordinator::{CoordinatorConfig, RuleVariant};
+use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
+use specd_sampling::{Purpose, StreamKey, Truncation};
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+const VOCAB: usize = 6;
+
+/// Rows depending on the last token, with clear maxima: a deterministic greedy chain.
+fn suffix_table(salt: u32) -> Table {
+    let rules = (0..VOCAB as u32)
+        .map(|last| {
+            let mut rng = StreamKey::new(u64::from(last), salt, 0, Purpose::Plain).stream();
+            let w: Vec<f64> = (0..VOCAB).map(|_| 0.05 + rng.next_uniform()).collect();
+            let total: f64 = w.iter().sum();
+            (vec![last], w.iter().map(|x| x / total).collect())
+        })
+        .collect();
+    Table { vocab_size: VOCAB, default: vec![1.0 / VOCAB as f64; VOCAB], rules }
+}
+
+/// The table format's rules match the whole history; a suffix table needs `suffix` keys.
+fn write_suffix_table(table: &Table, path: &std::path::Path) -> std::path::PathBuf {
+    let rules: Vec<_> =
+        table.rules.iter().map(|(suffix, probs)| serde_json::json!({"suffix": suffix, "probs": probs})).collect();
+    let file = serde_json::json!({"vocab_size": table.vocab_size, "default": table.default, "rules": rules});
+    std::fs::write(path, serde_json::to_vec(&file).unwrap()).unwrap();
+    path.to_owned()
+}
+
+fn request(prompt: Vec<u32>, max_new_tokens: u32, temperature: f64, gamma: Option<u32>) -> GenerateRequest {
+    GenerateRequest {
+        prompt: Some(Prompt::TokenIds(TokenIds { ids: prompt })),
+        sampling: Some(SamplingParams { temperature: Some(temperature), seed: Some(1), ..Default::default() }),
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(max_new_tokens), ..Default::default() }),
+        speculation: Some(Speculation { gamma, dense: false }),
+        ..Default::default()
+    }
+}
+
+async fn start(name: &str, target: &Table, draft: &Table) -> Cluster {
+    let dir = scratch_dir(name);
+    let t = write_suffix_table(target, &dir.join("target.json"));
+    let d = write_suffix_table(draft, &dir.join("draft.json"));
+    Cluster::start(&t, &d, &ClusterOptions::default()).await.unwrap()
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    (0..50u32).map(|i| (0..=(i % 4)).map(|j| (i * 7 + j * 3) % VOCAB as u32).collect()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_speculation_equals_target_only_greedy() {
+    let target = suffix_table(1);
+    for (name, draft, all_accepted) in [("greedy-same", target.clone(), true), ("greedy-other", suffix_table(2), false)]
+    {
+        let cluster = start(name, &target, &draft).await;
+        let mut client = cluster.client().await.unwrap();
+        let (mut drafted, mut accepted) = (0, 0);
+        for prompt in prompts() {
+            let plain = client.generate(request(prompt.clone(), 24, 0.0, Some(0))).await.unwrap().into_inner();
+            let spec = client.generate(request(prompt.clone(), 24, 0.0, Some(4))).await.unwrap().into_inner();
+            assert_eq!(spec.token_ids, plain.token_ids, "{name}, prompt {prompt:?}");
+            assert_eq!(plain.token_ids.len(), 24);
+            let stats = spec.stats.unwrap();
+            drafted += stats.draft_tokens;
+            accepted += stats.accepted_tokens;
+        }
+        if all_accepted {
+            assert_eq!(accepted, drafted, "a draft equal to the target has every token accepted");
+        } else {
+            assert!(accepted < drafted, "a different draft is sometimes rejected");
+        }
+        cluster.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_releases_both_sessions_within_a_second() {
+    let cluster = start("cancel", &suffix_table(1), &suffix_table(2)).await;
+    let mut client = cluster.client().await.unwrap();
+    let mut stream = client.generate_stream(request(vec![1, 2], 4000, 1.0, Some(3))).await.unwrap().into_inner();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.token_ids.is_empty());
+    assert_eq!(cluster.target_info().await.unwrap().active_sessions, 1);
+    drop(stream);
+    let dropped = Instant::now();
+    loop {
+        let (t, d) = (cluster.target_info().await.unwrap(), cluster.draft_info().await.unwrap());
+        if t.active_sessions == 0 && d.active_sessions == 0 {
+            break;
+        }
+        assert!(dropped.elapsed() < Duration::from_secs(1), "sessions still open: target {t:?}, draft {d:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_generations_leave_no_sessions() {
+    let cluster = start("finish", &suffix_table(1), &suffix_table(2)).await;
+    let mut client = cluster.client().await.unwrap();
+    let reply = client.generate(request(vec![3], 10, 1.0, Some(2))).await.unwrap().into_inner();
+    assert_eq!(reply.finish_reason, FinishReason::Length as i32);
+    assert_eq!(reply.usage.unwrap().completion_tokens, 10);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(cluster.target_info().await.unwrap().active_sessions, 0);
+    assert_eq!(cluster.draft_info().await.unwrap().active_sessions, 0);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_invalid_argument_with_a_reason() {
+    let cluster = start("bad-input", &suffix_table(1), &suffix_table(2)).await;
+    let mut client = cluster.client().await.unwrap();
+    let sampling = |s: SamplingParams| GenerateRequest { sampling: Some(s), ..request(vec![1], 4, 1.0, None) };
+    let cases = [
+        (request(vec![], 4, 1.0, None), "prompt is empty"),
+        (GenerateRequest { prompt: None, ..request(vec![1], 4, 1.0, None) }, "prompt is empty"),
+        (request(vec![1], 0, 1.0, None), "max_new_tokens is 0"),
+        (request(vec![1], 100_000, 1.0, None), "does not fit"),
+        (request(vec![1], 4, -0.5, None), "temperature -0.5"),
+        (request(vec![1], 4, f64::NAN, None), "temperature NaN"),
+        (sampling(SamplingParams { top_p: Some(0.0), ..Default::default() }), "top_p 0"),
+        (sampling(SamplingParams { top_p: Some(1.5), ..Default::default() }), "top_p 1.5"),
+        (sampling(SamplingParams { top_k: Some(-1), ..Default::default() }), "top_k -1 is negative"),
+        (request(vec![1], 4, 1.0, Some(1000)), "gamma 1000 is above the maximum"),
+        (request(vec![99], 4, 1.0, None), "outside the vocabulary"),
+    ];
+    for (req, needle) in cases {
+        let status = client.generate(req.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{req:?}: {status:?}");
+        assert!(status.message().contains(needle), "{needle:?} not in {:?}", status.message());
+        let status = client.generate_stream(req).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_node_is_unavailable_with_its_address() {
+    let free = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", free.local_addr().unwrap());
+    drop(free);
+    let config = CoordinatorConfig {
+        targets: vec![address.clone()],
+        drafts: vec![],
+        default_gamma: 4,
+        default_max_new_tokens: 16,
+        truncation: Truncation::new(0.0, 8).unwrap(),
+        node_timeout: Duration::from_secs(2),
+        rule: RuleVariant::Exact,
+    };
+    let err = specd_coordinator::connect(&config).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.to_string().contains(&address), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_different_vocabularies_or_tokenizers_are_refused_naming_both() {
+    let dir = scratch_dir("incompatible");
+    let write = |name: &str, body: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, body).unwrap();
+        path
+    };
+    let target = write("target.json", r#"{"vocab_size": 2, "tokens": ["yes", "no"], "default": [0.5, 0.5]}"#);
+    let renamed = write("renamed.json", r#"{"vocab_size": 2, "tokens": ["oui", "non"], "default": [0.5, 0.5]}"#);
+    let wider = write("wider.json", r#"{"vocab_size": 3, "default": [0.5, 0.25, 0.25]}"#);
+    let err = Cluster::start(&target, &renamed, &ClusterOptions::default()).await.unwrap_err().to_string();
+    assert!(err.contains("tokenizers differ") && err.contains("target.json") && err.contains("renamed.json"), "{err}");
+    let err = Cluster::start(&target, &wider, &ClusterOptions::default()).await.unwrap_err().to_string();
+    assert!(err.contains("vocabularies differ") && err.contains("2 tokens") && err.contains("has 3"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_prompts_text_output_and_stop_strings() {
+    let dir = scratch_dir("text");
+    let names: Vec<String> = ["red", "green", "blue", "cyan", "pink", "gold"].iter().map(|s| s.to_string()).collect();
+    let with_names = |table: &Table, file: &str| {
+        let rules: Vec<_> =
+            table.rules.iter().map(|(suffix, probs)| serde_json::json!({"suffix": suffix, "probs": probs})).collect();
+        let body = serde_json::json!({"vocab_size": VOCAB, "tokens": names, "default": table.default, "rules": rules});
+        let path = dir.join(file);
+        std::fs::write(&path, serde_json::to_vec(&body).unwrap()).unwrap();
+        path
+    };
+    let target = with_names(&suffix_table(1), "target.json");
+    let draft = with_names(&suffix_table(2), "draft.json");
+    let cluster = Cluster::start(&target, &draft, &ClusterOptions::default()).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let text_request = |stop: Vec<String>| GenerateRequest {
+        prompt: Some(Prompt::Text("red green".into())),
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(12), stop_strings: stop, ..Default::default() }),
+        ..request(vec![], 12, 0.0, Some(3))
+    };
+    let full = client.generate(text_request(vec![])).await.unwrap().into_inner();
+    let words: Vec<&str> = full.token_ids.iter().map(|&t| names[t as usize].as_str()).collect();
+    assert_eq!(full.text, words.join(" "), "the text is the decoded output");
+    assert_eq!(full.usage.unwrap().prompt_tokens, 2);
+    // Stop at the third generated word: the text ends before it, the tokens include it.
+    let stop = format!(" {}", words[2]);
+    let first = full.text.find(&stop).unwrap();
+    let stopped = client.generate(text_request(vec![stop.clone()])).await.unwrap().into_inner();
+    assert_eq!(stopped.finish_reason, FinishReason::Stop as i32);
+    assert_eq!(stopped.text, full.text[..first]);
+    let kept = stopped.token_ids.len();
+    assert!(kept <= 3 && full.token_ids[..kept] == stopped.token_ids[..], "{stopped:?}");
+    cluster.shutdown().await;
+}
