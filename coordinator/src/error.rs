@@ -23,6 +23,8 @@ pub enum CoordinatorError {
     Protocol(String),
     #[error("no {0} node is configured")]
     NoNode(&'static str),
+    #[error(transparent)]
+    Serve(#[from] specd_proto::transport::ServeError),
 }
 
 impl From<SamplingError> for CoordinatorError {
@@ -51,7 +53,7 @@ impl CoordinatorError {
                 _ => Code::Internal,
             },
             Self::Incompatible(_) => Code::FailedPrecondition,
-            Self::Protocol(_) => Code::Internal,
+            Self::Protocol(_) | Self::Serve(_) => Code::Internal,
         }
     }
 }

@@ -25,6 +25,8 @@ use std::time::Duration;
 use specd_proto::v1::generation_server::GenerationServer;
 use specd_sampling::Truncation;
 use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::service::Routes;
 
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
@@ -78,21 +80,7 @@ pub async fn serve(
     service: GenerationService,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
-    let transport =
-        |message: String| CoordinatorError::Unreachable { role: "coordinator", address: "-".into(), message };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<GenerationServer<GenerationService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(specd_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| transport(e.to_string()))?;
-    tracing::info!(addr = ?listener.local_addr().ok(), "coordinator serving");
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(GenerationServer::new(service))
-        .serve_with_incoming_shutdown(specd_proto::transport::incoming(listener), shutdown)
-        .await
-        .map_err(|e| transport(e.to_string()))
+    let name = <GenerationServer<GenerationService> as NamedService>::NAME;
+    let routes = Routes::new(GenerationServer::new(service));
+    Ok(specd_proto::transport::serve(listener, routes, name, shutdown).await?)
 }

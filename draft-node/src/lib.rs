@@ -5,34 +5,53 @@
 //! time, each from its effective q (truncated to a sparse support unless the dense wire
 //! format is asked for), and returns them with exactly the q they were drawn from.
 //!
-//! - [`node`]: [`DraftNode`] (model worker and sessions) and [`DraftConfig`];
 //! - [`propose`]: one block, run on the model thread;
 //! - [`service`]: the `specd.v1.DraftService` implementation;
-//! - [`error`]: [`DraftError`] and its status codes;
-//! - [`run`] / [`serve`]: the server, with health and reflection.
+//! - [`run`] / [`serve`]: the server; sessions, errors and configuration come from
+//!   `specd-node`.
 
-pub mod error;
-pub mod node;
 pub mod propose;
 pub mod service;
 
 use std::future::Future;
 
+use specd_node::{Node, NodeConfig, NodeError};
+use specd_proto::transport::ServeError;
 use specd_proto::v1::draft_service_server::DraftServiceServer;
 use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::service::Routes;
 
-pub use error::DraftError;
-pub use node::{DraftConfig, DraftNode};
+/// A loaded draft model and its sessions. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DraftNode {
+    node: Node,
+}
+
+impl DraftNode {
+    /// Loads the model on its own worker thread.
+    pub async fn load(config: NodeConfig) -> Result<Self, NodeError> {
+        Ok(Self { node: Node::load_async("draft", config).await? })
+    }
+}
+
+/// Why a draft node could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum DraftServeError {
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
 
 /// Loads the model, then serves until `shutdown` resolves.
 pub async fn run(
     listener: TcpListener,
-    config: DraftConfig,
+    config: NodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    let node =
-        tokio::task::spawn_blocking(move || DraftNode::load(config)).await.map_err(|e| ServeError::join(&e))??;
-    serve(listener, node, shutdown).await
+) -> Result<(), DraftServeError> {
+    let node = DraftNode::load(config).await?;
+    Ok(serve(listener, node, shutdown).await?)
 }
 
 /// Serves a loaded node: DraftService, grpc.health.v1 and server reflection.
@@ -41,34 +60,6 @@ pub async fn serve(
     node: DraftNode,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<DraftServiceServer<DraftNode>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(specd_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| ServeError::Transport(e.to_string()))?;
-    tracing::info!(addr = ?listener.local_addr().ok(), "draft node serving");
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(DraftServiceServer::new(node))
-        .serve_with_incoming_shutdown(specd_proto::transport::incoming(listener), shutdown)
-        .await
-        .map_err(|e| ServeError::Transport(e.to_string()))
-}
-
-/// Why a node could not start or stopped serving.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error(transparent)]
-    Node(#[from] DraftError),
-    #[error("transport: {0}")]
-    Transport(String),
-}
-
-impl ServeError {
-    fn join(err: &tokio::task::JoinError) -> Self {
-        Self::Transport(format!("model loading task failed: {err}"))
-    }
+    let name = <DraftServiceServer<DraftNode> as NamedService>::NAME;
+    specd_proto::transport::serve(listener, Routes::new(DraftServiceServer::new(node)), name, shutdown).await
 }

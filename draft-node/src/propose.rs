@@ -4,12 +4,9 @@
 
 use std::time::Instant;
 
-use specd_model::{LanguageModel, SessionHistory, SessionId};
-use specd_sampling::{
-    DenseDist, Purpose, SamplingParams, SparseDist, StreamKey, TokenHistory, Truncation, effective_distribution,
-};
-
-use crate::error::DraftError;
+use specd_model::LanguageModel;
+use specd_node::{NodeError, SessionState};
+use specd_sampling::{DenseDist, Purpose, SparseDist, StreamKey, TokenHistory, Truncation, effective_distribution};
 
 /// The distribution a candidate was drawn from, in the wire format asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,15 +26,6 @@ pub struct ProposeJob {
     pub truncation: Option<Truncation>,
 }
 
-/// A session's state that the job needs and updates.
-#[derive(Debug, Clone)]
-pub struct DraftState {
-    pub model_session: SessionId,
-    pub history: SessionHistory,
-    pub params: SamplingParams,
-    pub seed: u64,
-}
-
 /// The block and how long the model work took.
 #[derive(Debug)]
 pub struct Proposal {
@@ -49,9 +37,9 @@ pub struct Proposal {
 /// marked empty: the model may have truncated or extended it half-way.
 pub fn propose(
     model: &mut dyn LanguageModel,
-    state: &mut DraftState,
+    state: &mut SessionState,
     job: &ProposeJob,
-) -> Result<Proposal, DraftError> {
+) -> Result<Proposal, NodeError> {
     let result = propose_inner(model, state, job);
     if result.is_err() {
         state.history.forget_cache();
@@ -61,9 +49,9 @@ pub fn propose(
 
 fn propose_inner(
     model: &mut dyn LanguageModel,
-    state: &mut DraftState,
+    state: &mut SessionState,
     job: &ProposeJob,
-) -> Result<Proposal, DraftError> {
+) -> Result<Proposal, NodeError> {
     let started = Instant::now();
     let mut history = state.history.clone();
     let catch_up = history.catch_up(job.rollback_to, &job.pending)?;

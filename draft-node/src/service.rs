@@ -1,60 +1,43 @@
 //! The `DraftService` gRPC implementation over a [`DraftNode`].
 
+use specd_node::NodeError;
 use specd_proto::convert::{dense_proposal, sparse_proposal};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
     InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse, ReleaseRequest,
     ReleaseResponse,
 };
-use specd_sampling::{MAX_GAMMA, SamplingParams, Truncation};
+use specd_sampling::{MAX_GAMMA, Truncation};
 use tonic::{Request, Response, Status};
 
-use crate::error::DraftError;
-use crate::node::DraftNode;
-use crate::propose::{ProposalDist, ProposeJob};
+use crate::DraftNode;
+use crate::propose::{ProposalDist, ProposeJob, propose};
 
 #[tonic::async_trait]
 impl DraftService for DraftNode {
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<NodeInfo>, Status> {
-        let info = self.model.handle().info();
-        Ok(Response::new(NodeInfo {
-            role: "draft".into(),
-            model_id: info.name.clone(),
-            vocab_size: info.vocab_size as u32,
-            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
-            device: self.config.device.to_string(),
-            dtype: self.config.dtype.to_string(),
-            context_length: info.context_length as u32,
-            eos_token_ids: info.eos_token_ids.clone(),
-            active_sessions: self.model.active_sessions() as u32,
-            kv_cache_bytes: self.model.kv_cache_bytes().await.map_err(DraftError::from)?,
-            has_tokenizer: info.has_tokenizer,
-        }))
+        Ok(Response::new(self.node.info().await?))
     }
 
     async fn open_session(
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
-        let req = request.into_inner();
-        let sampling = req.sampling.ok_or_else(|| DraftError::InvalidRequest("sampling is missing".into()))?;
-        let params = SamplingParams::try_from(&sampling).map_err(DraftError::from)?;
-        self.open_session(req.session_id, req.prompt_token_ids, params, req.seed).await?;
+        self.node.open(request.into_inner()).await?;
         Ok(Response::new(OpenSessionResponse {}))
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {
         let req = request.into_inner();
         if req.gamma > MAX_GAMMA {
-            return Err(
-                DraftError::InvalidRequest(format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma)).into()
-            );
+            let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
+            return Err(NodeError::InvalidRequest(message).into());
         }
         let truncation = if req.dense {
             None
         } else {
-            let wire = req.truncation.ok_or_else(|| DraftError::InvalidRequest("truncation is missing".into()))?;
-            Some(Truncation::try_from(&wire).map_err(DraftError::from)?)
+            let wire = req.truncation.ok_or_else(|| NodeError::InvalidRequest("truncation is missing".into()))?;
+            Some(Truncation::try_from(&wire).map_err(NodeError::from)?)
         };
         let job = ProposeJob {
             round: req.round,
@@ -63,7 +46,7 @@ impl DraftService for DraftNode {
             gamma: req.gamma as usize,
             truncation,
         };
-        let proposal = DraftNode::propose(self, &req.session_id, job).await?;
+        let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await??;
         let positions = proposal
             .candidates
             .iter()
@@ -76,7 +59,7 @@ impl DraftService for DraftNode {
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let existed = DraftNode::release(self, &request.into_inner().session_id).await?;
+        let existed = self.node.release(&request.into_inner().session_id).await?;
         Ok(Response::new(ReleaseResponse { existed }))
     }
 }

@@ -15,9 +15,6 @@
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`].
 //! - [`device`]: `--device` and `--dtype`; [`load`]: open a model from a path.
-//! - [`history`]: a session's token history and how it follows rollback points;
-//!   [`registry`]: a node's open sessions by the coordinator's session id; [`node_model`]:
-//!   a model and its sessions, what both node roles share.
 //! - [`error`]: the crate's one error type.
 //!
 //! Memory: each session preallocates its KV cache for its capacity when it opens; the
@@ -28,13 +25,10 @@
 pub mod config;
 pub mod device;
 pub mod error;
-pub mod history;
 mod kv_cache;
 pub mod language_model;
 pub mod llama;
 pub mod load;
-pub mod node_model;
-pub mod registry;
 mod rope;
 mod sessions;
 pub mod table;
@@ -45,12 +39,9 @@ pub mod worker;
 pub use config::{Architecture, LlamaConfig, RopeScaling};
 pub use device::{DType, DeviceSpec};
 pub use error::{ErrorClass, ModelError, Result};
-pub use history::{CatchUp, SessionHistory};
 pub use language_model::{LanguageModel, Logits, ModelInfo, SessionId};
 pub use llama::LlamaModel;
 pub use load::{BoxedModel, LoadOptions, load_model};
-pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};
-pub use registry::{RegistryError, SessionRegistry};
 pub use table::TableModel;
 pub use tokenizer::TextTokenizer;
 pub use worker::{ModelHandle, ModelWorker};

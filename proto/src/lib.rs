@@ -6,7 +6,7 @@
 //! - [`convert`]: conversions between wire messages and `specd-sampling` types, validating
 //!   what a peer sent;
 //! - [`error`]: [`ProtoError`] and its mapping to gRPC status codes;
-//! - [`transport`]: the accepted-connection stream every server uses;
+//! - [`transport`]: the server every role runs (health, reflection, no Nagle delay);
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server reflection.
 
 pub mod convert;

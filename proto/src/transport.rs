@@ -1,8 +1,13 @@
-//! The listener side of every specd gRPC server.
+//! The serving side every specd role shares: accepted connections without Nagle's delay, and
+//! a server with grpc.health.v1 and server reflection next to the role's own service.
+
+use std::future::Future;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
+use tonic::service::Routes;
+use tonic_health::ServingStatus;
 
 /// Accepted connections with Nagle's algorithm off. A round is a few small request/response
 /// messages; with Nagle on, each can wait for the peer's delayed ACK (tens of milliseconds),
@@ -14,4 +19,35 @@ pub fn incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result<Tcp
         }
         accepted
     })
+}
+
+/// Why a server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("gRPC server: {0}")]
+pub struct ServeError(String);
+
+/// Serves `routes` (the role's service, registered in health as `service_name`), health and
+/// reflection on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    service_name: &'static str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_service_status(service_name, ServingStatus::Serving).await;
+    health.set_service_status("", ServingStatus::Serving).await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError(e.to_string()))?;
+    tracing::info!(addr = ?listener.local_addr().ok(), service = service_name, "serving");
+    tonic::transport::Server::builder()
+        .add_routes(routes)
+        .add_service(health_service)
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .await
+        .map_err(|e| ServeError(e.to_string()))
 }

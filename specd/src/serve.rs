@@ -10,10 +10,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use specd_coordinator::{CoordinatorConfig, RuleVariant};
-use specd_draft_node::{DraftConfig, DraftNode};
+use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec, ModelError};
+use specd_node::NodeConfig;
 use specd_sampling::{MAX_GAMMA, Truncation};
-use specd_target_node::{TargetConfig, TargetNode};
+use specd_target_node::TargetNode;
 use tokio::net::TcpListener;
 
 use crate::cli_error::invalid;
@@ -129,18 +130,8 @@ impl NodeOptions {
         self.kv_budget_mib.map(|m| m * 1024 * 1024)
     }
 
-    fn target(&self, model: PathBuf) -> TargetConfig {
-        TargetConfig {
-            model,
-            device: self.device,
-            dtype: self.dtype,
-            max_sessions: self.max_sessions,
-            kv_budget_bytes: self.kv_budget_bytes(),
-        }
-    }
-
-    fn draft(&self, model: PathBuf) -> DraftConfig {
-        DraftConfig {
+    fn config(&self, model: PathBuf) -> NodeConfig {
+        NodeConfig {
             model,
             device: self.device,
             dtype: self.dtype,
@@ -216,10 +207,10 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 }
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
-    let config = args.node.target(args.model.clone());
+    let config = args.node.config(args.model.clone());
     runtime()?.block_on(async {
         let listener = bind(args.listen).await?;
-        let node = tokio::task::spawn_blocking(move || TargetNode::load(config)).await??;
+        let node = TargetNode::load(config).await?;
         announce(&listener)?;
         specd_target_node::serve(listener, node, shutdown_signal()).await?;
         Ok(())
@@ -227,10 +218,10 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
-    let config = args.node.draft(args.model.clone());
+    let config = args.node.config(args.model.clone());
     runtime()?.block_on(async {
         let listener = bind(args.listen).await?;
-        let node = tokio::task::spawn_blocking(move || DraftNode::load(config)).await??;
+        let node = DraftNode::load(config).await?;
         announce(&listener)?;
         specd_draft_node::serve(listener, node, shutdown_signal()).await?;
         Ok(())
@@ -249,18 +240,16 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
-    let target_config = args.node.target(args.target_model.clone());
-    let draft_config = args.node.draft(args.draft_model.clone());
+    let target_config = args.node.config(args.target_model.clone());
+    let draft_config = args.node.config(args.draft_model.clone());
     runtime()?.block_on(async {
         let public = bind(args.listen).await?;
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);
         let target_url = format!("http://{}", target_listener.local_addr()?);
         let draft_url = format!("http://{}", draft_listener.local_addr()?);
-        let load_target = tokio::task::spawn_blocking(move || TargetNode::load(target_config));
-        let load_draft = tokio::task::spawn_blocking(move || DraftNode::load(draft_config));
-        let (target, draft) = tokio::join!(load_target, load_draft);
-        let (target, draft) = (target??, draft??);
+        let (target, draft) = tokio::join!(TargetNode::load(target_config), DraftNode::load(draft_config));
+        let (target, draft) = (target?, draft?);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;

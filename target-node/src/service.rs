@@ -1,52 +1,36 @@
 //! The `TargetService` gRPC implementation over a [`TargetNode`].
 
+use specd_node::NodeError;
 use specd_proto::convert::scored_positions;
 use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
     ReleaseRequest, ReleaseResponse, TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
 };
-use specd_sampling::{MAX_GAMMA, SamplingParams};
+use specd_sampling::MAX_GAMMA;
 use tonic::{Request, Response, Status};
 
-use crate::error::TargetError;
-use crate::node::TargetNode;
-use crate::verify::{Verdict, VerifyJob};
+use crate::TargetNode;
+use crate::verify::{Verdict, VerifyJob, verify};
 
 #[tonic::async_trait]
 impl TargetService for TargetNode {
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<NodeInfo>, Status> {
-        let info = self.model.handle().info();
-        Ok(Response::new(NodeInfo {
-            role: "target".into(),
-            model_id: info.name.clone(),
-            vocab_size: info.vocab_size as u32,
-            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
-            device: self.config.device.to_string(),
-            dtype: self.config.dtype.to_string(),
-            context_length: info.context_length as u32,
-            eos_token_ids: info.eos_token_ids.clone(),
-            active_sessions: self.model.active_sessions() as u32,
-            kv_cache_bytes: self.model.kv_cache_bytes().await.map_err(TargetError::from)?,
-            has_tokenizer: info.has_tokenizer,
-        }))
+        Ok(Response::new(self.node.info().await?))
     }
 
     async fn open_session(
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
-        let req = request.into_inner();
-        let sampling = req.sampling.ok_or_else(|| TargetError::InvalidRequest("sampling is missing".into()))?;
-        let params = SamplingParams::try_from(&sampling).map_err(TargetError::from)?;
-        self.open_session(req.session_id, req.prompt_token_ids, params, req.seed).await?;
+        self.node.open(request.into_inner()).await?;
         Ok(Response::new(OpenSessionResponse {}))
     }
 
     async fn verify(&self, request: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {
         let req = request.into_inner();
         if req.candidate_token_ids.len() > MAX_GAMMA as usize {
-            return Err(TargetError::InvalidRequest(format!(
+            return Err(NodeError::InvalidRequest(format!(
                 "{} candidates, above the maximum {MAX_GAMMA}",
                 req.candidate_token_ids.len()
             ))
@@ -60,7 +44,7 @@ impl TargetService for TargetNode {
             candidates: req.candidate_token_ids,
             supports,
         };
-        let verified = TargetNode::verify(self, &req.session_id, job).await?;
+        let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await??;
         let reply = match verified.verdict {
             Verdict::Sparse(block) => VerifyResponse {
                 positions: scored_positions(&block),
@@ -79,19 +63,19 @@ impl TargetService for TargetNode {
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let existed = TargetNode::release(self, &request.into_inner().session_id).await?;
+        let existed = self.node.release(&request.into_inner().session_id).await?;
         Ok(Response::new(ReleaseResponse { existed }))
     }
 
     async fn tokenize(&self, request: Request<TokenizeRequest>) -> Result<Response<TokenizeResponse>, Status> {
         let text = request.into_inner().text;
-        let token_ids = self.model.handle().encode(text).await.map_err(TargetError::from)?;
+        let token_ids = self.node.model().handle().encode(text).await.map_err(NodeError::from)?;
         Ok(Response::new(TokenizeResponse { token_ids }))
     }
 
     async fn detokenize(&self, request: Request<DetokenizeRequest>) -> Result<Response<DetokenizeResponse>, Status> {
         let ids = request.into_inner().token_ids;
-        let text = self.model.handle().call(move |m| m.decode(&ids)).await.map_err(TargetError::from)?;
+        let text = self.node.model().handle().call(move |m| m.decode(&ids)).await.map_err(NodeError::from)?;
         Ok(Response::new(DetokenizeResponse { text }))
     }
 }

@@ -4,10 +4,9 @@
 
 use std::time::Instant;
 
-use specd_model::{LanguageModel, SessionHistory, SessionId};
-use specd_sampling::{DenseDist, RoundKey, SamplingParams, ScoredBlock, block_distributions, score_block};
-
-use crate::error::TargetError;
+use specd_model::LanguageModel;
+use specd_node::{NodeError, SessionState};
+use specd_sampling::{DenseDist, RoundKey, ScoredBlock, block_distributions, score_block};
 
 /// What a Verify asks for.
 #[derive(Debug, Clone)]
@@ -18,15 +17,6 @@ pub struct VerifyJob {
     pub candidates: Vec<u32>,
     /// The draft's supports, one per candidate; `None`: dense wire format.
     pub supports: Option<Vec<Vec<u32>>>,
-}
-
-/// A session's state that the job needs and updates.
-#[derive(Debug, Clone)]
-pub struct TargetState {
-    pub model_session: SessionId,
-    pub history: SessionHistory,
-    pub params: SamplingParams,
-    pub seed: u64,
 }
 
 /// The target's answer, in the wire format asked for.
@@ -45,11 +35,7 @@ pub struct Verified {
 
 /// Runs on the model thread. On error the history is left as it was and its cache marked
 /// empty (the model may have truncated or extended it half-way).
-pub fn verify(
-    model: &mut dyn LanguageModel,
-    state: &mut TargetState,
-    job: &VerifyJob,
-) -> Result<Verified, TargetError> {
+pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &VerifyJob) -> Result<Verified, NodeError> {
     let result = verify_inner(model, state, job);
     if result.is_err() {
         state.history.forget_cache();
@@ -59,14 +45,14 @@ pub fn verify(
 
 fn verify_inner(
     model: &mut dyn LanguageModel,
-    state: &mut TargetState,
+    state: &mut SessionState,
     job: &VerifyJob,
-) -> Result<Verified, TargetError> {
+) -> Result<Verified, NodeError> {
     let started = Instant::now();
     if let Some(supports) = &job.supports
         && supports.len() != job.candidates.len()
     {
-        return Err(TargetError::InvalidRequest(format!(
+        return Err(NodeError::InvalidRequest(format!(
             "{} supports for {} candidates",
             supports.len(),
             job.candidates.len()

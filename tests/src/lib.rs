@@ -6,14 +6,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use specd_coordinator::{CoordinatorConfig, RuleVariant};
-use specd_draft_node::{DraftConfig, DraftNode};
+use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec};
+use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{InfoRequest, NodeInfo};
 use specd_sampling::Truncation;
-use specd_target_node::{TargetConfig, TargetNode};
+use specd_target_node::TargetNode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -52,14 +53,15 @@ async fn loopback() -> anyhow::Result<(TcpListener, String)> {
 
 impl Cluster {
     pub async fn start(target_model: &Path, draft_model: &Path, options: &ClusterOptions) -> anyhow::Result<Self> {
-        let node = |model: &Path| (model.to_owned(), DeviceSpec::Cpu, options.dtype);
-        let (target_path, device, dtype) = node(target_model);
-        let target_config =
-            TargetConfig { model: target_path, device, dtype, max_sessions: 1024, kv_budget_bytes: None };
-        let (draft_path, device, dtype) = node(draft_model);
-        let draft_config = DraftConfig { model: draft_path, device, dtype, max_sessions: 1024, kv_budget_bytes: None };
-        let target = tokio::task::spawn_blocking(move || TargetNode::load(target_config)).await??;
-        let draft = tokio::task::spawn_blocking(move || DraftNode::load(draft_config)).await??;
+        let config = |model: &Path| NodeConfig {
+            model: model.to_owned(),
+            device: DeviceSpec::Cpu,
+            dtype: options.dtype,
+            max_sessions: 1024,
+            kv_budget_bytes: None,
+        };
+        let target = TargetNode::load(config(target_model)).await?;
+        let draft = DraftNode::load(config(draft_model)).await?;
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;

@@ -1,12 +1,15 @@
-//! The target node's one error type and its gRPC status codes.
+//! The node roles' one error type and its gRPC status codes.
 
-use specd_model::{ErrorClass, ModelError, NodeSessionError, RegistryError};
+use specd_model::{ErrorClass, ModelError};
 use specd_proto::ProtoError;
 use specd_sampling::SamplingError;
 use tonic::{Code, Status};
 
+use crate::node_model::NodeSessionError;
+use crate::registry::RegistryError;
+
 #[derive(Debug, thiserror::Error)]
-pub enum TargetError {
+pub enum NodeError {
     #[error(transparent)]
     Session(#[from] NodeSessionError),
     #[error("invalid request: {0}")]
@@ -17,9 +20,11 @@ pub enum TargetError {
     Sampling(#[from] SamplingError),
     #[error(transparent)]
     Proto(#[from] ProtoError),
+    #[error("model loading task failed: {0}")]
+    Join(String),
 }
 
-impl TargetError {
+impl NodeError {
     /// The one table from errors to gRPC codes.
     pub fn code(&self) -> Code {
         match self {
@@ -27,11 +32,12 @@ impl TargetError {
             Self::Session(NodeSessionError::Registry(RegistryError::Duplicate(_))) => Code::AlreadyExists,
             Self::Session(NodeSessionError::Registry(RegistryError::Full(_))) => Code::ResourceExhausted,
             Self::Session(NodeSessionError::Registry(RegistryError::EmptyId)) => Code::InvalidArgument,
-            Self::Session(NodeSessionError::Model(err)) => model_code(err),
+            Self::Session(NodeSessionError::Model(err)) | Self::Model(err) => model_code(err),
             Self::InvalidRequest(_) | Self::Proto(_) => Code::InvalidArgument,
+            // The model produced NaN or +inf: the node's fault, not the request's.
             Self::Sampling(SamplingError::NonFiniteLogit { .. } | SamplingError::NoFiniteLogit) => Code::Internal,
             Self::Sampling(_) => Code::InvalidArgument,
-            Self::Model(err) => model_code(err),
+            Self::Join(_) => Code::Internal,
         }
     }
 }
@@ -48,8 +54,26 @@ fn model_code(err: &ModelError) -> Code {
     }
 }
 
-impl From<TargetError> for Status {
-    fn from(err: TargetError) -> Self {
+impl From<NodeError> for Status {
+    fn from(err: NodeError) -> Self {
         Status::new(err.code(), err.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_say_whose_fault_it_is() {
+        assert_eq!(NodeError::from(NodeSessionError::Unknown("s".into())).code(), Code::NotFound);
+        assert_eq!(NodeError::from(NodeSessionError::Registry(RegistryError::Full(3))).code(), Code::ResourceExhausted);
+        assert_eq!(NodeError::InvalidRequest("x".into()).code(), Code::InvalidArgument);
+        assert_eq!(NodeError::from(SamplingError::NoFiniteLogit).code(), Code::Internal);
+        assert_eq!(NodeError::from(SamplingError::EmptyDistribution).code(), Code::InvalidArgument);
+        let budget = ModelError::MemoryBudget { requested: 1, in_use: 1, budget: 1, sessions: 1 };
+        assert_eq!(NodeError::from(budget).code(), Code::ResourceExhausted);
+        let status = Status::from(NodeError::InvalidRequest("gamma 99".into()));
+        assert!(status.message().contains("gamma 99"));
     }
 }

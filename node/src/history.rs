@@ -6,7 +6,7 @@
 //! tokens after it that the node has not seen (`pending`). Cached work for a rejected suffix
 //! is dropped, never reused.
 
-use crate::error::{ModelError, Result};
+use specd_model::{ModelError, Result};
 
 /// The token history of one session on a node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,12 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::ModelError;
+use specd_model::{LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, load_model};
+
 use crate::history::SessionHistory;
-use crate::language_model::{LanguageModel, SessionId};
-use crate::load::{LoadOptions, load_model};
 use crate::registry::{RegistryError, SessionRegistry};
-use crate::worker::{ModelHandle, ModelWorker};
 
 /// A role's per-session state.
 pub trait NodeSessionState: Clone + Send + 'static {

@@ -1,0 +1,23 @@
+//! specd-node: what the draft and target roles share, so that each role's crate holds only
+//! its own round work (`propose` or `verify`) and its service.
+//!
+//! - [`node`]: [`Node`] (a model on its worker thread, the open sessions, `NodeInfo`),
+//!   [`NodeConfig`] and the per-session [`SessionState`];
+//! - [`node_model`]: a model handle with a registry of sessions of any state type, and the
+//!   snapshot/run/store pattern that keeps a failed job from corrupting a session;
+//! - [`registry`]: the open sessions by the coordinator's session id;
+//! - [`history`]: a session's token history and how it follows the coordinator's rollback
+//!   points;
+//! - [`error`]: [`NodeError`] and its one table of gRPC status codes.
+
+pub mod error;
+pub mod history;
+pub mod node;
+pub mod node_model;
+pub mod registry;
+
+pub use error::NodeError;
+pub use history::{CatchUp, SessionHistory};
+pub use node::{Node, NodeConfig, SessionState};
+pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};
+pub use registry::{RegistryError, SessionRegistry};

@@ -1,0 +1,110 @@
+//! A loaded model with its sessions, as both node roles serve it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use specd_model::{DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
+use specd_proto::v1::{NodeInfo, OpenSessionRequest};
+use specd_sampling::SamplingParams;
+
+use crate::error::NodeError;
+use crate::history::SessionHistory;
+use crate::node_model::{NodeModel, NodeSessionState};
+
+/// How to run a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// A Hugging Face checkpoint directory or a table-model JSON file.
+    pub model: PathBuf,
+    pub device: DeviceSpec,
+    pub dtype: DType,
+    /// Sessions open at once; more are refused with RESOURCE_EXHAUSTED.
+    pub max_sessions: usize,
+    /// Bytes of KV cache all sessions may hold; `None` is unbounded.
+    pub kv_budget_bytes: Option<u64>,
+}
+
+/// One session on a node: its model session, its token history, and how it samples.
+#[derive(Debug, Clone)]
+pub struct SessionState {
+    pub model_session: SessionId,
+    pub history: SessionHistory,
+    pub params: SamplingParams,
+    /// Every draw is keyed by (seed, round, position, purpose).
+    pub seed: u64,
+}
+
+impl NodeSessionState for SessionState {
+    fn model_session(&self) -> SessionId {
+        self.model_session
+    }
+}
+
+/// A node of either role. Cheap to clone: the state is shared.
+#[derive(Debug, Clone)]
+pub struct Node {
+    role: &'static str,
+    model: NodeModel<SessionState>,
+    config: Arc<NodeConfig>,
+}
+
+impl Node {
+    /// Loads the model on its own worker thread; blocks until it is ready.
+    pub fn load(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
+        let options = LoadOptions { device: config.device, dtype: config.dtype, memory_budget: config.kv_budget_bytes };
+        let thread = format!("specd-{role}-model");
+        let model = NodeModel::load(&thread, &config.model, options, config.max_sessions)?;
+        Ok(Self { role, model, config: Arc::new(config) })
+    }
+
+    /// [`Self::load`] on a blocking thread, for async callers.
+    pub async fn load_async(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
+        tokio::task::spawn_blocking(move || Self::load(role, config))
+            .await
+            .map_err(|e| NodeError::Join(e.to_string()))?
+    }
+
+    pub fn model(&self) -> &NodeModel<SessionState> {
+        &self.model
+    }
+
+    pub async fn info(&self) -> Result<NodeInfo, NodeError> {
+        let info = self.model.handle().info();
+        Ok(NodeInfo {
+            role: self.role.into(),
+            model_id: info.name.clone(),
+            vocab_size: info.vocab_size as u32,
+            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+            device: self.config.device.to_string(),
+            dtype: self.config.dtype.to_string(),
+            context_length: info.context_length as u32,
+            eos_token_ids: info.eos_token_ids.clone(),
+            active_sessions: self.model.active_sessions() as u32,
+            kv_cache_bytes: self.model.kv_cache_bytes().await?,
+            has_tokenizer: info.has_tokenizer,
+        })
+    }
+
+    /// Opens a session from the coordinator's request, validating its sampling settings.
+    pub async fn open(&self, request: OpenSessionRequest) -> Result<(), NodeError> {
+        let sampling = request.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
+        let params = SamplingParams::try_from(&sampling)?;
+        let seed = request.seed;
+        let build = |model_session, history| SessionState { model_session, history, params, seed };
+        Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
+    }
+
+    /// Runs `job` on the model thread with the session's state.
+    pub async fn run<R: Send + 'static>(
+        &self,
+        session_id: &str,
+        job: impl FnOnce(&mut dyn LanguageModel, &mut SessionState) -> R + Send + 'static,
+    ) -> Result<R, NodeError> {
+        Ok(self.model.run(session_id, job).await?)
+    }
+
+    /// Releases the session; `false` when it was not open.
+    pub async fn release(&self, session_id: &str) -> Result<bool, NodeError> {
+        Ok(self.model.release(session_id).await?)
+    }
+}
