@@ -1,4 +1,4 @@
-//! `--device cpu|cuda:N` and `--dtype f32|f16|bf16`.
+//! `--device cpu|cuda:N` and `--dtype f32|f16|bf16|f64`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -73,6 +73,10 @@ pub enum DType {
     F16,
     /// bfloat16.
     Bf16,
+    /// 64-bit float: slow, but a block scored in one forward and the same tokens scored one
+    /// at a time agree to ~1e-15, so greedy speculative and greedy target-only decoding give
+    /// identical tokens (the greedy identity tests use it).
+    F64,
 }
 
 impl DType {
@@ -82,6 +86,7 @@ impl DType {
             Self::F32 => tch::Kind::Float,
             Self::F16 => tch::Kind::Half,
             Self::Bf16 => tch::Kind::BFloat16,
+            Self::F64 => tch::Kind::Double,
         }
     }
 
@@ -90,6 +95,7 @@ impl DType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
+            Self::F64 => 8,
         }
     }
 }
@@ -102,7 +108,8 @@ impl FromStr for DType {
             "f32" | "float32" => Ok(Self::F32),
             "f16" | "float16" => Ok(Self::F16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
-            _ => Err(ModelError::Device(format!("unknown dtype {s:?} (expected f32, f16 or bf16)"))),
+            "f64" | "float64" => Ok(Self::F64),
+            _ => Err(ModelError::Device(format!("unknown dtype {s:?} (expected f32, f16, bf16 or f64)"))),
         }
     }
 }
@@ -113,6 +120,7 @@ impl fmt::Display for DType {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
+            Self::F64 => "f64",
         })
     }
 }

@@ -223,6 +223,7 @@ impl LlamaModel {
     pub fn weight_bytes(&self) -> u64 {
         let elt = match self.kind {
             Kind::Half | Kind::BFloat16 => 2,
+            Kind::Double => 8,
             _ => 4,
         };
         self.cfg.num_parameters() * elt
@@ -233,6 +234,7 @@ impl LlamaModel {
         match self.kind {
             Kind::Half => DType::F16,
             Kind::BFloat16 => DType::Bf16,
+            Kind::Double => DType::F64,
             _ => DType::F32,
         }
     }

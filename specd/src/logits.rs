@@ -39,7 +39,7 @@ pub struct LogitsArgs {
     #[arg(long, env = "SPECD_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceSpec,
 
-    /// f32, f16 or bf16 (logits are printed as f32 in every case).
+    /// f32, f16, bf16 or f64 (logits are printed as f32 in every case).
     #[arg(long, env = "SPECD_DTYPE", default_value = "f32", value_parser = parse_dtype)]
     pub dtype: DType,
 

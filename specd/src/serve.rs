@@ -33,7 +33,7 @@ pub struct NodeOptions {
     /// cpu or cuda:N.
     #[arg(long, env = "SPECD_DEVICE", default_value = "cpu", value_parser = parse_device)]
     device: DeviceSpec,
-    /// f32, f16 or bf16.
+    /// f32, f16, bf16 or f64 (f64: slow, for exact greedy identity checks).
     #[arg(long, env = "SPECD_DTYPE", default_value = "f32", value_parser = parse_dtype)]
     dtype: DType,
     /// Sessions a node holds at once; more are refused with RESOURCE_EXHAUSTED.
