@@ -166,9 +166,12 @@ impl NodePool {
         {
             check_compatible(first_address, first, role, address, info)?;
         }
+        // A session lives on a target and a draft: it may only grow as long as the shorter allows.
+        let context_length =
+            target_infos.iter().chain(&draft_infos).map(|(_, i)| i.context_length as usize).min().unwrap_or(0);
         let facts = ModelFacts {
             vocab_size: first.vocab_size as usize,
-            context_length: first.context_length as usize,
+            context_length,
             eos_token_ids: first.eos_token_ids.clone(),
             tokenizer_fingerprint: first.tokenizer_fingerprint.clone(),
             target_model: first.model_id.clone(),

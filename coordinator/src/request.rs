@@ -150,7 +150,7 @@ fn max_new_tokens(
             facts.context_length
         ))),
         Some(n) => Ok(n as usize),
-        None => Ok((defaults.max_new_tokens as usize).min(room)),
+        None => Ok((defaults.max_new_tokens.max(1) as usize).min(room)),
     }
 }
 

@@ -145,7 +145,7 @@ impl SessionActor {
             let base = spec.prompt.len() + output.len();
             let remaining = spec.max_new_tokens - output.len();
             // A round commits up to γ+1 tokens: never draft past what is still wanted.
-            let gamma = spec.gamma.min(remaining as u32 - 1);
+            let gamma = spec.gamma.min(remaining.saturating_sub(1) as u32);
             let draft_arg = draft.map(|d| (d, &draft_cursor, gamma));
             let report =
                 run_round(spec, &self.session_id, round, self.vocab_size, (&self.target, &target_cursor), draft_arg)

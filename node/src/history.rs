@@ -75,7 +75,9 @@ impl SessionHistory {
         }
         self.tokens.truncate(rollback_to);
         self.tokens.extend_from_slice(pending);
-        let keep = self.cached.min(self.tokens.len() - 1);
+        // Cache entries past the rollback point belong to rejected tokens, even when the
+        // pending tokens make the history as long again.
+        let keep = self.cached.min(rollback_to).min(self.tokens.len() - 1);
         self.cached = keep;
         Ok(CatchUp { keep, feed: self.tokens[keep..].to_vec() })
     }
@@ -124,6 +126,18 @@ mod tests {
         // Nothing pending: the last token is re-fed so its row scores the next token.
         let again = h.catch_up(6, &[]).unwrap();
         assert_eq!(again, CatchUp { keep: 5, feed: vec![20] });
+    }
+
+    #[test]
+    fn never_keeps_cache_of_rejected_tokens() {
+        let mut h = SessionHistory::new(vec![1, 2, 3]).unwrap();
+        h.catch_up(3, &[]).unwrap();
+        h.mark_cached();
+        h.push_forwarded(&[10, 11, 12]);
+        // Nothing accepted, two committed tokens pending (the draft sat out a round).
+        let next = h.catch_up(3, &[20, 21]).unwrap();
+        assert_eq!(next, CatchUp { keep: 3, feed: vec![20, 21] });
+        assert_eq!(h.tokens(), &[1, 2, 3, 20, 21]);
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl Node {
         let sampling = request.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
         let params = SamplingParams::try_from(&sampling)?;
         let seed = request.seed;
-        let build = |model_session, history| SessionState { model_session, history, params, seed };
+        let build = move |model_session, history| SessionState { model_session, history, params, seed };
         Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
     }
 

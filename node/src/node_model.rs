@@ -55,7 +55,21 @@ impl<S: NodeSessionState> NodeModel<S> {
     }
 
     /// Opens a model session for `prompt` and registers the state `build` makes of it.
+    /// Runs as its own task: a caller that goes away half-way (a deadline) cannot leave a
+    /// model session that is open but not registered.
     pub async fn open(
+        &self,
+        id: String,
+        prompt: Vec<u32>,
+        build: impl FnOnce(SessionId, SessionHistory) -> S + Send + 'static,
+    ) -> Result<(), NodeSessionError> {
+        let this = self.clone();
+        tokio::spawn(async move { this.open_now(id, prompt, build).await })
+            .await
+            .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("open task failed: {e}"))))?
+    }
+
+    async fn open_now(
         &self,
         id: String,
         prompt: Vec<u32>,
@@ -100,13 +114,19 @@ impl<S: NodeSessionState> NodeModel<S> {
         Ok(result)
     }
 
-    /// Releases the session; `false` when it was not open.
+    /// Releases the session; `false` when it was not open. Runs as its own task, so that a
+    /// caller that goes away cannot leave a session unregistered but still holding its cache.
     pub async fn release(&self, id: &str) -> Result<bool, NodeSessionError> {
         let Some(session) = self.sessions.remove(id) else {
             return Ok(false);
         };
-        let model_session = session.lock().await.model_session();
-        self.model.release(model_session).await?;
+        let model = self.model.clone();
+        tokio::spawn(async move {
+            let model_session = session.lock().await.model_session();
+            model.release(model_session).await
+        })
+        .await
+        .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("release task failed: {e}"))))??;
         Ok(true)
     }
 

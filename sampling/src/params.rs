@@ -41,6 +41,9 @@ impl Default for SamplingParams {
 /// Temperatures above this are refused: they flatten any model to noise.
 pub const MAX_TEMPERATURE: f64 = 100.0;
 
+/// Positive temperatures below this are refused (1/T would overflow); 0 is greedy.
+pub const MIN_POSITIVE_TEMPERATURE: f64 = 1e-6;
+
 impl SamplingParams {
     pub fn greedy() -> Self {
         Self { temperature: 0.0, ..Self::default() }
@@ -56,10 +59,10 @@ impl SamplingParams {
         };
         let t = self.temperature;
         check(
-            t.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&t),
+            t == 0.0 || (MIN_POSITIVE_TEMPERATURE..=MAX_TEMPERATURE).contains(&t),
             "temperature",
             t,
-            "must be in [0, 100]; 0 is greedy",
+            "must be 0 (greedy) or in [1e-6, 100]",
         )?;
         check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]; 1 disables")?;
         check((0.0..=1.0).contains(&self.min_p), "min_p", self.min_p, "must be in [0, 1]; 0 disables")?;
@@ -88,6 +91,7 @@ mod tests {
         let bad = [
             SamplingParams { temperature: -0.1, ..Default::default() },
             SamplingParams { temperature: f64::NAN, ..Default::default() },
+            SamplingParams { temperature: 1e-310, ..Default::default() },
             SamplingParams { top_p: 0.0, ..Default::default() },
             SamplingParams { top_p: 1.5, ..Default::default() },
             SamplingParams { min_p: 1.1, ..Default::default() },
@@ -96,6 +100,7 @@ mod tests {
             SamplingParams { frequency_penalty: -2.5, ..Default::default() },
         ];
         let names = [
+            "temperature",
             "temperature",
             "temperature",
             "top_p",

@@ -143,6 +143,9 @@ impl NodeOptions {
 
 impl PolicyOptions {
     fn config(&self, targets: Vec<String>, drafts: Vec<String>) -> anyhow::Result<CoordinatorConfig> {
+        if self.max_new_tokens == 0 {
+            return Err(invalid("--max-new-tokens must be at least 1"));
+        }
         if self.gamma > MAX_GAMMA {
             return Err(invalid(format!("--gamma {} is above the maximum {MAX_GAMMA}", self.gamma)));
         }
