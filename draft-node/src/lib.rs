@@ -15,7 +15,7 @@ pub mod service;
 
 use std::future::Future;
 
-use specd_node::{Node, NodeConfig, NodeError};
+use specd_node::{Node, NodeConfig, NodeError, NodeServeError};
 use specd_proto::transport::ServeError;
 use specd_proto::v1::draft_service_server::DraftServiceServer;
 use tokio::net::TcpListener;
@@ -35,21 +35,12 @@ impl DraftNode {
     }
 }
 
-/// Why a draft node could not start or stopped serving.
-#[derive(Debug, thiserror::Error)]
-pub enum DraftServeError {
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-}
-
 /// Loads the model, then serves until `shutdown` resolves.
 pub async fn run(
     listener: TcpListener,
     config: NodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), DraftServeError> {
+) -> Result<(), NodeServeError> {
     let node = DraftNode::load(config).await?;
     Ok(serve(listener, node, shutdown).await?)
 }

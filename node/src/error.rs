@@ -54,6 +54,15 @@ fn model_code(err: &ModelError) -> Code {
     }
 }
 
+/// Why a node role could not start (loading its model) or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeServeError {
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error(transparent)]
+    Serve(#[from] specd_proto::transport::ServeError),
+}
+
 impl From<NodeError> for Status {
     fn from(err: NodeError) -> Self {
         Status::new(err.code(), err.to_string())

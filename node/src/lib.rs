@@ -8,7 +8,7 @@
 //! - [`registry`]: the open sessions by the coordinator's session id;
 //! - [`history`]: a session's token history and how it follows the coordinator's rollback
 //!   points;
-//! - [`error`]: [`NodeError`] and its one table of gRPC status codes.
+//! - [`error`]: [`NodeError`] and its one table of gRPC status codes; [`NodeServeError`].
 
 pub mod error;
 pub mod history;
@@ -16,7 +16,7 @@ pub mod node;
 pub mod node_model;
 pub mod registry;
 
-pub use error::NodeError;
+pub use error::{NodeError, NodeServeError};
 pub use history::{CatchUp, SessionHistory};
 pub use node::{Node, NodeConfig, SessionState};
 pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};

@@ -17,7 +17,7 @@ pub mod verify;
 
 use std::future::Future;
 
-use specd_node::{Node, NodeConfig, NodeError};
+use specd_node::{Node, NodeConfig, NodeError, NodeServeError};
 use specd_proto::transport::ServeError;
 use specd_proto::v1::target_service_server::TargetServiceServer;
 use tokio::net::TcpListener;
@@ -37,21 +37,12 @@ impl TargetNode {
     }
 }
 
-/// Why a target node could not start or stopped serving.
-#[derive(Debug, thiserror::Error)]
-pub enum TargetServeError {
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-}
-
 /// Loads the model, then serves until `shutdown` resolves.
 pub async fn run(
     listener: TcpListener,
     config: NodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), TargetServeError> {
+) -> Result<(), NodeServeError> {
     let node = TargetNode::load(config).await?;
     Ok(serve(listener, node, shutdown).await?)
 }
