@@ -7,6 +7,7 @@
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
+//! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
 //! - [`error`]: [`CoordinatorError`] and its status codes;
 //! - [`run`] / [`serve`]: the server, with health and reflection.
@@ -15,6 +16,7 @@ pub mod error;
 pub mod nodes;
 pub mod request;
 pub mod round;
+pub mod round_stream;
 pub mod service;
 pub mod session;
 pub mod text;

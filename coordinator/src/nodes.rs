@@ -1,5 +1,6 @@
 //! Typed clients of the draft and target nodes, and the pool the coordinator balances over.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -7,12 +8,15 @@ use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{
     DetokenizeRequest, InfoRequest, NodeInfo, OpenSessionRequest, ProposeRequest, ProposeResponse, ReleaseRequest,
-    TokenizeRequest, VerifyRequest, VerifyResponse,
+    TargetLawRequest, TargetLawResponse, TokenizeRequest, VerifyRequest, VerifyResponse,
 };
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request, Status};
+use tonic::{Request, Status, Streaming};
 
 use crate::error::CoordinatorError;
+use crate::round_stream::{RoundStream, node_error};
 
 /// One node: its role, address and client.
 #[derive(Debug, Clone)]
@@ -43,17 +47,27 @@ impl<C: Clone> NodeClient<C> {
     }
 
     fn error(&self, status: Status) -> CoordinatorError {
-        if status.code() == Code::Unavailable {
-            CoordinatorError::Unreachable {
-                role: self.role,
-                address: self.address.clone(),
-                message: status.message().into(),
-            }
-        } else {
-            CoordinatorError::Node { role: self.role, address: self.address.clone(), status }
-        }
+        node_error(self.role, &self.address, status)
+    }
+
+    /// Opens a round stream with `open`, waiting at most the node timeout for the node to
+    /// accept it.
+    async fn open_stream<Q, R, F, Fut>(&self, open: F) -> Result<RoundStream<Q, R>, CoordinatorError>
+    where
+        F: FnOnce(C, ReceiverStream<Q>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Streaming<R>>, Status>>,
+    {
+        let (requests, rx) = mpsc::channel(1);
+        let opened = tokio::time::timeout(self.timeout, open(self.client.clone(), ReceiverStream::new(rx)))
+            .await
+            .map_err(|_| self.error(Status::deadline_exceeded(format!("no stream within {:?}", self.timeout))))?;
+        let replies = opened.map_err(|s| self.error(s))?.into_inner();
+        Ok(RoundStream::new(self.role, self.address.clone(), self.timeout, requests, replies))
     }
 }
+
+pub type DraftRounds = RoundStream<ProposeRequest, ProposeResponse>;
+pub type TargetRounds = RoundStream<VerifyRequest, VerifyResponse>;
 
 impl DraftClient {
     pub async fn connect(address: &str, timeout: Duration) -> Result<Self, CoordinatorError> {
@@ -70,9 +84,9 @@ impl DraftClient {
         self.client.clone().open_session(self.request(request)).await.map(drop).map_err(|s| self.error(s))
     }
 
-    pub async fn propose(&self, request: ProposeRequest) -> Result<ProposeResponse, CoordinatorError> {
-        let reply = self.client.clone().propose(self.request(request)).await;
-        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    /// The session's round stream.
+    pub async fn open_rounds(&self) -> Result<DraftRounds, CoordinatorError> {
+        self.open_stream(|mut client, requests| async move { client.propose_stream(requests).await }).await
     }
 
     pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
@@ -96,14 +110,19 @@ impl TargetClient {
         self.client.clone().open_session(self.request(request)).await.map(drop).map_err(|s| self.error(s))
     }
 
-    pub async fn verify(&self, request: VerifyRequest) -> Result<VerifyResponse, CoordinatorError> {
-        let reply = self.client.clone().verify(self.request(request)).await;
-        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    /// The session's round stream.
+    pub async fn open_rounds(&self) -> Result<TargetRounds, CoordinatorError> {
+        self.open_stream(|mut client, requests| async move { client.verify_stream(requests).await }).await
     }
 
     pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
         let reply = self.client.clone().release(self.request(ReleaseRequest { session_id })).await;
         reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
+    }
+
+    pub async fn target_law(&self, request: TargetLawRequest) -> Result<TargetLawResponse, CoordinatorError> {
+        let reply = self.client.clone().target_law(self.request(request)).await;
+        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 
     pub async fn tokenize(&self, text: String) -> Result<Vec<u32>, CoordinatorError> {

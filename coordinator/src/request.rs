@@ -1,7 +1,10 @@
 //! Validation of a client's GenerateRequest into a [`GenerationSpec`], with messages that
 //! say what is wrong.
 
-use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria};
+use specd_proto::v1::{
+    GenerateRequest, NextTokenLawRequest, SamplingParams as WireSampling, SamplingSettings, Speculation, StoppingCriteria,
+    TargetLawRequest,
+};
 use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation};
 
 use crate::error::CoordinatorError;
@@ -57,6 +60,30 @@ fn invalid(message: impl Into<String>) -> CoordinatorError {
 }
 
 /// Validates everything but the prompt's text, which the caller has already tokenised.
+/// A NextTokenLaw request checked against the model: the prefix and the sampling settings.
+pub fn validate_law_request(
+    request: &NextTokenLawRequest,
+    facts: &ModelFacts,
+) -> Result<TargetLawRequest, CoordinatorError> {
+    if request.prompt_token_ids.is_empty() {
+        return Err(invalid("the prompt is empty"));
+    }
+    let prefix = request.prompt_token_ids.iter().chain(&request.generated_token_ids);
+    if let Some(bad) = prefix.clone().find(|&&t| t as usize >= facts.vocab_size) {
+        return Err(invalid(format!("token {bad} is outside the vocabulary of {}", facts.vocab_size)));
+    }
+    let len = prefix.count();
+    if len > facts.context_length {
+        return Err(invalid(format!("{len} tokens exceed the context length {}", facts.context_length)));
+    }
+    let params = sampling_params(&request.sampling.unwrap_or_default())?;
+    Ok(TargetLawRequest {
+        prompt_token_ids: request.prompt_token_ids.clone(),
+        generated_token_ids: request.generated_token_ids.clone(),
+        sampling: Some(SamplingSettings::from(&params)),
+    })
+}
+
 pub fn validate(
     request: &GenerateRequest,
     prompt: Vec<u32>,
@@ -108,7 +135,7 @@ pub fn validate(
     })
 }
 
-fn sampling_params(s: &WireSampling) -> Result<SamplingParams, CoordinatorError> {
+pub fn sampling_params(s: &WireSampling) -> Result<SamplingParams, CoordinatorError> {
     let defaults = SamplingParams::default();
     let top_k = s.top_k.unwrap_or(0);
     if top_k < 0 {

@@ -13,7 +13,7 @@ use specd_sampling::{
 };
 
 use crate::error::CoordinatorError;
-use crate::nodes::{DraftClient, TargetClient};
+use crate::nodes::{DraftRounds, TargetRounds};
 use crate::request::{GenerationSpec, RuleVariant, Wire};
 
 /// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
@@ -62,8 +62,8 @@ pub async fn run_round(
     session_id: &str,
     round: u32,
     vocab_size: usize,
-    target: (&TargetClient, &Cursor),
-    draft: Option<(&DraftClient, &Cursor, u32)>,
+    target: (&mut TargetRounds, &Cursor),
+    draft: Option<(&mut DraftRounds, &Cursor, u32)>,
 ) -> Result<RoundReport, CoordinatorError> {
     let started = Instant::now();
     let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
@@ -86,7 +86,7 @@ pub async fn run_round(
             dense,
         };
         bytes_sent += request.encoded_len() as u64;
-        let reply = client.propose(request).await?;
+        let reply = client.call(request).await?;
         bytes_received += reply.encoded_len() as u64;
         if reply.positions.len() != gamma as usize {
             return Err(CoordinatorError::Protocol(format!(
@@ -120,7 +120,7 @@ pub async fn run_round(
         dense: matches!(spec.wire, Wire::Dense),
     };
     bytes_sent += request.encoded_len() as u64;
-    let reply = target_client.verify(request).await?;
+    let reply = target_client.call(request).await?;
     bytes_received += reply.encoded_len() as u64;
     if matches!(spec.wire, Wire::Sparse(_)) && reply.bonus_token_id as usize >= vocab_size {
         return Err(CoordinatorError::Protocol(format!(

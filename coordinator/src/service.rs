@@ -10,7 +10,7 @@ use std::time::Instant;
 use dashmap::DashMap;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_server::Generation;
-use specd_proto::v1::{GenerateRequest, GenerateResponse};
+use specd_proto::v1::{GenerateRequest, GenerateResponse, NextTokenLawRequest, NextTokenLawResponse};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::CoordinatorError;
 use crate::nodes::NodePool;
-use crate::request::{Defaults, validate};
+use crate::request::{Defaults, validate, validate_law_request};
 use crate::session::SessionActor;
 
 /// A generation in flight, for operators.
@@ -128,5 +128,15 @@ impl Generation for GenerationService {
             all.stats = message.stats.or(all.stats);
         }
         Ok(Response::new(all))
+    }
+
+    async fn next_token_law(
+        &self,
+        request: Request<NextTokenLawRequest>,
+    ) -> Result<Response<NextTokenLawResponse>, Status> {
+        let law_request = validate_law_request(request.get_ref(), &self.pool.facts)?;
+        let (target, _) = self.pool.pick();
+        let law = target.target_law(law_request).await?;
+        Ok(Response::new(NextTokenLawResponse { token_ids: law.token_ids, probs: law.probs }))
     }
 }

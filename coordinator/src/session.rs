@@ -135,6 +135,14 @@ impl SessionActor {
             }
             None => self.target.open_session(open).await?,
         }
+        let draft_stream = async {
+            match draft {
+                Some(d) => d.open_rounds().await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (target_rounds, draft_rounds) = tokio::join!(self.target.open_rounds(), draft_stream);
+        let (mut target_rounds, mut draft_rounds) = (target_rounds?, draft_rounds?);
         let start = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
         let (mut target_cursor, mut draft_cursor) = (start.clone(), start);
         let mut output: Vec<u32> = Vec::new();
@@ -146,10 +154,9 @@ impl SessionActor {
             let remaining = spec.max_new_tokens - output.len();
             // A round commits up to γ+1 tokens: never draft past what is still wanted.
             let gamma = spec.gamma.min(remaining.saturating_sub(1) as u32);
-            let draft_arg = draft.map(|d| (d, &draft_cursor, gamma));
-            let report =
-                run_round(spec, &self.session_id, round, self.vocab_size, (&self.target, &target_cursor), draft_arg)
-                    .await?;
+            let draft_arg = draft_rounds.as_mut().map(|d| (d, &draft_cursor, gamma));
+            let target_arg = (&mut target_rounds, &target_cursor);
+            let report = run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await?;
             stats.record(&report);
             target_cursor.advance(base, &report.outcome);
             if report.gamma > 0 {

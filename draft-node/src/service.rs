@@ -1,6 +1,6 @@
 //! The `DraftService` gRPC implementation over a [`DraftNode`].
 
-use specd_node::NodeError;
+use specd_node::{NodeError, ReplyStream, serve_rounds};
 use specd_proto::convert::{dense_proposal, sparse_proposal};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
@@ -8,7 +8,7 @@ use specd_proto::v1::{
     ReleaseResponse,
 };
 use specd_sampling::{MAX_GAMMA, Truncation};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::DraftNode;
 use crate::propose::{ProposalDist, ProposeJob, propose};
@@ -28,16 +28,41 @@ impl DraftService for DraftNode {
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {
-        let req = request.into_inner();
+        Ok(Response::new(self.propose_one(request.into_inner()).await?))
+    }
+
+    type ProposeStreamStream = ReplyStream<ProposeResponse>;
+
+    async fn propose_stream(
+        &self,
+        request: Request<Streaming<ProposeRequest>>,
+    ) -> Result<Response<Self::ProposeStreamStream>, Status> {
+        let node = self.clone();
+        let handle = move |req| {
+            let node = node.clone();
+            async move { node.propose_one(req).await.map_err(Status::from) }
+        };
+        Ok(Response::new(serve_rounds(request.into_inner(), handle)))
+    }
+
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        let existed = self.node.release(&request.into_inner().session_id).await?;
+        Ok(Response::new(ReleaseResponse { existed }))
+    }
+}
+
+impl DraftNode {
+    /// One Propose, for the unary call and the stream alike.
+    async fn propose_one(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
         if req.gamma > MAX_GAMMA {
             let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
-            return Err(NodeError::InvalidRequest(message).into());
+            return Err(NodeError::InvalidRequest(message));
         }
         let truncation = if req.dense {
             None
         } else {
             let wire = req.truncation.ok_or_else(|| NodeError::InvalidRequest("truncation is missing".into()))?;
-            Some(Truncation::try_from(&wire).map_err(NodeError::from)?)
+            Some(Truncation::try_from(&wire)?)
         };
         let job = ProposeJob {
             round: req.round,
@@ -55,11 +80,6 @@ impl DraftService for DraftNode {
                 ProposalDist::Dense(q) => dense_proposal(*token, q),
             })
             .collect();
-        Ok(Response::new(ProposeResponse { positions, draft_ns: proposal.draft_ns }))
-    }
-
-    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let existed = self.node.release(&request.into_inner().session_id).await?;
-        Ok(Response::new(ReleaseResponse { existed }))
+        Ok(ProposeResponse { positions, draft_ns: proposal.draft_ns })
     }
 }

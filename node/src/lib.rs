@@ -8,6 +8,7 @@
 //! - [`registry`]: the open sessions by the coordinator's session id;
 //! - [`history`]: a session's token history and how it follows the coordinator's rollback
 //!   points;
+//! - [`round_stream`]: a session's rounds served on one long-lived stream;
 //! - [`error`]: [`NodeError`] and its one table of gRPC status codes; [`NodeServeError`].
 
 pub mod error;
@@ -15,9 +16,11 @@ pub mod history;
 pub mod node;
 pub mod node_model;
 pub mod registry;
+pub mod round_stream;
 
 pub use error::{NodeError, NodeServeError};
 pub use history::{CatchUp, SessionHistory};
 pub use node::{Node, NodeConfig, SessionState};
 pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};
 pub use registry::{RegistryError, SessionRegistry};
+pub use round_stream::{ReplyStream, serve_rounds};

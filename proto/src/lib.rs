@@ -21,5 +21,12 @@ pub mod v1 {
     tonic::include_proto!("specd.v1");
 }
 
+/// Generated code of `specd/bench/echo.proto`, used only by the transport benchmark.
+#[doc(hidden)]
+#[allow(missing_debug_implementations, unused_qualifications, clippy::all, clippy::pedantic)]
+pub mod bench {
+    tonic::include_proto!("specd.bench");
+}
+
 /// The encoded `FileDescriptorSet` of every specd proto, for tonic-reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/specd_descriptor.bin"));

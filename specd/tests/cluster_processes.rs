@@ -86,14 +86,23 @@ fn python_client_gets_the_same_tokens_as_specd_generate() {
 }
 
 #[test]
-fn audit_passes_against_a_correct_cluster() {
+fn audit_passes_against_a_correct_cluster_in_both_modes() {
     let (_up, address) = up(&scratch("audit"));
-    let out = Command::new(env!("CARGO_BIN_EXE_specd"))
-        .args(["audit", "--endpoint", &format!("http://{address}"), "--token-ids", "1"])
-        .args(["--tokens", "2", "--samples", "3000", "--json"])
-        .output()
-        .unwrap();
-    let report = json_of(&out);
+    let audit = |mode: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_specd"))
+            .args(["audit", "--endpoint", &format!("http://{address}"), "--token-ids", "1"])
+            .args(["--tokens", "2", "--samples", "3000", "--json", "--mode", mode])
+            .output()
+            .unwrap();
+        json_of(&out)
+    };
+    // The table's law has 4² continuations: small enough for the exact law.
+    let report = audit("auto");
+    assert_eq!(report["mode"], "exact", "{report}");
+    assert_eq!(report["verdict"], "pass", "{report}");
+    assert_eq!(report["cells"], 16, "all 4² continuations");
+    let report = audit("two-sample");
+    assert_eq!(report["mode"], "two-sample", "{report}");
     assert_eq!(report["verdict"], "pass", "{report}");
     assert_eq!(report["cells"], 16, "all 4² continuations seen");
 }

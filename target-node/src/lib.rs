@@ -8,10 +8,12 @@
 //! coordinator, which holds no model code.
 //!
 //! - [`verify`]: one block, run on the model thread;
+//! - [`law`]: the exact next-token law after a prefix, for audits;
 //! - [`service`]: the `specd.v1.TargetService` implementation;
 //! - [`run`] / [`serve`]: the server; sessions, errors and configuration come from
 //!   `specd-node`.
 
+pub mod law;
 pub mod service;
 pub mod verify;
 

@@ -1,16 +1,17 @@
 //! The `TargetService` gRPC implementation over a [`TargetNode`].
 
-use specd_node::NodeError;
+use specd_node::{NodeError, ReplyStream, serve_rounds};
 use specd_proto::convert::scored_positions;
 use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
-    ReleaseRequest, ReleaseResponse, TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
+    ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
 };
-use specd_sampling::MAX_GAMMA;
-use tonic::{Request, Response, Status};
+use specd_sampling::{MAX_GAMMA, SamplingParams};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::TargetNode;
+use crate::law::{LawJob, next_token_law};
 use crate::verify::{Verdict, VerifyJob, verify};
 
 #[tonic::async_trait]
@@ -28,13 +29,59 @@ impl TargetService for TargetNode {
     }
 
     async fn verify(&self, request: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {
+        Ok(Response::new(self.verify_one(request.into_inner()).await?))
+    }
+
+    type VerifyStreamStream = ReplyStream<VerifyResponse>;
+
+    async fn verify_stream(
+        &self,
+        request: Request<Streaming<VerifyRequest>>,
+    ) -> Result<Response<Self::VerifyStreamStream>, Status> {
+        let node = self.clone();
+        let handle = move |req| {
+            let node = node.clone();
+            async move { node.verify_one(req).await.map_err(Status::from) }
+        };
+        Ok(Response::new(serve_rounds(request.into_inner(), handle)))
+    }
+    async fn target_law(&self, request: Request<TargetLawRequest>) -> Result<Response<TargetLawResponse>, Status> {
         let req = request.into_inner();
+        let sampling = req.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
+        let params = SamplingParams::try_from(&sampling).map_err(NodeError::from)?;
+        let job = LawJob { prompt: req.prompt_token_ids, generated: req.generated_token_ids, params };
+        let law = self.node.model().handle().call(move |m| Ok(next_token_law(m, &job))).await.map_err(NodeError::from)??;
+        let (token_ids, probs) =
+            law.probs().iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(id, p)| (id as u32, *p)).unzip();
+        Ok(Response::new(TargetLawResponse { token_ids, probs }))
+    }
+
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        let existed = self.node.release(&request.into_inner().session_id).await?;
+        Ok(Response::new(ReleaseResponse { existed }))
+    }
+
+    async fn tokenize(&self, request: Request<TokenizeRequest>) -> Result<Response<TokenizeResponse>, Status> {
+        let text = request.into_inner().text;
+        let token_ids = self.node.model().handle().encode(text).await.map_err(NodeError::from)?;
+        Ok(Response::new(TokenizeResponse { token_ids }))
+    }
+
+    async fn detokenize(&self, request: Request<DetokenizeRequest>) -> Result<Response<DetokenizeResponse>, Status> {
+        let ids = request.into_inner().token_ids;
+        let text = self.node.model().handle().call(move |m| m.decode(&ids)).await.map_err(NodeError::from)?;
+        Ok(Response::new(DetokenizeResponse { text }))
+    }
+}
+
+impl TargetNode {
+    /// One Verify, for the unary call and the stream alike.
+    async fn verify_one(&self, req: VerifyRequest) -> Result<VerifyResponse, NodeError> {
         if req.candidate_token_ids.len() > MAX_GAMMA as usize {
             return Err(NodeError::InvalidRequest(format!(
                 "{} candidates, above the maximum {MAX_GAMMA}",
                 req.candidate_token_ids.len()
-            ))
-            .into());
+            )));
         }
         let supports = (!req.dense).then(|| req.supports.into_iter().map(|s| s.token_ids).collect());
         let job = VerifyJob {
@@ -59,23 +106,6 @@ impl TargetService for TargetNode {
                 verify_ns: verified.verify_ns,
             },
         };
-        Ok(Response::new(reply))
-    }
-
-    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let existed = self.node.release(&request.into_inner().session_id).await?;
-        Ok(Response::new(ReleaseResponse { existed }))
-    }
-
-    async fn tokenize(&self, request: Request<TokenizeRequest>) -> Result<Response<TokenizeResponse>, Status> {
-        let text = request.into_inner().text;
-        let token_ids = self.node.model().handle().encode(text).await.map_err(NodeError::from)?;
-        Ok(Response::new(TokenizeResponse { token_ids }))
-    }
-
-    async fn detokenize(&self, request: Request<DetokenizeRequest>) -> Result<Response<DetokenizeResponse>, Status> {
-        let ids = request.into_inner().token_ids;
-        let text = self.node.model().handle().call(move |m| m.decode(&ids)).await.map_err(NodeError::from)?;
-        Ok(Response::new(DetokenizeResponse { text }))
+        Ok(reply)
     }
 }

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 use specd_coordinator::{CoordinatorConfig, RuleVariant};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
 use specd_proto::v1::generate_request::Prompt;
-use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
+use specd_proto::v1::{
+    FinishReason, GenerateRequest, NextTokenLawRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds,
+};
 use specd_sampling::{Purpose, StreamKey, Truncation};
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -212,5 +214,47 @@ async fn text_prompts_text_output_and_stop_strings() {
     assert_eq!(stopped.text, full.text[..first]);
     let kept = stopped.token_ids.len();
     assert!(kept <= 3 && full.token_ids[..kept] == stopped.token_ids[..], "{stopped:?}");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_token_law_is_the_targets_effective_distribution() {
+    let target = suffix_table(11);
+    let cluster = start("next-token-law", &target, &suffix_table(12)).await;
+    let mut client = cluster.client().await.unwrap();
+    let law = |prompt: Vec<u32>, generated: Vec<u32>, sampling: SamplingParams| NextTokenLawRequest {
+        prompt_token_ids: prompt,
+        generated_token_ids: generated,
+        sampling: Some(sampling),
+    };
+    // T = 1: the suffix table's row for the last token, every token listed.
+    let t1 = SamplingParams { temperature: Some(1.0), ..Default::default() };
+    let reply = client.next_token_law(law(vec![0], vec![3], t1)).await.unwrap().into_inner();
+    assert_eq!(reply.token_ids, (0..VOCAB as u32).collect::<Vec<_>>());
+    for (p, expected) in reply.probs.iter().zip(target.rules[3].1.iter()) {
+        assert!((p - expected).abs() < 1e-6, "{:?} vs {:?}", reply.probs, target.rules[3].1);
+    }
+    // top-k 2: the two most likely tokens of that row, renormalised.
+    let top2 = SamplingParams { temperature: Some(1.0), top_k: Some(2), ..Default::default() };
+    let reply = client.next_token_law(law(vec![0, 3], vec![], top2)).await.unwrap().into_inner();
+    let mut ranked: Vec<(usize, f64)> = target.rules[3].1.iter().copied().enumerate().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut best: Vec<u32> = ranked[..2].iter().map(|(i, _)| *i as u32).collect();
+    best.sort_unstable();
+    assert_eq!(reply.token_ids, best);
+    assert!((reply.probs.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    // Greedy: one token with probability 1.
+    let greedy = SamplingParams { temperature: Some(0.0), ..Default::default() };
+    let reply = client.next_token_law(law(vec![3], vec![], greedy)).await.unwrap().into_inner();
+    assert_eq!(reply.token_ids, vec![ranked[0].0 as u32]);
+    assert_eq!(reply.probs, vec![1.0]);
+    for bad in [
+        law(vec![], vec![], SamplingParams::default()),
+        law(vec![VOCAB as u32], vec![], SamplingParams::default()),
+        law(vec![1], vec![], SamplingParams { top_p: Some(0.0), ..Default::default() }),
+    ] {
+        let status = client.next_token_law(bad.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}: {status:?}");
+    }
     cluster.shutdown().await;
 }
