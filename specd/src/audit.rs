@@ -240,7 +240,7 @@ pub fn run(args: &AuditArgs) -> anyhow::Result<()> {
             _ => "two-sample",
         };
         if args.json {
-            println!(
+            outln!(
                 "{}",
                 json!({
                     "mode": mode_name,
@@ -261,13 +261,13 @@ pub fn run(args: &AuditArgs) -> anyhow::Result<()> {
                 AuditMode::Exact => "the target's exact law".to_owned(),
                 _ => format!("{n} target-only continuations"),
             };
-            println!(
+            outln!(
                 "{n} speculative continuations of {} tokens against {against}: {cells} cells, {} after pooling {}",
                 args.tokens,
                 test.degrees_of_freedom + 1,
                 test.pooled_cells
             );
-            println!(
+            outln!(
                 "{mode_name} χ² = {:.3} on {} degrees of freedom, p-value {:.4}: {verdict} at error rate {}",
                 test.statistic, test.degrees_of_freedom, test.p_value, args.alpha
             );

@@ -1,5 +1,5 @@
 //! How the binary reports failures: invalid input is one line on stderr and exit code 2,
-//! anything else exit code 1 with its cause chain.
+//! anything else exit code 1 with its cause chain; a closed stdout ends quietly.
 
 use std::fmt;
 use std::process::ExitCode;
@@ -38,9 +38,15 @@ pub fn invalid(message: impl Into<String>) -> anyhow::Error {
     InvalidInput(message.into()).into()
 }
 
+/// The reader of our output went away (`specd … | head`): not worth an error message.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
 pub fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err)
             if err.is::<InvalidInput>()
                 || err.downcast_ref::<RpcFailure>().is_some_and(RpcFailure::is_invalid_argument) =>

@@ -76,14 +76,14 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
             "best_ms_per_token": model.ms_per_token(best_gamma),
             "speculation": if best_gamma == 0 { "off" } else { "on" },
         });
-        println!("{report}");
+        outln!("{report}");
         return Ok(());
     }
-    println!(
+    outln!(
         "α = {}, target pass {} ms, draft step {} ms, round trip {} ms\n",
         args.alpha, args.target_ms, args.draft_ms, args.rtt_ms
     );
-    println!("{:>5} {:>16} {:>10} {:>12} {:>9}", "γ", "tokens/round", "round ms", "ms/token", "speedup");
+    outln!("{:>5} {:>16} {:>10} {:>12} {:>9}", "γ", "tokens/round", "round ms", "ms/token", "speedup");
     for gamma in 0..=args.max_gamma.min(g.max(best_gamma) + 2) {
         let marks = match (gamma == g, gamma == best_gamma) {
             (true, true) => "  <- asked, best",
@@ -91,7 +91,7 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
             (false, true) => "  <- best",
             _ => "",
         };
-        println!(
+        outln!(
             "{gamma:>5} {:>16.4} {:>10.3} {:>12.3} {:>8.3}x{marks}",
             model.tokens_per_round(gamma),
             model.round_ms(gamma),
@@ -99,8 +99,8 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
             model.speedup(gamma)
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "At γ = {g}: {:.4} tokens per round, {:.3} ms per round, {:.3} ms per token, {:.3}x over target-only.",
         model.tokens_per_round(g),
         model.round_ms(g),
@@ -108,9 +108,9 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
         model.speedup(g)
     );
     if best_gamma == 0 {
-        println!("Best γ = 0: the draft does not pay here, so speculation switches itself off (1x).");
+        outln!("Best γ = 0: the draft does not pay here, so speculation switches itself off (1x).");
     } else {
-        println!("Best γ = {best_gamma}: {best_speedup:.3}x over target-only.");
+        outln!("Best γ = {best_gamma}: {best_speedup:.3}x over target-only.");
     }
     Ok(())
 }

@@ -147,8 +147,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             all.usage = message.usage.or(all.usage);
             all.stats = message.stats.or(all.stats);
         }
-        print_result(args, &all);
-        Ok(())
+        Ok(print_result(args, &all)?)
     })
 }
 
@@ -162,7 +161,7 @@ fn finish_name(code: i32) -> &'static str {
     }
 }
 
-fn print_result(args: &GenerateArgs, r: &GenerateResponse) {
+fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()> {
     let stats = r.stats.clone().unwrap_or_default();
     let usage = r.usage.unwrap_or_default();
     if args.json {
@@ -185,16 +184,16 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) {
                 "wire_bytes_received": stats.wire_bytes_received,
             },
         });
-        println!("{out}");
-        return;
+        outln!("{out}");
+        return Ok(());
     }
     if args.stream {
-        println!();
+        outln!();
     } else if r.text.is_empty() {
         let ids: Vec<String> = r.token_ids.iter().map(u32::to_string).collect();
-        println!("{}", ids.join(" "));
+        outln!("{}", ids.join(" "));
     } else {
-        println!("{}", r.text);
+        outln!("{}", r.text);
     }
     let rate = if stats.draft_tokens > 0 { stats.accepted_tokens as f64 / stats.draft_tokens as f64 } else { 0.0 };
     let per_round = if stats.rounds > 0 { usage.completion_tokens as f64 / stats.rounds as f64 } else { 0.0 };
@@ -207,4 +206,5 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) {
         stats.draft_tokens,
         100.0 * rate
     );
+    Ok(())
 }

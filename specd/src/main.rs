@@ -10,6 +10,16 @@
 //!
 //! Exit codes: 0 on success, 2 on invalid input (one line on stderr), 1 on any other failure.
 
+/// `println!` that hands a write error to the caller with `?` instead of panicking, so that
+/// `specd … | head` ends quietly when the reader goes away (Rust ignores SIGPIPE; see
+/// `cli_error::exit_code`).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
 mod audit;
 mod cli_error;
 mod cost;

@@ -72,9 +72,9 @@ pub fn run(args: &RuleArgs) -> anyhow::Result<()> {
         None
     };
     if args.json {
-        println!("{}", report_json(&p, &q, &law, args, simulations.as_ref()));
+        outln!("{}", report_json(&p, &q, &law, args, simulations.as_ref()));
     } else {
-        print_table(&p, &q, &law, args, simulations.as_ref());
+        print_table(&p, &q, &law, args, simulations.as_ref())?;
     }
     Ok(())
 }
@@ -156,17 +156,17 @@ fn print_table(
     law: &PositionLaw,
     args: &RuleArgs,
     sims: Option<&(Simulation, Simulation)>,
-) {
+) -> std::io::Result<()> {
     let names = labels(p.vocab_size());
-    println!("Exact speculative sampling, one position (Leviathan et al. 2023; Chen et al. 2023)\n");
-    println!(
+    outln!("Exact speculative sampling, one position (Leviathan et al. 2023; Chen et al. 2023)\n");
+    outln!(
         "{:>6} {:>9} {:>9} {:>14} {:>14} {:>9} {:>11} {:>10}",
         "token", "p", "q", "min(1,p/q)", "accepted mass", "residual", "output law", "naive law"
     );
     for (i, name) in names.iter().enumerate() {
         let acceptance = law.acceptance[i].map_or_else(|| "never".to_string(), |a| format!("{a:.6}"));
         let residual = law.residual.as_ref().map_or_else(|| "-".to_string(), |r| format!("{:.6}", r[i]));
-        println!(
+        outln!(
             "{name:>6} {:>9.6} {:>9.6} {acceptance:>14} {:>14.6} {residual:>9} {:>11.6} {:>10.6}",
             p.probs()[i],
             q.probs()[i],
@@ -175,32 +175,33 @@ fn print_table(
             law.naive_output[i],
         );
     }
-    println!();
-    println!("1. A candidate x ~ q is accepted with probability min(1, p(x)/q(x)); it is proposed and");
-    println!("   accepted with mass q(x)·min(1, p(x)/q(x)) = min(p(x), q(x)) (column 'accepted mass').");
-    println!(
+    outln!();
+    outln!("1. A candidate x ~ q is accepted with probability min(1, p(x)/q(x)); it is proposed and");
+    outln!("   accepted with mass q(x)·min(1, p(x)/q(x)) = min(p(x), q(x)) (column 'accepted mass').");
+    outln!(
         "2. β = Σ min(p, q) = {:.6} is the acceptance probability; a rejection happens with 1 - β = {:.6}.",
         law.beta, law.rejection
     );
     match &law.residual {
-        Some(_) => println!(
+        Some(_) => outln!(
             "3. On rejection the token is drawn from r = max(0, p - q) / Σ max(0, p - q), whose mass is also {:.6}.",
             law.rejection
         ),
-        None => println!("3. p = q: Σ max(0, p - q) = 0, the residual is never needed (every candidate is accepted)."),
+        None => outln!("3. p = q: Σ max(0, p - q) = 0, the residual is never needed (every candidate is accepted)."),
     }
-    println!("4. Output law = accepted mass + (1 - β)·r = p exactly: {}.", fmt_list(&law.output));
-    println!("   Resampling from p instead gives accepted mass + (1 - β)·p = {}: wrong.", fmt_list(&law.naive_output));
-    println!(
+    outln!("4. Output law = accepted mass + (1 - β)·r = p exactly: {}.", fmt_list(&law.output));
+    outln!("   Resampling from p instead gives accepted mass + (1 - β)·p = {}: wrong.", fmt_list(&law.naive_output));
+    outln!(
         "   Requiring two independent draws to match would accept only Σ p·q = {:.6} of candidates.",
         law.independent_match_acceptance
     );
     if let Some((exact, naive)) = sims {
-        println!();
-        println!("Simulated {} rounds with seed {} (counter-based generator):", args.simulate, args.seed);
-        println!("   exact rule: {}  χ² p-value {:.4}", fmt_list(&exact.empirical), exact.p_value);
-        println!("   naive rule: {}  χ² p-value {:.4e}", fmt_list(&naive.empirical), naive.p_value);
+        outln!();
+        outln!("Simulated {} rounds with seed {} (counter-based generator):", args.simulate, args.seed);
+        outln!("   exact rule: {}  χ² p-value {:.4}", fmt_list(&exact.empirical), exact.p_value);
+        outln!("   naive rule: {}  χ² p-value {:.4e}", fmt_list(&naive.empirical), naive.p_value);
     }
+    Ok(())
 }
 
 fn fmt_list(values: &[f64]) -> String {

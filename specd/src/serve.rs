@@ -205,7 +205,7 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 }
 
 fn announce(listener: &TcpListener) -> anyhow::Result<()> {
-    println!("listening on {}", listener.local_addr()?);
+    outln!("listening on {}", listener.local_addr()?);
     Ok(())
 }
 
