@@ -2,8 +2,8 @@
 //! say what is wrong.
 
 use specd_proto::v1::{
-    GenerateRequest, NextTokenLawRequest, SamplingParams as WireSampling, SamplingSettings, Speculation, StoppingCriteria,
-    TargetLawRequest,
+    GenerateRequest, NextTokenLawRequest, SamplingParams as WireSampling, SamplingSettings, Speculation,
+    StoppingCriteria, TargetLawRequest,
 };
 use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation};
 

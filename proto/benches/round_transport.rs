@@ -37,10 +37,7 @@ impl Echo for EchoService {
 
     type StreamStream = ReceiverStream<Result<EchoReply, Status>>;
 
-    async fn stream(
-        &self,
-        request: Request<Streaming<EchoRequest>>,
-    ) -> Result<Response<Self::StreamStream>, Status> {
+    async fn stream(&self, request: Request<Streaming<EchoRequest>>) -> Result<Response<Self::StreamStream>, Status> {
         let mut requests = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
@@ -86,9 +83,15 @@ fn main() {
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local address");
-        tokio::spawn(Server::builder().add_service(EchoServer::new(EchoService)).serve_with_incoming(incoming(listener)));
-        let channel =
-            Channel::from_shared(format!("http://{addr}")).expect("url").tcp_nodelay(true).connect().await.expect("connect");
+        tokio::spawn(
+            Server::builder().add_service(EchoServer::new(EchoService)).serve_with_incoming(incoming(listener)),
+        );
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .expect("url")
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .expect("connect");
         let mut unary = EchoClient::new(channel.clone());
         let (requests, rx) = mpsc::channel(4);
         let replies = EchoClient::new(channel).stream(ReceiverStream::new(rx)).await.expect("open stream").into_inner();

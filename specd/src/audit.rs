@@ -156,7 +156,11 @@ async fn exact_law(
             };
             let law = client.clone().next_token_law(request).await.map_err(RpcFailure)?.into_inner();
             if law.token_ids.len() != law.probs.len() {
-                anyhow::bail!("the coordinator sent {} tokens with {} probabilities", law.token_ids.len(), law.probs.len());
+                anyhow::bail!(
+                    "the coordinator sent {} tokens with {} probabilities",
+                    law.token_ids.len(),
+                    law.probs.len()
+                );
             }
             for (token, p) in law.token_ids.iter().zip(&law.probs) {
                 let mut sequence = prefix.clone();
@@ -269,7 +273,10 @@ pub fn run(args: &AuditArgs) -> anyhow::Result<()> {
             );
             outln!(
                 "{mode_name} χ² = {:.3} on {} degrees of freedom, p-value {:.4}: {verdict} at error rate {}",
-                test.statistic, test.degrees_of_freedom, test.p_value, args.alpha
+                test.statistic,
+                test.degrees_of_freedom,
+                test.p_value,
+                args.alpha
             );
         }
         if verdict == "fail" {

@@ -81,7 +81,10 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
     }
     outln!(
         "α = {}, target pass {} ms, draft step {} ms, round trip {} ms\n",
-        args.alpha, args.target_ms, args.draft_ms, args.rtt_ms
+        args.alpha,
+        args.target_ms,
+        args.draft_ms,
+        args.rtt_ms
     );
     outln!("{:>5} {:>16} {:>10} {:>12} {:>9}", "γ", "tokens/round", "round ms", "ms/token", "speedup");
     for gamma in 0..=args.max_gamma.min(g.max(best_gamma) + 2) {

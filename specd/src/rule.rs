@@ -161,7 +161,14 @@ fn print_table(
     outln!("Exact speculative sampling, one position (Leviathan et al. 2023; Chen et al. 2023)\n");
     outln!(
         "{:>6} {:>9} {:>9} {:>14} {:>14} {:>9} {:>11} {:>10}",
-        "token", "p", "q", "min(1,p/q)", "accepted mass", "residual", "output law", "naive law"
+        "token",
+        "p",
+        "q",
+        "min(1,p/q)",
+        "accepted mass",
+        "residual",
+        "output law",
+        "naive law"
     );
     for (i, name) in names.iter().enumerate() {
         let acceptance = law.acceptance[i].map_or_else(|| "never".to_string(), |a| format!("{a:.6}"));
@@ -180,7 +187,8 @@ fn print_table(
     outln!("   accepted with mass q(x)·min(1, p(x)/q(x)) = min(p(x), q(x)) (column 'accepted mass').");
     outln!(
         "2. β = Σ min(p, q) = {:.6} is the acceptance probability; a rejection happens with 1 - β = {:.6}.",
-        law.beta, law.rejection
+        law.beta,
+        law.rejection
     );
     match &law.residual {
         Some(_) => outln!(

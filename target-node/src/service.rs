@@ -5,7 +5,8 @@ use specd_proto::convert::scored_positions;
 use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
-    ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
+    ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TokenizeRequest, TokenizeResponse,
+    VerifyRequest, VerifyResponse,
 };
 use specd_sampling::{MAX_GAMMA, SamplingParams};
 use tonic::{Request, Response, Status, Streaming};
@@ -50,7 +51,8 @@ impl TargetService for TargetNode {
         let sampling = req.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
         let params = SamplingParams::try_from(&sampling).map_err(NodeError::from)?;
         let job = LawJob { prompt: req.prompt_token_ids, generated: req.generated_token_ids, params };
-        let law = self.node.model().handle().call(move |m| Ok(next_token_law(m, &job))).await.map_err(NodeError::from)??;
+        let law =
+            self.node.model().handle().call(move |m| Ok(next_token_law(m, &job))).await.map_err(NodeError::from)??;
         let (token_ids, probs) =
             law.probs().iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(id, p)| (id as u32, *p)).unzip();
         Ok(Response::new(TargetLawResponse { token_ids, probs }))
