@@ -17,6 +17,7 @@ use tonic::{Request, Status, Streaming};
 
 use crate::error::CoordinatorError;
 use crate::round_stream::{RoundStream, node_error};
+use specd_telemetry::propagation::inject_into_metadata;
 
 /// One node: its role, address and client.
 #[derive(Debug, Clone)]
@@ -43,6 +44,7 @@ impl<C: Clone> NodeClient<C> {
     fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         request.set_timeout(self.timeout);
+        inject_into_metadata(request.metadata_mut());
         request
     }
 
@@ -54,11 +56,14 @@ impl<C: Clone> NodeClient<C> {
     /// accept it.
     async fn open_stream<Q, R, F, Fut>(&self, open: F) -> Result<RoundStream<Q, R>, CoordinatorError>
     where
-        F: FnOnce(C, ReceiverStream<Q>) -> Fut,
+        F: FnOnce(C, Request<ReceiverStream<Q>>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Streaming<R>>, Status>>,
     {
         let (requests, rx) = mpsc::channel(1);
-        let opened = tokio::time::timeout(self.timeout, open(self.client.clone(), ReceiverStream::new(rx)))
+        // No deadline on the stream itself: it lives as long as the session.
+        let mut request = Request::new(ReceiverStream::new(rx));
+        inject_into_metadata(request.metadata_mut());
+        let opened = tokio::time::timeout(self.timeout, open(self.client.clone(), request))
             .await
             .map_err(|_| self.error(Status::deadline_exceeded(format!("no stream within {:?}", self.timeout))))?;
         let replies = opened.map_err(|s| self.error(s))?.into_inner();

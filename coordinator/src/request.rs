@@ -59,7 +59,6 @@ fn invalid(message: impl Into<String>) -> CoordinatorError {
     CoordinatorError::InvalidRequest(message.into())
 }
 
-/// Validates everything but the prompt's text, which the caller has already tokenised.
 /// A NextTokenLaw request checked against the model: the prefix and the sampling settings.
 pub fn validate_law_request(
     request: &NextTokenLawRequest,
@@ -84,6 +83,7 @@ pub fn validate_law_request(
     })
 }
 
+/// Validates everything but the prompt's text, which the caller has already tokenised.
 pub fn validate(
     request: &GenerateRequest,
     prompt: Vec<u32>,

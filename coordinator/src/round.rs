@@ -12,6 +12,11 @@ use specd_sampling::{
     verify_block_sparse,
 };
 
+use specd_telemetry::attributes;
+use specd_telemetry::propagation::context_map;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftRounds, TargetRounds};
 use crate::request::{GenerationSpec, RuleVariant, Wire};
@@ -56,7 +61,8 @@ enum Proposals {
     Dense(Vec<(u32, DenseDist)>),
 }
 
-/// Runs round `round` with draft length `gamma` (0 or no draft: target-only).
+/// Runs round `round` with draft length `gamma` (0 or no draft: target-only), in a span of
+/// its own that the nodes' spans of this round are children of.
 pub async fn run_round(
     spec: &GenerationSpec,
     session_id: &str,
@@ -64,6 +70,41 @@ pub async fn run_round(
     vocab_size: usize,
     target: (&mut TargetRounds, &Cursor),
     draft: Option<(&mut DraftRounds, &Cursor, u32)>,
+) -> Result<RoundReport, CoordinatorError> {
+    let span = tracing::info_span!("round", round);
+    let report =
+        run_round_in(spec, session_id, round, vocab_size, target, draft, &span).instrument(span.clone()).await?;
+    record(&span, round, &report);
+    Ok(report)
+}
+
+fn record(span: &tracing::Span, round: u32, report: &RoundReport) {
+    let network_ns = report.wall_ns.saturating_sub(report.draft_ns + report.verify_ns);
+    for (key, value) in [
+        (attributes::ROUND_INDEX, i64::from(round)),
+        (attributes::ROUND_GAMMA, report.gamma as i64),
+        (attributes::ROUND_ACCEPTED, report.outcome.accepted as i64),
+        (attributes::ROUND_EMITTED, report.outcome.tokens.len() as i64),
+        (attributes::ROUND_DRAFT_NS, report.draft_ns as i64),
+        (attributes::ROUND_VERIFY_NS, report.verify_ns as i64),
+        (attributes::ROUND_NETWORK_NS, network_ns as i64),
+        (attributes::ROUND_WIRE_BYTES_SENT, report.bytes_sent as i64),
+        (attributes::ROUND_WIRE_BYTES_RECEIVED, report.bytes_received as i64),
+    ] {
+        span.set_attribute(key, value);
+    }
+    // No optimistic drafting yet (issue #6): never a hit.
+    span.set_attribute(attributes::ROUND_OPTIMISTIC_HIT, false);
+}
+
+async fn run_round_in(
+    spec: &GenerationSpec,
+    session_id: &str,
+    round: u32,
+    vocab_size: usize,
+    target: (&mut TargetRounds, &Cursor),
+    draft: Option<(&mut DraftRounds, &Cursor, u32)>,
+    span: &tracing::Span,
 ) -> Result<RoundReport, CoordinatorError> {
     let started = Instant::now();
     let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
@@ -84,6 +125,7 @@ pub async fn run_round(
             gamma,
             truncation,
             dense,
+            trace_context: context_map(span),
         };
         bytes_sent += request.encoded_len() as u64;
         let reply = client.call(request).await?;
@@ -118,6 +160,7 @@ pub async fn run_round(
         candidate_token_ids: candidates,
         supports,
         dense: matches!(spec.wire, Wire::Dense),
+        trace_context: context_map(span),
     };
     bytes_sent += request.encoded_len() as u64;
     let reply = target_client.call(request).await?;

@@ -16,9 +16,14 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use specd_telemetry::attributes;
+use specd_telemetry::propagation::{extract_from_metadata, set_remote_parent};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
 use crate::error::CoordinatorError;
-use crate::nodes::NodePool;
-use crate::request::{Defaults, validate, validate_law_request};
+use crate::nodes::{ModelFacts, NodePool};
+use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
 use crate::session::SessionActor;
 
 /// A generation in flight, for operators.
@@ -68,8 +73,9 @@ impl GenerationService {
 
     async fn start(
         &self,
-        request: &GenerateRequest,
+        request: &Request<GenerateRequest>,
     ) -> Result<ReceiverStream<Result<GenerateResponse, Status>>, Status> {
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let (target, draft) = self.pool.pick();
         let prompt = match &request.prompt {
             Some(Prompt::TokenIds(ids)) => ids.ids.clone(),
@@ -95,13 +101,38 @@ impl GenerationService {
             ActiveGeneration { request_id: spec.request_id.clone(), started: Instant::now() },
         );
         let registered = Registered { active: Arc::clone(&self.active), session_id: session_id.clone() };
+        // Every log line and span of this generation carries its request id; the span is the
+        // root of the generation's trace, or a child of the client's when it sent one.
+        let span = tracing::info_span!("generation", request_id = %spec.request_id, session = %session_id);
+        set_remote_parent(&span, extract_from_metadata(metadata));
+        record_request(&span, &spec, &self.pool.facts);
         let actor = SessionActor { session_id, spec, vocab_size: self.pool.facts.vocab_size, target, draft, out };
-        tokio::spawn(async move {
-            let _registered = registered;
-            actor.run().await;
-        });
+        tokio::spawn(
+            async move {
+                let _registered = registered;
+                actor.run().await;
+            }
+            .instrument(span),
+        );
         Ok(ReceiverStream::new(rx))
     }
+}
+
+/// The request span's attributes known at the start; the session adds usage and the finish
+/// reason at the end.
+fn record_request(span: &tracing::Span, spec: &GenerationSpec, facts: &ModelFacts) {
+    span.set_attribute(attributes::OPERATION_NAME, "text_completion");
+    span.set_attribute(attributes::REQUEST_ID, spec.request_id.clone());
+    span.set_attribute(attributes::REQUEST_MODEL, facts.target_model.clone());
+    if let Some(draft) = &facts.draft_model {
+        span.set_attribute(attributes::DRAFT_MODEL, draft.clone());
+    }
+    span.set_attribute(attributes::REQUEST_TEMPERATURE, spec.params.temperature);
+    span.set_attribute(attributes::REQUEST_TOP_P, spec.params.top_p);
+    span.set_attribute(attributes::REQUEST_TOP_K, i64::from(spec.params.top_k));
+    span.set_attribute(attributes::REQUEST_MAX_TOKENS, spec.max_new_tokens as i64);
+    span.set_attribute(attributes::REQUEST_SEED, spec.seed as i64);
+    span.set_attribute(attributes::USAGE_INPUT_TOKENS, spec.prompt.len() as i64);
 }
 
 #[tonic::async_trait]
@@ -112,11 +143,11 @@ impl Generation for GenerationService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
-        Ok(Response::new(self.start(request.get_ref()).await?))
+        Ok(Response::new(self.start(&request).await?))
     }
 
     async fn generate(&self, request: Request<GenerateRequest>) -> Result<Response<GenerateResponse>, Status> {
-        let mut stream = self.start(request.get_ref()).await?;
+        let mut stream = self.start(&request).await?;
         let mut all = GenerateResponse::default();
         while let Some(message) = stream.next().await {
             let message = message?;

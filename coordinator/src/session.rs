@@ -7,6 +7,10 @@ use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, Sampli
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use specd_telemetry::attributes;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient};
 use crate::request::GenerationSpec;
@@ -40,7 +44,9 @@ impl Drop for ReleaseGuard {
             tracing::warn!(session = %id, "no runtime to release node sessions on");
             return;
         };
-        runtime.spawn(async move {
+        // Still the generation's span: the releases belong to its trace.
+        let span = tracing::Span::current();
+        let release = async move {
             if let Err(err) = target.release(id.clone()).await {
                 tracing::warn!(session = %id, %err, "target release failed");
             }
@@ -49,7 +55,8 @@ impl Drop for ReleaseGuard {
             {
                 tracing::warn!(session = %id, %err, "draft release failed");
             }
-        });
+        };
+        runtime.spawn(release.instrument(span));
     }
 }
 
@@ -107,10 +114,16 @@ impl SessionActor {
     /// everything, when the receiver of `out` is dropped (client cancel).
     pub async fn run(self) {
         let out = self.out.clone();
+        let span = tracing::Span::current();
         tokio::select! {
-            () = out.closed() => tracing::info!(session = %self.session_id, "client went away: generation cancelled"),
+            () = out.closed() => {
+                tracing::info!("client went away: generation cancelled");
+                span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("cancelled"));
+            }
             result = self.generate() => if let Err(err) = result {
                 tracing::warn!(%err, "generation failed");
+                span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("error"));
+                attributes::set_error(&span, err.to_string());
                 let _ = out.send(Err(err.into())).await;
             },
         }
@@ -209,6 +222,10 @@ impl SessionActor {
             verify_ms = Duration::from_nanos(stats.verify_ns).as_secs_f64() * 1e3,
             "generation finished"
         );
+        let span = tracing::Span::current();
+        span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons(finish_name(finish)));
+        span.set_attribute(attributes::USAGE_OUTPUT_TOKENS, output.len() as i64);
+        span.set_attribute(attributes::ROUNDS, stats.rounds as i64);
         let last = GenerateResponse {
             request_id: spec.request_id.clone(),
             finish_reason: finish as i32,
@@ -230,5 +247,15 @@ impl SessionActor {
         } else {
             None
         }
+    }
+}
+
+fn finish_name(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Length => "length",
+        FinishReason::Eos => "eos",
+        FinishReason::Stop => "stop",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Unspecified => "unspecified",
     }
 }

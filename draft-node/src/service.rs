@@ -1,5 +1,6 @@
 //! The `DraftService` gRPC implementation over a [`DraftNode`].
 
+use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
 use specd_proto::convert::{dense_proposal, sparse_proposal};
 use specd_proto::v1::draft_service_server::DraftService;
@@ -8,7 +9,10 @@ use specd_proto::v1::{
     ReleaseResponse,
 };
 use specd_sampling::{MAX_GAMMA, Truncation};
+use specd_telemetry::attributes;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::DraftNode;
 use crate::propose::{ProposalDist, ProposeJob, propose};
@@ -23,7 +27,8 @@ impl DraftService for DraftNode {
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
-        self.node.open(request.into_inner()).await?;
+        let span = rpc_span("open_session", request.metadata());
+        self.node.open(request.into_inner()).instrument(span).await?;
         Ok(Response::new(OpenSessionResponse {}))
     }
 
@@ -46,7 +51,8 @@ impl DraftService for DraftNode {
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let existed = self.node.release(&request.into_inner().session_id).await?;
+        let span = rpc_span("release", request.metadata());
+        let existed = self.node.release(&request.into_inner().session_id).instrument(span).await?;
         Ok(Response::new(ReleaseResponse { existed }))
     }
 }
@@ -54,6 +60,14 @@ impl DraftService for DraftNode {
 impl DraftNode {
     /// One Propose, for the unary call and the stream alike.
     async fn propose_one(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
+        let span = round_span("propose", &req.session_id, req.round, &req.trace_context);
+        let reply = self.propose_in_span(req).instrument(span.clone()).await?;
+        span.set_attribute(attributes::NODE_MODEL_NS, reply.draft_ns as i64);
+        span.set_attribute(attributes::NODE_TOKENS, reply.positions.len() as i64);
+        Ok(reply)
+    }
+
+    async fn propose_in_span(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
         if req.gamma > MAX_GAMMA {
             let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
             return Err(NodeError::InvalidRequest(message));

@@ -9,6 +9,7 @@
 //! - [`history`]: a session's token history and how it follows the coordinator's rollback
 //!   points;
 //! - [`round_stream`]: a session's rounds served on one long-lived stream;
+//! - [`spans`]: the node-side spans of a request's trace;
 //! - [`error`]: [`NodeError`] and its one table of gRPC status codes; [`NodeServeError`].
 
 pub mod error;
@@ -17,6 +18,7 @@ pub mod node;
 pub mod node_model;
 pub mod registry;
 pub mod round_stream;
+pub mod spans;
 
 pub use error::{NodeError, NodeServeError};
 pub use history::{CatchUp, SessionHistory};

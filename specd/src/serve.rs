@@ -3,6 +3,7 @@
 //! Each prints `listening on HOST:PORT` once it is ready to take requests (model loaded,
 //! peers connected) and stops cleanly on Ctrl-C or SIGTERM.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use specd_model::{DType, DeviceSpec, ModelError};
 use specd_node::NodeConfig;
 use specd_sampling::{MAX_GAMMA, Truncation};
 use specd_target_node::TargetNode;
+use specd_telemetry::TelemetryOptions;
 use tokio::net::TcpListener;
 
 use crate::cli_error::invalid;
@@ -55,6 +57,8 @@ pub struct TargetArgs {
     listen: SocketAddr,
     #[command(flatten)]
     node: NodeOptions,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 /// Run a draft node: the cheap model, proposing blocks with their distributions.
@@ -68,6 +72,17 @@ pub struct DraftArgs {
     listen: SocketAddr,
     #[command(flatten)]
     node: NodeOptions,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
+}
+
+/// Where traces go; every role has these.
+#[derive(Debug, Clone, Args)]
+pub struct TelemetryArgs {
+    /// OTLP/gRPC collector to export traces to, e.g. http://127.0.0.1:4317. Unset: the standard
+    /// OTEL_EXPORTER_OTLP_ENDPOINT decides, and without it no traces are exported.
+    #[arg(long, env = "SPECD_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 /// Options of the coordinator's policy.
@@ -104,6 +119,8 @@ pub struct CoordinatorArgs {
     draft: Vec<String>,
     #[command(flatten)]
     policy: PolicyOptions,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 /// Run all three roles on loopback: a target node, a draft node and the coordinator, each a
@@ -123,6 +140,8 @@ pub struct UpArgs {
     node: NodeOptions,
     #[command(flatten)]
     policy: PolicyOptions,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 impl NodeOptions {
@@ -166,16 +185,24 @@ impl PolicyOptions {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    init_logs();
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
-}
-
-/// Logs to stderr; `RUST_LOG` filters (default: info).
-fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+/// Runs a role on a multi-threaded runtime with logs on stderr (`RUST_LOG`, default info) and,
+/// when configured, traces exported as `service_name`.
+fn run_role<F>(service_name: &str, telemetry: &TelemetryArgs, role: F) -> anyhow::Result<()>
+where
+    F: Future<Output = anyhow::Result<()>>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let options =
+        TelemetryOptions { service_name: service_name.to_owned(), otlp_endpoint: telemetry.otlp_endpoint.clone() };
+    // The OTLP client is a tonic channel: it is made inside the runtime.
+    let guard = {
+        let _entered = runtime.enter();
+        specd_telemetry::init(&options)?
+    };
+    let result = runtime.block_on(role);
+    // Flushes the last spans while the runtime still drives the exporter's connection.
+    drop(guard);
+    result
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -211,7 +238,7 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
     let config = args.node.config(args.model.clone());
-    runtime()?.block_on(async {
+    run_role("specd-target", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         let node = TargetNode::load(config).await?;
         announce(&listener)?;
@@ -222,7 +249,7 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
     let config = args.node.config(args.model.clone());
-    runtime()?.block_on(async {
+    run_role("specd-draft", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         let node = DraftNode::load(config).await?;
         announce(&listener)?;
@@ -233,7 +260,7 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
 
 pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
     let config = args.policy.config(args.target.clone(), args.draft.clone())?;
-    runtime()?.block_on(async {
+    run_role("specd-coordinator", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         let service = specd_coordinator::connect(&config).await?;
         announce(&listener)?;
@@ -245,7 +272,8 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let target_config = args.node.config(args.target_model.clone());
     let draft_config = args.node.config(args.draft_model.clone());
-    runtime()?.block_on(async {
+    // One process, one exporter: all three roles' spans carry the service name `specd`.
+    run_role("specd", &args.telemetry, async {
         let public = bind(args.listen).await?;
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);

@@ -1,5 +1,6 @@
 //! The `TargetService` gRPC implementation over a [`TargetNode`].
 
+use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
 use specd_proto::convert::scored_positions;
 use specd_proto::v1::target_service_server::TargetService;
@@ -9,7 +10,10 @@ use specd_proto::v1::{
     VerifyRequest, VerifyResponse,
 };
 use specd_sampling::{MAX_GAMMA, SamplingParams};
+use specd_telemetry::attributes;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::TargetNode;
 use crate::law::{LawJob, next_token_law};
@@ -25,7 +29,8 @@ impl TargetService for TargetNode {
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
-        self.node.open(request.into_inner()).await?;
+        let span = rpc_span("open_session", request.metadata());
+        self.node.open(request.into_inner()).instrument(span).await?;
         Ok(Response::new(OpenSessionResponse {}))
     }
 
@@ -59,7 +64,8 @@ impl TargetService for TargetNode {
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let existed = self.node.release(&request.into_inner().session_id).await?;
+        let span = rpc_span("release", request.metadata());
+        let existed = self.node.release(&request.into_inner().session_id).instrument(span).await?;
         Ok(Response::new(ReleaseResponse { existed }))
     }
 
@@ -79,6 +85,15 @@ impl TargetService for TargetNode {
 impl TargetNode {
     /// One Verify, for the unary call and the stream alike.
     async fn verify_one(&self, req: VerifyRequest) -> Result<VerifyResponse, NodeError> {
+        let span = round_span("verify", &req.session_id, req.round, &req.trace_context);
+        let tokens = req.pending_token_ids.len() + req.candidate_token_ids.len();
+        let reply = self.verify_in_span(req).instrument(span.clone()).await?;
+        span.set_attribute(attributes::NODE_MODEL_NS, reply.verify_ns as i64);
+        span.set_attribute(attributes::NODE_TOKENS, tokens as i64);
+        Ok(reply)
+    }
+
+    async fn verify_in_span(&self, req: VerifyRequest) -> Result<VerifyResponse, NodeError> {
         if req.candidate_token_ids.len() > MAX_GAMMA as usize {
             return Err(NodeError::InvalidRequest(format!(
                 "{} candidates, above the maximum {MAX_GAMMA}",
