@@ -4,6 +4,7 @@
 //!   request and a registry of generations in flight;
 //! - [`session`]: a generation's loop (rounds, stop conditions, streaming) and the drop guard
 //!   that releases both nodes' sessions on finish, error, timeout and client cancel;
+//! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
@@ -14,6 +15,7 @@
 
 pub mod error;
 pub mod nodes;
+pub mod policy;
 pub mod request;
 pub mod round;
 pub mod round_stream;
@@ -32,7 +34,7 @@ use tonic::service::Routes;
 
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
-pub use request::{Defaults, RuleVariant};
+pub use request::{Defaults, GammaChoice, RuleVariant};
 pub use service::GenerationService;
 
 /// How to run a coordinator.
@@ -42,8 +44,8 @@ pub struct CoordinatorConfig {
     pub targets: Vec<String>,
     /// Draft node URLs; none means target-only decoding.
     pub drafts: Vec<String>,
-    /// Draft length when a request leaves it unset.
-    pub default_gamma: u32,
+    /// How γ is chosen when a request leaves it unset.
+    pub default_gamma: GammaChoice,
     pub default_max_new_tokens: u32,
     /// The draft's truncation of q for the sparse wire format.
     pub truncation: Truncation,

@@ -28,10 +28,30 @@ pub enum RuleVariant {
     NaiveResampleFromTarget,
 }
 
+/// How a generation's draft length is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GammaChoice {
+    /// The same γ every round (0: target-only).
+    Fixed(u32),
+    /// Per round by [`crate::policy::AdaptiveGamma`], in 0..=max.
+    Adaptive { max: u32 },
+}
+
+impl GammaChoice {
+    /// The largest γ a round may use.
+    pub fn max(self) -> u32 {
+        match self {
+            Self::Fixed(g) => g,
+            Self::Adaptive { max } => max,
+        }
+    }
+}
+
 /// The coordinator's defaults for what a request leaves unset, and its rule.
 #[derive(Debug, Clone, Copy)]
 pub struct Defaults {
-    pub gamma: u32,
+    /// The policy when a request leaves γ unset.
+    pub gamma: GammaChoice,
     pub max_new_tokens: u32,
     pub truncation: Truncation,
     pub rule: RuleVariant,
@@ -48,7 +68,7 @@ pub struct GenerationSpec {
     pub stop_token_ids: Vec<u32>,
     pub stop_strings: Vec<String>,
     pub eos_token_ids: Vec<u32>,
-    pub gamma: u32,
+    pub gamma: GammaChoice,
     pub wire: Wire,
     pub rule: RuleVariant,
     /// Decode the output to text (the target has a tokenizer).
@@ -111,10 +131,13 @@ pub fn validate(
         return Err(invalid("stop_strings need text, but the target model has no tokenizer"));
     }
     let speculation = request.speculation.unwrap_or(Speculation { gamma: None, dense: false });
-    let gamma = speculation.gamma.unwrap_or(defaults.gamma);
-    if gamma > MAX_GAMMA {
-        return Err(invalid(format!("gamma {gamma} is above the maximum {MAX_GAMMA}")));
-    }
+    let gamma = match speculation.gamma {
+        Some(gamma) if gamma > MAX_GAMMA => {
+            return Err(invalid(format!("gamma {gamma} is above the maximum {MAX_GAMMA}")));
+        }
+        Some(gamma) => GammaChoice::Fixed(gamma),
+        None => defaults.gamma,
+    };
     Ok(GenerationSpec {
         request_id: request.request_id.clone(),
         prompt,
@@ -199,7 +222,7 @@ mod tests {
 
     fn defaults() -> Defaults {
         Defaults {
-            gamma: 4,
+            gamma: GammaChoice::Fixed(4),
             max_new_tokens: 100,
             truncation: Truncation::new(0.0, 8).unwrap(),
             rule: RuleVariant::Exact,
@@ -238,7 +261,7 @@ mod tests {
     #[test]
     fn fills_defaults() {
         let spec = check(&GenerateRequest::default(), vec![1, 2]).unwrap();
-        assert_eq!((spec.gamma, spec.max_new_tokens, spec.seed), (4, 6, 7));
+        assert_eq!((spec.gamma, spec.max_new_tokens, spec.seed), (GammaChoice::Fixed(4), 6, 7));
         assert_eq!(spec.eos_token_ids, vec![9]);
         assert_eq!(spec.params, SamplingParams::default());
         assert!(matches!(spec.wire, Wire::Sparse(_)));

@@ -13,7 +13,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient};
-use crate::request::GenerationSpec;
+use crate::policy::AdaptiveGamma;
+use crate::request::{GammaChoice, GenerationSpec};
 use crate::round::{Cursor, RoundReport, run_round};
 use crate::text::TextOutput;
 
@@ -131,7 +132,11 @@ impl SessionActor {
 
     async fn generate(&self) -> Result<(), CoordinatorError> {
         let spec = &self.spec;
-        let draft = self.draft.as_ref().filter(|_| spec.gamma > 0);
+        let draft = self.draft.as_ref().filter(|_| spec.gamma.max() > 0);
+        let mut adaptive = match spec.gamma {
+            GammaChoice::Adaptive { max } => Some(AdaptiveGamma::new(max)),
+            GammaChoice::Fixed(_) => None,
+        };
         let _guard =
             ReleaseGuard { session_id: self.session_id.clone(), target: self.target.clone(), draft: draft.cloned() };
         let open = OpenSessionRequest {
@@ -166,11 +171,18 @@ impl SessionActor {
             let base = spec.prompt.len() + output.len();
             let remaining = spec.max_new_tokens - output.len();
             // A round commits up to γ+1 tokens: never draft past what is still wanted.
-            let gamma = spec.gamma.min(remaining.saturating_sub(1) as u32);
+            let wanted = match (&mut adaptive, spec.gamma) {
+                (Some(policy), _) => policy.next_gamma(),
+                (None, gamma) => gamma.max(),
+            };
+            let gamma = wanted.min(remaining.saturating_sub(1) as u32);
             let draft_arg = draft_rounds.as_mut().map(|d| (d, &draft_cursor, gamma));
             let target_arg = (&mut target_rounds, &target_cursor);
             let report = run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await?;
             stats.record(&report);
+            if let Some(policy) = &mut adaptive {
+                policy.observe(&report);
+            }
             target_cursor.advance(base, &report.outcome);
             if report.gamma > 0 {
                 draft_cursor.advance(base, &report.outcome);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use specd_coordinator::{CoordinatorConfig, RuleVariant};
+use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec, ModelError};
 use specd_node::NodeConfig;
@@ -27,6 +27,20 @@ fn parse_device(s: &str) -> Result<DeviceSpec, String> {
 
 fn parse_dtype(s: &str) -> Result<DType, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+/// `--gamma`: `auto` or a number.
+#[derive(Debug, Clone, Copy)]
+pub enum GammaFlag {
+    Auto,
+    Fixed(u32),
+}
+
+fn parse_gamma(s: &str) -> Result<GammaFlag, String> {
+    if s == "auto" {
+        return Ok(GammaFlag::Auto);
+    }
+    s.parse().map(GammaFlag::Fixed).map_err(|_| format!("{s:?} is neither `auto` nor a whole number"))
 }
 
 /// Options every node role shares.
@@ -88,9 +102,14 @@ pub struct TelemetryArgs {
 /// Options of the coordinator's policy.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyOptions {
-    /// Draft length when a request does not set one (0: target-only).
-    #[arg(long, env = "SPECD_GAMMA", default_value_t = 4)]
-    gamma: u32,
+    /// Draft length when a request does not set one: `auto` (adaptive, per session, from
+    /// measured acceptance and costs; 0 when drafting does not pay) or a fixed γ (0:
+    /// target-only).
+    #[arg(long, env = "SPECD_GAMMA", default_value = "auto", value_parser = parse_gamma)]
+    gamma: GammaFlag,
+    /// The largest γ the adaptive policy may choose.
+    #[arg(long, env = "SPECD_MAX_GAMMA", default_value_t = 8)]
+    max_gamma: u32,
     /// max_new_tokens when a request does not set one.
     #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 256)]
     max_new_tokens: u32,
@@ -165,9 +184,16 @@ impl PolicyOptions {
         if self.max_new_tokens == 0 {
             return Err(invalid("--max-new-tokens must be at least 1"));
         }
-        if self.gamma > MAX_GAMMA {
-            return Err(invalid(format!("--gamma {} is above the maximum {MAX_GAMMA}", self.gamma)));
-        }
+        let gamma = match self.gamma {
+            GammaFlag::Fixed(g) if g > MAX_GAMMA => {
+                return Err(invalid(format!("--gamma {g} is above the maximum {MAX_GAMMA}")));
+            }
+            GammaFlag::Fixed(g) => GammaChoice::Fixed(g),
+            GammaFlag::Auto if self.max_gamma > MAX_GAMMA => {
+                return Err(invalid(format!("--max-gamma {} is above the maximum {MAX_GAMMA}", self.max_gamma)));
+            }
+            GammaFlag::Auto => GammaChoice::Adaptive { max: self.max_gamma },
+        };
         let truncation = Truncation::new(self.truncation_epsilon, self.truncation_max_entries)
             .map_err(|e| invalid(format!("--truncation-*: {e}")))?;
         if !(self.node_timeout_s.is_finite() && self.node_timeout_s > 0.0) {
@@ -176,7 +202,7 @@ impl PolicyOptions {
         Ok(CoordinatorConfig {
             targets,
             drafts,
-            default_gamma: self.gamma,
+            default_gamma: gamma,
             default_max_new_tokens: self.max_new_tokens,
             truncation,
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),

@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use specd_coordinator::RuleVariant;
+use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
 
 fn tables() -> (Table, Table) {
@@ -26,7 +26,7 @@ async fn audit(rule: RuleVariant, mode: &str) -> serde_json::Value {
     let dir = scratch_dir(&format!("audit-{rule:?}-{mode}"));
     let (target, draft) = tables();
     let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
-    let options = ClusterOptions { gamma: 3, rule, ..ClusterOptions::default() };
+    let options = ClusterOptions { gamma: GammaChoice::Fixed(3), rule, ..ClusterOptions::default() };
     let cluster = Cluster::start(&t, &d, &options).await.unwrap();
     let endpoint = cluster.endpoint.clone();
     let mode = mode.to_owned();

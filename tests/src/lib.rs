@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use specd_coordinator::{CoordinatorConfig, RuleVariant};
+use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec};
 use specd_node::NodeConfig;
@@ -23,7 +23,8 @@ use tonic::transport::Channel;
 /// How to start a cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    pub gamma: u32,
+    /// The coordinator's policy for requests that leave γ unset.
+    pub gamma: GammaChoice,
     pub truncation: Truncation,
     pub rule: RuleVariant,
     pub dtype: DType,
@@ -31,7 +32,12 @@ pub struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { gamma: 4, truncation: Truncation::new(1e-4, 64).unwrap(), rule: RuleVariant::Exact, dtype: DType::F32 }
+        Self {
+            gamma: GammaChoice::Fixed(4),
+            truncation: Truncation::new(1e-4, 64).unwrap(),
+            rule: RuleVariant::Exact,
+            dtype: DType::F32,
+        }
     }
 }
 

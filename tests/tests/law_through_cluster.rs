@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use specd_coordinator::RuleVariant;
+use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
@@ -101,7 +101,7 @@ fn wire(params: &SamplingParams, seed: u64) -> WireSampling {
 
 /// Draws `n` continuations through the cluster and returns the χ² p-value against the exact law.
 async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> f64 {
-    let dir = scratch_dir(&format!("law-{}-{}-{:?}", options.gamma, dense, options.rule));
+    let dir = scratch_dir(&format!("law-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
     let (target_table, draft_table) = tables();
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
@@ -151,9 +151,17 @@ async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: boo
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
     eprintln!(
         "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}: χ² p-value {p_value:.4e}",
-        options.gamma, options.rule
+        gamma_name(options.gamma),
+        options.rule
     );
     p_value
+}
+
+fn gamma_name(gamma: GammaChoice) -> String {
+    match gamma {
+        GammaChoice::Fixed(g) => g.to_string(),
+        GammaChoice::Adaptive { max } => format!("auto{max}"),
+    }
 }
 
 fn small_truncation() -> ClusterOptions {
@@ -186,6 +194,15 @@ async fn sparse_law_with_top_k_top_p_and_penalties() {
     };
     let p = law_p_value(small_truncation(), params, false, samples()).await;
     assert!(p > FALSE_FAILURE, "sparse with adjustments: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_with_adaptive_gamma() {
+    // γ changes from round to round (a speculative start, a target-only probe, then the
+    // policy's choice): every round is exact for its γ, so the law is the target's.
+    let options = ClusterOptions { gamma: GammaChoice::Adaptive { max: 4 }, ..small_truncation() };
+    let p = law_p_value(options, SamplingParams::default(), false, samples()).await;
+    assert!(p > FALSE_FAILURE, "sparse with adaptive γ: p = {p}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

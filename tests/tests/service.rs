@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use specd_coordinator::{CoordinatorConfig, RuleVariant};
+use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{
@@ -153,7 +153,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
     let config = CoordinatorConfig {
         targets: vec![address.clone()],
         drafts: vec![],
-        default_gamma: 4,
+        default_gamma: GammaChoice::Fixed(4),
         default_max_new_tokens: 16,
         truncation: Truncation::new(0.0, 8).unwrap(),
         node_timeout: Duration::from_secs(2),

@@ -1,0 +1,271 @@
+//! Adaptive draft length (DESIGN.md §2): per session, pick the γ in 0..=max that maximises
+//! expected tokens per millisecond, from what the session's own rounds measured.
+//!
+//! The model of a round, every term measured:
+//! - α: the per-position acceptance, from Σ min(p, q) of every evaluated position (exact from
+//!   the target's p on the draft's support; lower variance than counting accepts);
+//! - a draft step: draft time ÷ γ;
+//! - a verify pass: `verify(γ) = verify(0) + slope·γ`, because on CPU scoring γ+1 tokens costs
+//!   more than scoring one (BENCHMARKS.md: 1.9× for 6 tokens in f32);
+//! - the rest of a round (network, hand-offs, the rule): measured separately for speculative
+//!   rounds (two calls) and target-only rounds (one call).
+//!
+//! Expected tokens of a round are (1 - α^(γ+1)) / (1 - α), so speed(γ) = that ÷
+//! (γ·draft + verify(γ) + overhead) and speed(0) = 1 ÷ (verify(0) + overhead(0)). The two cost
+//! cases of DESIGN.md §1: with α = 0.5, a target pass of 100 ms and draft steps of 20 ms,
+//! γ = 1 gives 1.25× and the policy drafts; with draft steps of 60 ms every γ is slower than
+//! target-only (γ = 1: 0.94×, the "0.875×" family of cases) and the policy picks γ = 0, which
+//! is plain target decoding.
+//!
+//! A session starts with one speculative and one target-only round, so both sides are
+//! measured, then re-measures the side it is not using now and then: a target-only round
+//! every [`PLAIN_PROBE_EVERY`] rounds while drafting, a γ = 1 round every
+//! [`DRAFT_PROBE_EVERY`] rounds while not. The law stays exact whatever γ is chosen: each
+//! round's rule is exact for its γ, and γ depends only on earlier rounds.
+
+use specd_sampling::cost::expected_tokens_per_round;
+
+use crate::round::RoundReport;
+
+/// γ of the first round, before anything is measured.
+pub const START_GAMMA: u32 = 4;
+/// While drafting, one target-only round this often refreshes its costs.
+pub const PLAIN_PROBE_EVERY: u64 = 64;
+/// While not drafting, one γ = 1 round this often checks whether drafting pays again.
+pub const DRAFT_PROBE_EVERY: u64 = 16;
+/// Weight of a new observation in the running averages.
+const SMOOTHING: f64 = 0.15;
+/// Weight of one position's Σ min(p, q) in the running α.
+const ALPHA_SMOOTHING: f64 = 0.05;
+
+/// An exponentially weighted running average; empty until the first observation.
+#[derive(Debug, Clone, Copy, Default)]
+struct Average(Option<f64>);
+
+impl Average {
+    fn add(&mut self, x: f64, weight: f64) {
+        if x.is_finite() {
+            self.0 = Some(self.0.map_or(x, |m| m + weight * (x - m)));
+        }
+    }
+}
+
+/// One session's adaptive γ.
+#[derive(Debug, Clone)]
+pub struct AdaptiveGamma {
+    max: u32,
+    alpha: Average,
+    draft_step_ms: Average,
+    verify_plain_ms: Average,
+    verify_slope_ms: Average,
+    spec_overhead_ms: Average,
+    plain_overhead_ms: Average,
+    rounds: u64,
+    last_choice: u32,
+}
+
+const MS: f64 = 1e-6;
+
+impl AdaptiveGamma {
+    /// γ is chosen in 0..=max.
+    pub fn new(max: u32) -> Self {
+        Self {
+            max,
+            alpha: Average(Some(0.5)),
+            draft_step_ms: Average::default(),
+            verify_plain_ms: Average::default(),
+            verify_slope_ms: Average::default(),
+            spec_overhead_ms: Average::default(),
+            plain_overhead_ms: Average::default(),
+            rounds: 0,
+            last_choice: 0,
+        }
+    }
+
+    /// The estimated per-position acceptance α.
+    pub fn alpha(&self) -> f64 {
+        self.alpha.0.unwrap_or(0.5)
+    }
+
+    /// γ for the next round.
+    pub fn next_gamma(&mut self) -> u32 {
+        let gamma = match self.rounds {
+            _ if self.max == 0 => 0,
+            0 => START_GAMMA.min(self.max),
+            1 => 0,
+            n => {
+                let best = self.best_gamma();
+                if best > 0 && n % PLAIN_PROBE_EVERY == 0 {
+                    0
+                } else if best == 0 && n % DRAFT_PROBE_EVERY == 0 {
+                    1
+                } else {
+                    best
+                }
+            }
+        };
+        self.last_choice = gamma;
+        gamma
+    }
+
+    /// Expected tokens per millisecond at `gamma`; `None` while a cost is unmeasured.
+    pub fn speed(&self, gamma: u32) -> Option<f64> {
+        let verify_plain = self.verify_plain_ms.0?;
+        if gamma == 0 {
+            return Some(1.0 / (verify_plain + self.plain_overhead_ms.0?).max(1e-6));
+        }
+        let g = f64::from(gamma);
+        let verify = verify_plain + self.verify_slope_ms.0.unwrap_or(0.0).max(0.0) * g;
+        let round_ms = g * self.draft_step_ms.0? + verify + self.spec_overhead_ms.0?;
+        Some(expected_tokens_per_round(self.alpha().clamp(0.0, 0.999), gamma) / round_ms.max(1e-6))
+    }
+
+    /// The γ with the highest expected speed; near-ties go to the smaller γ.
+    pub fn best_gamma(&self) -> u32 {
+        let Some(plain) = self.speed(0) else { return self.last_choice };
+        let mut best = (0, plain);
+        for gamma in 1..=self.max {
+            if let Some(s) = self.speed(gamma)
+                && s > best.1 * (1.0 + 1e-9)
+            {
+                best = (gamma, s);
+            }
+        }
+        best.0
+    }
+
+    /// Learns from a finished round.
+    pub fn observe(&mut self, report: &RoundReport) {
+        self.rounds += 1;
+        let (draft, verify, wall) =
+            (report.draft_ns as f64 * MS, report.verify_ns as f64 * MS, report.wall_ns as f64 * MS);
+        let overhead = (wall - draft - verify).max(0.0);
+        if report.gamma == 0 {
+            self.verify_plain_ms.add(verify, SMOOTHING);
+            self.plain_overhead_ms.add(overhead, SMOOTHING);
+            return;
+        }
+        let g = report.gamma as f64;
+        for &a in &report.outcome.expected_acceptance {
+            self.alpha.add(a, ALPHA_SMOOTHING);
+        }
+        self.draft_step_ms.add(draft / g, SMOOTHING);
+        self.spec_overhead_ms.add(overhead, SMOOTHING);
+        if let Some(plain) = self.verify_plain_ms.0 {
+            self.verify_slope_ms.add((verify - plain) / g, SMOOTHING);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use specd_sampling::{BlockOutcome, EmittedFrom};
+
+    use super::*;
+
+    /// A round with these costs in ms, and `accepted` of γ accepted with Σ min(p, q) = `alpha`.
+    fn report(
+        gamma: usize,
+        accepted: usize,
+        alpha: f64,
+        draft_ms: f64,
+        verify_ms: f64,
+        overhead_ms: f64,
+    ) -> RoundReport {
+        let evaluated = if gamma == 0 { 0 } else { (accepted + 1).min(gamma) };
+        let outcome = BlockOutcome {
+            accepted,
+            tokens: vec![0; accepted + 1],
+            acceptance: vec![1.0; evaluated],
+            expected_acceptance: vec![alpha; evaluated],
+            emitted_from: EmittedFrom::Bonus,
+        };
+        let ns = |ms: f64| (ms * 1e6) as u64;
+        RoundReport {
+            outcome,
+            gamma,
+            draft_ns: ns(draft_ms),
+            verify_ns: ns(verify_ms),
+            wall_ns: ns(draft_ms + verify_ms + overhead_ms),
+            bytes_sent: 0,
+            bytes_received: 0,
+        }
+    }
+
+    /// Runs `rounds` rounds of a world where a draft step costs `draft_ms`, a verify pass
+    /// `verify_ms` + `slope_ms`·γ, every round `overhead_ms` more, and acceptance is `alpha`.
+    fn run(
+        policy: &mut AdaptiveGamma,
+        rounds: usize,
+        alpha: f64,
+        draft_ms: f64,
+        verify_ms: f64,
+        slope_ms: f64,
+    ) -> Vec<u32> {
+        (0..rounds)
+            .map(|_| {
+                let gamma = policy.next_gamma();
+                let g = gamma as usize;
+                let accepted = (alpha * g as f64).round() as usize;
+                let verify = verify_ms + slope_ms * f64::from(gamma);
+                policy.observe(&report(g, accepted, alpha, draft_ms * f64::from(gamma), verify, 0.3));
+                gamma
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cheap_good_draft_is_used_with_the_gamma_the_cost_model_prefers() {
+        let mut policy = AdaptiveGamma::new(12);
+        let chosen = run(&mut policy, 200, 0.8, 2.0, 40.0, 0.5);
+        // The same world's best γ by brute force over the model of the module docs.
+        let speed = |g: u32| {
+            let round = f64::from(g) * 2.0 + 40.0 + 0.5 * f64::from(g) + 0.3;
+            expected_tokens_per_round(0.8, g) / round
+        };
+        let best = (1..=12).max_by(|a, b| speed(*a).total_cmp(&speed(*b))).unwrap();
+        assert_eq!(policy.best_gamma(), best);
+        let settled = &chosen[100..];
+        let at_best = settled.iter().filter(|g| **g == best).count();
+        assert!(at_best >= settled.len() * 9 / 10, "{chosen:?}");
+        assert!((policy.alpha() - 0.8).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_draft_that_does_not_pay_is_turned_off_and_probed_now_and_then() {
+        // DESIGN.md §1's losing case: α = 0.5, target pass 100 ms, draft step 60 ms.
+        let mut policy = AdaptiveGamma::new(8);
+        let chosen = run(&mut policy, 200, 0.5, 60.0, 100.0, 0.0);
+        assert_eq!(policy.best_gamma(), 0);
+        let settled = &chosen[50..];
+        let drafting = settled.iter().filter(|g| **g > 0).count();
+        assert!(drafting <= settled.len() / DRAFT_PROBE_EVERY as usize + 1, "{chosen:?}");
+        assert!(settled.iter().all(|g| *g <= 1), "probes use γ = 1: {chosen:?}");
+    }
+
+    #[test]
+    fn the_winning_case_of_the_design_drafts() {
+        // α = 0.5, target pass 100 ms, draft step 20 ms: γ = 1 and γ = 2 both give 1.25×.
+        let mut policy = AdaptiveGamma::new(8);
+        run(&mut policy, 100, 0.5, 20.0, 100.0, 0.0);
+        let best = policy.best_gamma();
+        assert!((1..=2).contains(&best), "{best}");
+        let speedup = policy.speed(best).unwrap() / policy.speed(0).unwrap();
+        assert!((speedup - 1.25).abs() < 0.02, "{speedup}");
+    }
+
+    #[test]
+    fn drafting_resumes_when_the_draft_starts_agreeing() {
+        let mut policy = AdaptiveGamma::new(8);
+        run(&mut policy, 100, 0.05, 5.0, 50.0, 0.0);
+        assert_eq!(policy.best_gamma(), 0);
+        let chosen = run(&mut policy, 400, 0.9, 5.0, 50.0, 0.0);
+        assert!(policy.best_gamma() >= 4, "{chosen:?}");
+    }
+
+    #[test]
+    fn max_zero_never_drafts() {
+        let mut policy = AdaptiveGamma::new(0);
+        assert!(run(&mut policy, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
+    }
+}
