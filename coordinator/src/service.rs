@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::error::CoordinatorError;
 use crate::nodes::NodePool;
@@ -95,11 +96,15 @@ impl GenerationService {
             ActiveGeneration { request_id: spec.request_id.clone(), started: Instant::now() },
         );
         let registered = Registered { active: Arc::clone(&self.active), session_id: session_id.clone() };
+        let span = tracing::info_span!("generation", request_id = %spec.request_id, session = %session_id);
         let actor = SessionActor { session_id, spec, vocab_size: self.pool.facts.vocab_size, target, draft, out };
-        tokio::spawn(async move {
-            let _registered = registered;
-            actor.run().await;
-        });
+        tokio::spawn(
+            async move {
+                let _registered = registered;
+                actor.run().await;
+            }
+            .instrument(span),
+        );
         Ok(ReceiverStream::new(rx))
     }
 }

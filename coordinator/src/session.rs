@@ -6,6 +6,7 @@ use std::time::Duration;
 use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
 use tokio::sync::mpsc;
 use tonic::Status;
+use tracing::Instrument;
 
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient};
@@ -40,7 +41,7 @@ impl Drop for ReleaseGuard {
             tracing::warn!(session = %id, "no runtime to release node sessions on");
             return;
         };
-        runtime.spawn(async move {
+        let release = async move {
             if let Err(err) = target.release(id.clone()).await {
                 tracing::warn!(session = %id, %err, "target release failed");
             }
@@ -49,7 +50,8 @@ impl Drop for ReleaseGuard {
             {
                 tracing::warn!(session = %id, %err, "draft release failed");
             }
-        });
+        };
+        runtime.spawn(release.instrument(tracing::Span::current()));
     }
 }
 
