@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
+use specd_telemetry::RequestMetrics;
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::Instrument;
@@ -23,6 +24,7 @@ pub struct SessionActor {
     pub target: TargetClient,
     pub draft: Option<DraftClient>,
     pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
+    pub metrics: Option<RequestMetrics>,
 }
 
 /// Releases both nodes' sessions when the generation ends, whichever way: finish, error,
@@ -110,9 +112,13 @@ impl SessionActor {
     pub async fn run(self) {
         let out = self.out.clone();
         tokio::select! {
-            () = out.closed() => tracing::info!(session = %self.session_id, "client went away: generation cancelled"),
+            () = out.closed() => {
+                tracing::info!(session = %self.session_id, "client went away: generation cancelled");
+                crate::metrics::finished(self.metrics.as_ref(), Some(FinishReason::Cancelled));
+            }
             result = self.generate() => if let Err(err) = result {
                 tracing::warn!(%err, "generation failed");
+                crate::metrics::finished(self.metrics.as_ref(), None);
                 let _ = out.send(Err(err.into())).await;
             },
         }
@@ -191,6 +197,7 @@ impl SessionActor {
                 stats: Some(stats.to_wire()),
                 ..Default::default()
             };
+            crate::metrics::round(self.metrics.as_ref(), &report, message.token_ids.len());
             if self.out.send(Ok(message)).await.is_err() {
                 break FinishReason::Cancelled;
             }
@@ -218,6 +225,7 @@ impl SessionActor {
             stats: Some(stats.to_wire()),
             ..Default::default()
         };
+        crate::metrics::finished(self.metrics.as_ref(), Some(finish));
         let _ = self.out.send(Ok(last)).await;
         Ok(())
     }

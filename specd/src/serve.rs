@@ -137,6 +137,7 @@ impl NodeOptions {
             dtype: self.dtype,
             max_sessions: self.max_sessions,
             kv_budget_bytes: self.kv_budget_bytes(),
+            metrics: None,
         }
     }
 }
@@ -162,6 +163,7 @@ impl PolicyOptions {
             truncation,
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),
             rule: RuleVariant::Exact,
+            metrics: None,
         })
     }
 }
