@@ -10,10 +10,12 @@
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
 //! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
+//! - [`metrics`]: what the session actor records into `specd-telemetry`;
 //! - [`error`]: [`CoordinatorError`] and its status codes;
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
 pub mod error;
+pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod request;
@@ -54,6 +56,8 @@ pub struct CoordinatorConfig {
     /// Always [`RuleVariant::Exact`] in service; the wrong variant exists so that the law
     /// tests can show they catch it.
     pub rule: RuleVariant,
+    /// Where to record rounds, tokens, latencies and finish reasons (`specd-telemetry`).
+    pub metrics: Option<specd_telemetry::Metrics>,
 }
 
 /// Connects to the nodes (refusing incompatible ones), then serves until `shutdown`.
@@ -75,7 +79,11 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
         truncation: config.truncation,
         rule: config.rule,
     };
-    Ok(GenerationService::new(pool, defaults))
+    let service = GenerationService::new(pool, defaults);
+    Ok(match &config.metrics {
+        Some(metrics) => service.with_metrics(metrics.coordinator()),
+        None => service,
+    })
 }
 
 /// Serves the Generation API, grpc.health.v1 and server reflection.

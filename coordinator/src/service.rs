@@ -11,6 +11,7 @@ use dashmap::DashMap;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_server::Generation;
 use specd_proto::v1::{GenerateRequest, GenerateResponse, NextTokenLawRequest, NextTokenLawResponse};
+use specd_telemetry::CoordinatorMetrics;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,6 +42,7 @@ pub struct GenerationService {
     active: Arc<DashMap<String, ActiveGeneration>>,
     next_id: Arc<AtomicU64>,
     instance: u64,
+    metrics: Option<CoordinatorMetrics>,
 }
 
 /// Removes a generation from the registry when its actor ends.
@@ -63,7 +65,13 @@ impl GenerationService {
             active: Arc::default(),
             next_id: Arc::default(),
             instance: RandomState::new().hash_one(std::process::id()),
+            metrics: None,
         }
+    }
+
+    /// Records rounds, tokens, latencies and finish reasons into `metrics`.
+    pub fn with_metrics(self, metrics: CoordinatorMetrics) -> Self {
+        Self { metrics: Some(metrics), ..self }
     }
 
     /// Generations in flight.
@@ -76,6 +84,7 @@ impl GenerationService {
         request: &Request<GenerateRequest>,
     ) -> Result<ReceiverStream<Result<GenerateResponse, Status>>, Status> {
         let (metadata, request) = (request.metadata(), request.get_ref());
+        let metrics = self.metrics.as_ref().map(CoordinatorMetrics::request_started);
         let (target, draft) = self.pool.pick();
         let prompt = match &request.prompt {
             Some(Prompt::TokenIds(ids)) => ids.ids.clone(),
@@ -106,7 +115,8 @@ impl GenerationService {
         let span = tracing::info_span!("generation", request_id = %spec.request_id, session = %session_id);
         set_remote_parent(&span, extract_from_metadata(metadata));
         record_request(&span, &spec, &self.pool.facts);
-        let actor = SessionActor { session_id, spec, vocab_size: self.pool.facts.vocab_size, target, draft, out };
+        let vocab_size = self.pool.facts.vocab_size;
+        let actor = SessionActor { session_id, spec, vocab_size, target, draft, out, metrics };
         tokio::spawn(
             async move {
                 let _registered = registered;

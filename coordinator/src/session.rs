@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
+use specd_telemetry::RequestMetrics;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -27,6 +28,7 @@ pub struct SessionActor {
     pub target: TargetClient,
     pub draft: Option<DraftClient>,
     pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
+    pub metrics: Option<RequestMetrics>,
 }
 
 /// Releases both nodes' sessions when the generation ends, whichever way: finish, error,
@@ -120,11 +122,13 @@ impl SessionActor {
             () = out.closed() => {
                 tracing::info!("client went away: generation cancelled");
                 span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("cancelled"));
+                crate::metrics::finished(self.metrics.as_ref(), Some(FinishReason::Cancelled));
             }
             result = self.generate() => if let Err(err) = result {
                 tracing::warn!(%err, "generation failed");
                 span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("error"));
                 attributes::set_error(&span, err.to_string());
+                crate::metrics::finished(self.metrics.as_ref(), None);
                 let _ = out.send(Err(err.into())).await;
             },
         }
@@ -214,6 +218,7 @@ impl SessionActor {
                 stats: Some(stats.to_wire()),
                 ..Default::default()
             };
+            crate::metrics::round(self.metrics.as_ref(), &report, message.token_ids.len());
             if self.out.send(Ok(message)).await.is_err() {
                 break FinishReason::Cancelled;
             }
@@ -245,6 +250,7 @@ impl SessionActor {
             stats: Some(stats.to_wire()),
             ..Default::default()
         };
+        crate::metrics::finished(self.metrics.as_ref(), Some(finish));
         let _ = self.out.send(Ok(last)).await;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! its own round work (`propose` or `verify`) and its service.
 //!
 //! - [`node`]: [`Node`] (a model on its worker thread, the open sessions, `NodeInfo`),
-//!   [`NodeConfig`] and the per-session [`SessionState`];
+//!   [`NodeConfig`] (with the metrics the node samples) and the per-session [`SessionState`];
 //! - [`node_model`]: a model handle with a registry of sessions of any state type, and the
 //!   snapshot/run/store pattern that keeps a failed job from corrupting a session;
 //! - [`registry`]: the open sessions by the coordinator's session id;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use specd_model::{DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
 use specd_proto::v1::{NodeInfo, OpenSessionRequest};
 use specd_sampling::SamplingParams;
+use specd_telemetry::Metrics;
 
 use crate::error::NodeError;
 use crate::history::SessionHistory;
@@ -22,6 +23,9 @@ pub struct NodeConfig {
     pub max_sessions: usize,
     /// Bytes of KV cache all sessions may hold; `None` is unbounded.
     pub kv_budget_bytes: Option<u64>,
+    /// Where to show `specd_active_sessions` and `specd_kv_cache_bytes` (`role` label:
+    /// this node's role), sampled when Prometheus scrapes.
+    pub metrics: Option<Metrics>,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -54,6 +58,9 @@ impl Node {
         let options = LoadOptions { device: config.device, dtype: config.dtype, memory_budget: config.kv_budget_bytes };
         let thread = format!("specd-{role}-model");
         let model = NodeModel::load(&thread, &config.model, options, config.max_sessions)?;
+        if let Some(metrics) = &config.metrics {
+            export_gauges(metrics, role, &model);
+        }
         Ok(Self { role, model, config: Arc::new(config) })
     }
 
@@ -107,4 +114,17 @@ impl Node {
     pub async fn release(&self, session_id: &str) -> Result<bool, NodeError> {
         Ok(self.model.release(session_id).await?)
     }
+}
+
+/// Samples the node's open sessions and KV-cache bytes before every scrape.
+fn export_gauges(metrics: &Metrics, role: &'static str, model: &NodeModel<SessionState>) {
+    let (gauges, model) = (metrics.node(role), model.clone());
+    metrics.on_scrape(move || {
+        let (gauges, model) = (gauges.clone(), model.clone());
+        async move {
+            if let Ok(kv_bytes) = model.kv_cache_bytes().await {
+                gauges.set(model.active_sessions(), kv_bytes);
+            }
+        }
+    });
 }

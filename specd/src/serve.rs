@@ -1,7 +1,8 @@
 //! `specd target`, `specd draft`, `specd coordinator` and `specd up`: the roles as servers.
 //!
 //! Each prints `listening on HOST:PORT` once it is ready to take requests (model loaded,
-//! peers connected) and stops cleanly on Ctrl-C or SIGTERM.
+//! peers connected) and stops cleanly on Ctrl-C or SIGTERM. With `--metrics-listen` each
+//! also serves Prometheus metrics at `GET /metrics` (`specd up`: all three roles on one).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,7 +17,7 @@ use specd_model::{DType, DeviceSpec, ModelError};
 use specd_node::NodeConfig;
 use specd_sampling::{MAX_GAMMA, Truncation};
 use specd_target_node::TargetNode;
-use specd_telemetry::TelemetryOptions;
+use specd_telemetry::{Metrics, TelemetryOptions};
 use tokio::net::TcpListener;
 
 use crate::cli_error::invalid;
@@ -60,6 +61,14 @@ pub struct NodeOptions {
     kv_budget_mib: Option<u64>,
 }
 
+/// Where to serve Prometheus metrics (off by default).
+#[derive(Debug, Clone, Args)]
+pub struct MetricsOptions {
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (all roles of `specd up` on one).
+    #[arg(long, env = "SPECD_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+}
+
 /// Run a target node: the big model, scoring whole blocks in one forward pass.
 #[derive(Debug, Args)]
 pub struct TargetArgs {
@@ -73,6 +82,8 @@ pub struct TargetArgs {
     node: NodeOptions,
     #[command(flatten)]
     telemetry: TelemetryArgs,
+    #[command(flatten)]
+    metrics: MetricsOptions,
 }
 
 /// Run a draft node: the cheap model, proposing blocks with their distributions.
@@ -88,6 +99,8 @@ pub struct DraftArgs {
     node: NodeOptions,
     #[command(flatten)]
     telemetry: TelemetryArgs,
+    #[command(flatten)]
+    metrics: MetricsOptions,
 }
 
 /// Where traces go; every role has these.
@@ -140,6 +153,8 @@ pub struct CoordinatorArgs {
     policy: PolicyOptions,
     #[command(flatten)]
     telemetry: TelemetryArgs,
+    #[command(flatten)]
+    metrics: MetricsOptions,
 }
 
 /// Run all three roles on loopback: a target node, a draft node and the coordinator, each a
@@ -161,6 +176,26 @@ pub struct UpArgs {
     policy: PolicyOptions,
     #[command(flatten)]
     telemetry: TelemetryArgs,
+    #[command(flatten)]
+    metrics: MetricsOptions,
+}
+
+impl MetricsOptions {
+    /// With `--metrics-listen`: binds it, serves `GET /metrics` in the background for as
+    /// long as the runtime runs, and returns the registry the roles record into.
+    async fn start(&self) -> anyhow::Result<Option<Metrics>> {
+        let Some(addr) = self.metrics_listen else { return Ok(None) };
+        let listener = bind(addr).await?;
+        tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);
+        let metrics = Metrics::new();
+        let serve = specd_telemetry::serve_metrics(listener, metrics.clone(), std::future::pending());
+        tokio::spawn(async move {
+            if let Err(err) = serve.await {
+                tracing::error!(%err, "metrics server stopped");
+            }
+        });
+        Ok(Some(metrics))
+    }
 }
 
 impl NodeOptions {
@@ -175,6 +210,7 @@ impl NodeOptions {
             dtype: self.dtype,
             max_sessions: self.max_sessions,
             kv_budget_bytes: self.kv_budget_bytes(),
+            metrics: None,
         }
     }
 }
@@ -207,6 +243,7 @@ impl PolicyOptions {
             truncation,
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),
             rule: RuleVariant::Exact,
+            metrics: None,
         })
     }
 }
@@ -263,9 +300,10 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 }
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
-    let config = args.node.config(args.model.clone());
+    let mut config = args.node.config(args.model.clone());
     run_role("specd-target", &args.telemetry, async {
         let listener = bind(args.listen).await?;
+        config.metrics = args.metrics.start().await?;
         let node = TargetNode::load(config).await?;
         announce(&listener)?;
         specd_target_node::serve(listener, node, shutdown_signal()).await?;
@@ -274,9 +312,10 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
-    let config = args.node.config(args.model.clone());
+    let mut config = args.node.config(args.model.clone());
     run_role("specd-draft", &args.telemetry, async {
         let listener = bind(args.listen).await?;
+        config.metrics = args.metrics.start().await?;
         let node = DraftNode::load(config).await?;
         announce(&listener)?;
         specd_draft_node::serve(listener, node, shutdown_signal()).await?;
@@ -285,9 +324,10 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
-    let config = args.policy.config(args.target.clone(), args.draft.clone())?;
+    let mut config = args.policy.config(args.target.clone(), args.draft.clone())?;
     run_role("specd-coordinator", &args.telemetry, async {
         let listener = bind(args.listen).await?;
+        config.metrics = args.metrics.start().await?;
         let service = specd_coordinator::connect(&config).await?;
         announce(&listener)?;
         specd_coordinator::serve(listener, service, shutdown_signal()).await?;
@@ -296,11 +336,13 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
-    let target_config = args.node.config(args.target_model.clone());
-    let draft_config = args.node.config(args.draft_model.clone());
+    let mut target_config = args.node.config(args.target_model.clone());
+    let mut draft_config = args.node.config(args.draft_model.clone());
     // One process, one exporter: all three roles' spans carry the service name `specd`.
     run_role("specd", &args.telemetry, async {
         let public = bind(args.listen).await?;
+        let metrics = args.metrics.start().await?;
+        (target_config.metrics, draft_config.metrics) = (metrics.clone(), metrics.clone());
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);
         let target_url = format!("http://{}", target_listener.local_addr()?);
@@ -313,7 +355,8 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         };
         let target_task = tokio::spawn(specd_target_node::serve(target_listener, target, stopped(stop_rx.clone())));
         let draft_task = tokio::spawn(specd_draft_node::serve(draft_listener, draft, stopped(stop_rx.clone())));
-        let config = args.policy.config(vec![target_url], vec![draft_url])?;
+        let mut config = args.policy.config(vec![target_url], vec![draft_url])?;
+        config.metrics = metrics;
         let service = specd_coordinator::connect(&config).await?;
         announce(&public)?;
         let result = specd_coordinator::serve(public, service, shutdown_signal()).await;

@@ -1,4 +1,4 @@
-//! The telemetry crate's one error type.
+//! The crate's one error type.
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
@@ -6,4 +6,10 @@ pub enum TelemetryError {
     Exporter(String),
     #[error("a global tracing subscriber is already installed")]
     AlreadyInstalled,
+    /// The metrics HTTP server failed (accepting on its listener).
+    #[error("metrics server: {0}")]
+    Serve(#[from] std::io::Error),
+    /// The registry could not be written out as text.
+    #[error("encoding metrics: {0}")]
+    Encode(#[from] std::fmt::Error),
 }

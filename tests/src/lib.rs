@@ -15,6 +15,7 @@ use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{InfoRequest, NodeInfo};
 use specd_sampling::Truncation;
 use specd_target_node::TargetNode;
+use specd_telemetry::Metrics;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -28,6 +29,8 @@ pub struct ClusterOptions {
     pub truncation: Truncation,
     pub rule: RuleVariant,
     pub dtype: DType,
+    /// Record every role's metrics here and serve them at [`Cluster::metrics_url`].
+    pub metrics: Option<Metrics>,
 }
 
 impl Default for ClusterOptions {
@@ -37,6 +40,7 @@ impl Default for ClusterOptions {
             truncation: Truncation::new(1e-4, 64).unwrap(),
             rule: RuleVariant::Exact,
             dtype: DType::F32,
+            metrics: None,
         }
     }
 }
@@ -47,6 +51,8 @@ pub struct Cluster {
     pub endpoint: String,
     pub target_url: String,
     pub draft_url: String,
+    /// `http://127.0.0.1:PORT/metrics` when [`ClusterOptions::metrics`] is set.
+    pub metrics_url: Option<String>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -65,6 +71,7 @@ impl Cluster {
             dtype: options.dtype,
             max_sessions: 1024,
             kv_budget_bytes: None,
+            metrics: options.metrics.clone(),
         };
         let target = TargetNode::load(config(target_model)).await?;
         let draft = DraftNode::load(config(draft_model)).await?;
@@ -92,13 +99,23 @@ impl Cluster {
             truncation: options.truncation,
             node_timeout: Duration::from_secs(30),
             rule: options.rule,
+            metrics: options.metrics.clone(),
         };
         let service = specd_coordinator::connect(&config).await?;
-        let rx = stop_rx;
+        let rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             specd_coordinator::serve(public, service, stopped(rx)).await.expect("coordinator serves");
         }));
-        Ok(Self { endpoint, target_url, draft_url, stop, tasks })
+        let mut metrics_url = None;
+        if let Some(metrics) = options.metrics.clone() {
+            let (listener, url) = loopback().await?;
+            metrics_url = Some(format!("{url}/metrics"));
+            let rx = stop_rx;
+            tasks.push(tokio::spawn(async move {
+                specd_telemetry::serve_metrics(listener, metrics, stopped(rx)).await.expect("metrics served");
+            }));
+        }
+        Ok(Self { endpoint, target_url, draft_url, metrics_url, stop, tasks })
     }
 
     pub async fn client(&self) -> anyhow::Result<GenerationClient<Channel>> {

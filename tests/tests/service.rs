@@ -158,6 +158,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         truncation: Truncation::new(0.0, 8).unwrap(),
         node_timeout: Duration::from_secs(2),
         rule: RuleVariant::Exact,
+        metrics: None,
     };
     let err = specd_coordinator::connect(&config).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);

@@ -1,0 +1,105 @@
+//! `GET /metrics` after a generation: the counters agree with the response's own stats, and
+//! the nodes' gauges return to zero.
+
+use std::time::{Duration, Instant};
+
+use specd_coordinator::GammaChoice;
+use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
+use specd_telemetry::Metrics;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A plain HTTP/1.1 GET of `url` (`http://host:port/path`); the body of a 200 reply.
+async fn get(url: &str) -> String {
+    let rest = url.strip_prefix("http://").expect("http url");
+    let (host, path) = rest.split_at(rest.find('/').expect("a path"));
+    let mut stream = TcpStream::connect(host).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.expect("read");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("a header");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: application/openmetrics-text"), "{head}");
+    body.to_owned()
+}
+
+/// The value of one series (`name{labels}` exactly as exposed).
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// The sum over every series of the family `name` with labels.
+fn sum(text: &str, name: &str) -> f64 {
+    let prefix = format!("{name}{{");
+    text.lines().filter(|l| l.starts_with(&prefix)).filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_agree_with_the_generation_stats() {
+    let dir = scratch_dir("metrics");
+    let target = Table { vocab_size: 4, default: vec![0.4, 0.3, 0.2, 0.1], rules: vec![] };
+    let draft = Table { vocab_size: 4, default: vec![0.25, 0.25, 0.25, 0.25], rules: vec![] };
+    let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let options =
+        ClusterOptions { gamma: GammaChoice::Fixed(3), metrics: Some(Metrics::new()), ..ClusterOptions::default() };
+    let cluster = Cluster::start(&t, &d, &options).await.unwrap();
+    let url = cluster.metrics_url.clone().expect("metrics served");
+
+    let before = get(&url).await;
+    assert_eq!(value(&before, "specd_rounds_total"), 0.0);
+    assert_eq!(value(&before, "specd_active_sessions{role=\"target\"}"), 0.0);
+
+    let request = GenerateRequest {
+        prompt: Some(Prompt::TokenIds(TokenIds { ids: vec![1, 2] })),
+        sampling: Some(SamplingParams { temperature: Some(1.0), seed: Some(7), ..Default::default() }),
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(40), ..Default::default() }),
+        speculation: Some(Speculation { gamma: Some(3), dense: false }),
+        ..Default::default()
+    };
+    let reply = cluster.client().await.unwrap().generate(request).await.unwrap().into_inner();
+    assert_eq!(reply.finish_reason, FinishReason::Length as i32);
+    let stats = reply.stats.unwrap();
+
+    let text = get(&url).await;
+    assert_eq!(value(&text, "specd_rounds_total"), stats.rounds as f64, "{text}");
+    assert_eq!(value(&text, "specd_draft_tokens_total"), stats.draft_tokens as f64);
+    assert_eq!(value(&text, "specd_accepted_tokens_total"), stats.accepted_tokens as f64);
+    assert_eq!(sum(&text, "specd_accepted_tokens_per_pos_total"), stats.accepted_tokens as f64);
+    for (position, &accepted) in stats.accepted_per_position.iter().enumerate().filter(|(_, n)| **n > 0) {
+        let series = format!("specd_accepted_tokens_per_pos_total{{position=\"{}\"}}", position + 1);
+        assert_eq!(value(&text, &series), accepted as f64);
+    }
+    assert_eq!(value(&text, "specd_emitted_tokens_total"), reply.token_ids.len() as f64);
+    assert_eq!(value(&text, "specd_requests_total{finish_reason=\"length\"}"), 1.0);
+    assert_eq!(sum(&text, "specd_requests_total"), 1.0);
+    assert_eq!(value(&text, "specd_round_seconds_count"), stats.rounds as f64);
+    assert_eq!(value(&text, "specd_round_draft_seconds_count"), stats.rounds as f64);
+    assert_eq!(value(&text, "specd_round_verify_seconds_count"), stats.rounds as f64);
+    assert_eq!(value(&text, "specd_round_network_seconds_count"), stats.rounds as f64);
+    assert_eq!(value(&text, "specd_time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(value(&text, "specd_inter_token_latency_seconds_count"), reply.token_ids.len() as f64);
+    assert!(value(&text, "specd_time_to_first_token_seconds_sum") > 0.0);
+
+    // Both nodes release their sessions just after the last message; the gauges follow.
+    let finished = Instant::now();
+    loop {
+        let text = get(&url).await;
+        let open: Vec<f64> = ["coordinator", "target", "draft"]
+            .iter()
+            .map(|role| value(&text, &format!("specd_active_sessions{{role=\"{role}\"}}")))
+            .collect();
+        if open.iter().all(|&n| n == 0.0) {
+            assert!(value(&text, "specd_kv_cache_bytes{role=\"target\"}") >= 0.0);
+            assert!(value(&text, "specd_kv_cache_bytes{role=\"draft\"}") >= 0.0);
+            break;
+        }
+        assert!(finished.elapsed() < Duration::from_secs(2), "sessions still open {open:?}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.shutdown().await;
+}
