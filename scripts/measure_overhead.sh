@@ -2,14 +2,25 @@
 # Coordinator + RPC overhead per round on loopback (BENCHMARKS.md, issue #4): `specd up` on
 # the two V = 32 000 table models of make_overhead_models.py, then 300 tokens at γ = 5 per
 # seed, sparse and dense. Overhead = (round wall − draft model time − target model time) / rounds.
-# Usage: scripts/measure_overhead.sh [path to specd]   (run after `make build`)
+# With --otlp, traces are on: exported to a counting OTLP receiver
+# (`cargo build --release -p specd-telemetry --example otlp_sink` first).
+# Usage: scripts/measure_overhead.sh [--otlp] [path to specd]   (run after `make build`)
 set -euo pipefail
+otlp=()
+if [ "${1:-}" = --otlp ]; then otlp=(yes); shift; fi
 specd=${1:-target/release/specd}
 dir=$(mktemp -d)
-trap 'kill "${up:-}" 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill "${up:-}" "${sink:-}" 2>/dev/null || true; rm -rf "$dir"' EXIT
 python3 "$(dirname "$0")/make_overhead_models.py" "$dir"
+tracing=()
+if [ ${#otlp[@]} -gt 0 ]; then
+  "$(dirname "$specd")/examples/otlp_sink" 127.0.0.1:0 >"$dir/sink.out" 2>"$dir/sink.err" &
+  sink=$!
+  for _ in $(seq 100); do grep -q "listening on" "$dir/sink.out" && break; sleep 0.1; done
+  tracing=(--otlp-endpoint "http://$(sed -n 's/^listening on //p' "$dir/sink.out")")
+fi
 "$specd" up --target-model "$dir/target.json" --draft-model "$dir/draft.json" --listen 127.0.0.1:0 \
-  >"$dir/up.out" 2>"$dir/up.err" &
+  "${tracing[@]}" >"$dir/up.out" 2>"$dir/up.err" &
 up=$!
 for _ in $(seq 100); do grep -q "listening on" "$dir/up.out" && break; sleep 0.2; done
 endpoint="http://$(sed -n 's/^listening on //p' "$dir/up.out")"
@@ -29,3 +40,4 @@ print("%-6s seed %s: %d rounds, accepted %d/%d, wall %.2f ms, draft %.2f ms, ver
 ' "$wire" "$seed"
   done
 done
+if [ ${#otlp[@]} -gt 0 ]; then sleep 6; echo "spans exported: $(tail -1 "$dir/sink.err")"; fi
