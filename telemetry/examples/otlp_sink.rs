@@ -21,13 +21,8 @@ impl TraceService for Counter {
         &self,
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        let spans: usize = request
-            .get_ref()
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum();
+        let spans: usize =
+            request.get_ref().resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
         self.0.fetch_add(spans as u64, Ordering::Relaxed);
         Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
     }

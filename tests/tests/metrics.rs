@@ -23,7 +23,44 @@ async fn get(url: &str) -> String {
     let (head, body) = reply.split_once("\r\n\r\n").expect("a header");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(head.to_ascii_lowercase().contains("content-type: application/openmetrics-text"), "{head}");
+    assert_parses(body);
     body.to_owned()
+}
+
+/// The OpenMetrics text format: `# TYPE`/`# HELP`/`# UNIT` lines, samples
+/// `name{label="value",...} number`, and `# EOF` last.
+fn assert_parses(text: &str) {
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "no # EOF at the end");
+    for line in &lines[..lines.len() - 1] {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let kind = comment.split(' ').next().unwrap_or_default();
+            assert!(["TYPE", "HELP", "UNIT"].contains(&kind), "bad comment line {line:?}");
+            continue;
+        }
+        let (series, number) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
+        assert!(number.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&number), "bad value in {line:?}");
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                && !name.starts_with(|c: char| c.is_ascii_digit()),
+            "bad metric name in {line:?}"
+        );
+        if name_end < series.len() {
+            let labels = series[name_end..].strip_prefix('{').and_then(|l| l.strip_suffix('}'));
+            let labels = labels.unwrap_or_else(|| panic!("bad label set in {line:?}"));
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                let (key, value) = pair.split_once('=').unwrap_or_else(|| panic!("bad label in {line:?}"));
+                assert!(key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "bad label name in {line:?}");
+                assert!(
+                    value.len() >= 2 && value.starts_with('"') && value.ends_with('"'),
+                    "unquoted label in {line:?}"
+                );
+            }
+        }
+    }
 }
 
 /// The value of one series (`name{labels}` exactly as exposed).
