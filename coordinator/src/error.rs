@@ -25,6 +25,9 @@ pub enum CoordinatorError {
     NoNode(&'static str),
     #[error(transparent)]
     Serve(#[from] specd_proto::transport::ServeError),
+    /// The draft's part of a round failed; the session goes on without it.
+    #[error("{0}")]
+    DraftLost(Box<CoordinatorError>),
 }
 
 impl From<SamplingError> for CoordinatorError {
@@ -54,6 +57,7 @@ impl CoordinatorError {
             },
             Self::Incompatible(_) => Code::FailedPrecondition,
             Self::Protocol(_) | Self::Serve(_) => Code::Internal,
+            Self::DraftLost(inner) => inner.code(),
         }
     }
 }

@@ -7,6 +7,8 @@
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
+//! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
+//!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
 //! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
@@ -14,6 +16,7 @@
 //! - [`error`]: [`CoordinatorError`] and its status codes;
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
+pub mod draft_link;
 pub mod error;
 pub mod metrics;
 pub mod nodes;

@@ -17,8 +17,9 @@ use specd_telemetry::propagation::context_map;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
-use crate::nodes::{DraftRounds, TargetRounds};
+use crate::nodes::TargetRounds;
 use crate::request::{GenerationSpec, RuleVariant, Wire};
 
 /// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
@@ -69,7 +70,7 @@ pub async fn run_round(
     round: u32,
     vocab_size: usize,
     target: (&mut TargetRounds, &Cursor),
-    draft: Option<(&mut DraftRounds, &Cursor, u32)>,
+    draft: Option<(&mut DraftSession, u32)>,
 ) -> Result<RoundReport, CoordinatorError> {
     let span = tracing::info_span!("round", round);
     let report =
@@ -103,7 +104,7 @@ async fn run_round_in(
     round: u32,
     vocab_size: usize,
     target: (&mut TargetRounds, &Cursor),
-    draft: Option<(&mut DraftRounds, &Cursor, u32)>,
+    draft: Option<(&mut DraftSession, u32)>,
     span: &tracing::Span,
 ) -> Result<RoundReport, CoordinatorError> {
     let started = Instant::now();
@@ -112,39 +113,16 @@ async fn run_round_in(
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
     };
-    if let Some((client, cursor, gamma)) = draft.filter(|d| d.2 > 0) {
-        let (truncation, dense) = match spec.wire {
-            Wire::Sparse(t) => (Some(t.into()), false),
-            Wire::Dense => (None, true),
-        };
-        let request = ProposeRequest {
-            session_id: session_id.to_owned(),
-            round,
-            rollback_to: cursor.valid as u32,
-            pending_token_ids: cursor.pending.clone(),
-            gamma,
-            truncation,
-            dense,
-            trace_context: context_map(span),
-        };
-        bytes_sent += request.encoded_len() as u64;
-        let reply = client.call(request).await?;
-        bytes_received += reply.encoded_len() as u64;
-        if reply.positions.len() != gamma as usize {
-            return Err(CoordinatorError::Protocol(format!(
-                "asked the draft for {gamma} candidates, got {}",
-                reply.positions.len()
-            )));
-        }
-        draft_ns = reply.draft_ns;
-        proposals = match spec.wire {
-            Wire::Sparse(_) => Proposals::Sparse(
-                reply.positions.iter().map(|p| parse_sparse_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
-            ),
-            Wire::Dense => Proposals::Dense(
-                reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
-            ),
-        };
+    if let Some((draft, gamma)) = draft.filter(|d| d.1 > 0) {
+        // Whatever goes wrong on the draft's side ends the round before the target is asked,
+        // so the session can go on without the draft.
+        let (bytes, draft_time, parsed) = propose(spec, draft, round, gamma, vocab_size, span)
+            .await
+            .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
+        bytes_sent += bytes.0;
+        bytes_received += bytes.1;
+        draft_ns = draft_time;
+        proposals = parsed;
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -195,4 +173,47 @@ async fn run_round_in(
         bytes_sent,
         bytes_received,
     })
+}
+
+/// The draft's part of a round: its bytes (sent, received), model time and proposals.
+async fn propose(
+    spec: &GenerationSpec,
+    draft: &mut DraftSession,
+    round: u32,
+    gamma: u32,
+    vocab_size: usize,
+    span: &tracing::Span,
+) -> Result<((u64, u64), u64, Proposals), CoordinatorError> {
+    let (truncation, dense) = match spec.wire {
+        Wire::Sparse(t) => (Some(t.into()), false),
+        Wire::Dense => (None, true),
+    };
+    let request = ProposeRequest {
+        session_id: draft.session_id.clone(),
+        round,
+        rollback_to: draft.cursor.valid as u32,
+        pending_token_ids: draft.cursor.pending.clone(),
+        gamma,
+        truncation,
+        dense,
+        trace_context: context_map(span),
+    };
+    let sent = request.encoded_len() as u64;
+    let reply = draft.rounds.call(request).await?;
+    let received = reply.encoded_len() as u64;
+    if reply.positions.len() != gamma as usize {
+        return Err(CoordinatorError::Protocol(format!(
+            "asked the draft for {gamma} candidates, got {}",
+            reply.positions.len()
+        )));
+    }
+    let proposals = match spec.wire {
+        Wire::Sparse(_) => Proposals::Sparse(
+            reply.positions.iter().map(|p| parse_sparse_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
+        ),
+        Wire::Dense => Proposals::Dense(
+            reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
+        ),
+    };
+    Ok(((sent, received), reply.draft_ns, proposals))
 }

@@ -12,6 +12,7 @@ use specd_telemetry::attributes;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient};
 use crate::policy::AdaptiveGamma;
@@ -31,18 +32,18 @@ pub struct SessionActor {
     pub metrics: Option<RequestMetrics>,
 }
 
-/// Releases both nodes' sessions when the generation ends, whichever way: finish, error,
-/// timeout or a client that went away (the actor's future is then dropped).
+/// Releases the target's session when the generation ends, whichever way: finish, error,
+/// timeout or a client that went away (the actor's future is then dropped). The draft's
+/// sessions are released by their [`DraftLink`] the same way.
 #[derive(Debug)]
 struct ReleaseGuard {
     session_id: String,
     target: TargetClient,
-    draft: Option<DraftClient>,
 }
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
-        let (id, target, draft) = (self.session_id.clone(), self.target.clone(), self.draft.take());
+        let (id, target) = (self.session_id.clone(), self.target.clone());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(session = %id, "no runtime to release node sessions on");
             return;
@@ -52,11 +53,6 @@ impl Drop for ReleaseGuard {
         let release = async move {
             if let Err(err) = target.release(id.clone()).await {
                 tracing::warn!(session = %id, %err, "target release failed");
-            }
-            if let Some(draft) = draft
-                && let Err(err) = draft.release(id.clone()).await
-            {
-                tracing::warn!(session = %id, %err, "draft release failed");
             }
         };
         runtime.spawn(release.instrument(span));
@@ -75,6 +71,7 @@ struct Stats {
     wall_ns: u64,
     bytes_sent: u64,
     bytes_received: u64,
+    draft_fallbacks: u64,
 }
 
 impl Stats {
@@ -108,6 +105,7 @@ impl Stats {
             round_wall_ns: self.wall_ns,
             wire_bytes_sent: self.bytes_sent,
             wire_bytes_received: self.bytes_received,
+            draft_fallbacks: self.draft_fallbacks,
         }
     }
 }
@@ -141,32 +139,27 @@ impl SessionActor {
             GammaChoice::Adaptive { max } => Some(AdaptiveGamma::new(max)),
             GammaChoice::Fixed(_) => None,
         };
-        let _guard =
-            ReleaseGuard { session_id: self.session_id.clone(), target: self.target.clone(), draft: draft.cloned() };
+        let _guard = ReleaseGuard { session_id: self.session_id.clone(), target: self.target.clone() };
         let open = OpenSessionRequest {
             session_id: self.session_id.clone(),
             prompt_token_ids: spec.prompt.clone(),
             sampling: Some(SamplingSettings::from(&spec.params)),
             seed: spec.seed,
         };
-        match draft {
-            Some(d) => {
-                let (t, d) = tokio::join!(self.target.open_session(open.clone()), d.open_session(open));
-                t?;
-                d?;
-            }
-            None => self.target.open_session(open).await?,
-        }
-        let draft_stream = async {
+        let target_side = async {
+            self.target.open_session(open.clone()).await?;
+            self.target.open_rounds().await
+        };
+        let draft_side = async {
             match draft {
-                Some(d) => d.open_rounds().await.map(Some),
-                None => Ok(None),
+                Some(d) => Some(DraftLink::open(d.clone(), open.clone()).await),
+                None => None,
             }
         };
-        let (target_rounds, draft_rounds) = tokio::join!(self.target.open_rounds(), draft_stream);
-        let (mut target_rounds, mut draft_rounds) = (target_rounds?, draft_rounds?);
-        let start = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
-        let (mut target_cursor, mut draft_cursor) = (start.clone(), start);
+        let (target_rounds, mut draft_link) = tokio::join!(target_side, draft_side);
+        let mut target_rounds = target_rounds?;
+        let mut target_cursor = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
+        let mut committed = spec.prompt.clone();
         let mut output: Vec<u32> = Vec::new();
         let mut stats = Stats::default();
         let mut text = spec.detokenize.then(|| TextOutput::new(spec.stop_strings.clone()));
@@ -180,23 +173,37 @@ impl SessionActor {
                 (None, gamma) => gamma.max(),
             };
             let gamma = wanted.min(remaining.saturating_sub(1) as u32);
-            let draft_arg = draft_rounds.as_mut().map(|d| (d, &draft_cursor, gamma));
+            if gamma > 0
+                && let Some(link) = draft_link.as_mut()
+            {
+                link.reconnect_if_due(&committed).await;
+            }
+            let draft_arg = draft_link.as_mut().and_then(DraftLink::session).map(|d| (d, gamma));
             let target_arg = (&mut target_rounds, &target_cursor);
-            let report = run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await?;
+            let report = match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
+                Err(CoordinatorError::DraftLost(err)) => {
+                    // Nothing was committed: the same round again, without the draft.
+                    if let Some(link) = draft_link.as_mut() {
+                        link.lost(&err);
+                        stats.draft_fallbacks = link.fallbacks;
+                    }
+                    continue;
+                }
+                result => result?,
+            };
             stats.record(&report);
             if let Some(policy) = &mut adaptive {
                 policy.observe(&report);
             }
             target_cursor.advance(base, &report.outcome);
-            if report.gamma > 0 {
-                draft_cursor.advance(base, &report.outcome);
-            } else {
-                draft_cursor.append(&report.outcome.tokens);
+            if let Some(link) = draft_link.as_mut() {
+                link.after_round(base, &report);
             }
             let before = output.len();
             let mut finish = None;
             for &token in &report.outcome.tokens {
                 output.push(token);
+                committed.push(token);
                 finish = self.stop_reason(token, output.len());
                 if finish.is_some() {
                     break;

@@ -15,6 +15,7 @@
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`].
 //! - [`device`]: `--device` and `--dtype`; [`load`]: open a model from a path.
+//! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one.
 //! - [`error`]: the crate's one error type.
 //!
 //! Memory: each session preallocates its KV cache for its capacity when it opens; the
@@ -31,6 +32,7 @@ pub mod llama;
 pub mod load;
 mod rope;
 mod sessions;
+pub mod slowed;
 pub mod table;
 pub mod tokenizer;
 mod weights;
@@ -42,6 +44,7 @@ pub use error::{ErrorClass, ModelError, Result};
 pub use language_model::{LanguageModel, Logits, ModelInfo, SessionId};
 pub use llama::LlamaModel;
 pub use load::{BoxedModel, LoadOptions, load_model};
+pub use slowed::Slowed;
 pub use table::TableModel;
 pub use tokenizer::TextTokenizer;
 pub use worker::{ModelHandle, ModelWorker};

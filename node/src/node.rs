@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use specd_model::{DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
 use specd_proto::v1::{NodeInfo, OpenSessionRequest};
@@ -23,6 +24,9 @@ pub struct NodeConfig {
     pub max_sessions: usize,
     /// Bytes of KV cache all sessions may hold; `None` is unbounded.
     pub kv_budget_bytes: Option<u64>,
+    /// Added to every forward pass, to stand in for a slower model in benchmarks and tests;
+    /// zero in service.
+    pub forward_delay: Duration,
     /// Where to show `specd_active_sessions` and `specd_kv_cache_bytes` (`role` label:
     /// this node's role), sampled when Prometheus scrapes.
     pub metrics: Option<Metrics>,
@@ -57,7 +61,7 @@ impl Node {
     pub fn load(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
         let options = LoadOptions { device: config.device, dtype: config.dtype, memory_budget: config.kv_budget_bytes };
         let thread = format!("specd-{role}-model");
-        let model = NodeModel::load(&thread, &config.model, options, config.max_sessions)?;
+        let model = NodeModel::load(&thread, &config.model, options, config.max_sessions, config.forward_delay)?;
         if let Some(metrics) = &config.metrics {
             export_gauges(metrics, role, &model);
         }

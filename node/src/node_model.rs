@@ -3,8 +3,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use specd_model::{LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, load_model};
+use specd_model::{LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, load_model};
 
 use crate::history::SessionHistory;
 use crate::registry::{RegistryError, SessionRegistry};
@@ -40,9 +41,19 @@ impl<S> Clone for NodeModel<S> {
 
 impl<S: NodeSessionState> NodeModel<S> {
     /// Loads `path` on a worker thread named `thread`; blocks until the model is ready.
-    pub fn load(thread: &str, path: &Path, options: LoadOptions, max_sessions: usize) -> Result<Self, ModelError> {
+    /// `forward_delay` makes every forward pass that much slower (zero: none).
+    pub fn load(
+        thread: &str,
+        path: &Path,
+        options: LoadOptions,
+        max_sessions: usize,
+        forward_delay: Duration,
+    ) -> Result<Self, ModelError> {
         let path = path.to_owned();
-        let model = ModelWorker::spawn(thread, 64, move || load_model(&path, &options))?;
+        let model = ModelWorker::spawn(thread, 64, move || {
+            let model = load_model(&path, &options)?;
+            Ok(if forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, forward_delay)) })
+        })?;
         Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)) })
     }
 

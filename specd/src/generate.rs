@@ -182,6 +182,7 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()
                 "round_wall_ns": stats.round_wall_ns,
                 "wire_bytes_sent": stats.wire_bytes_sent,
                 "wire_bytes_received": stats.wire_bytes_received,
+                "draft_fallbacks": stats.draft_fallbacks,
             },
         });
         outln!("{out}");

@@ -59,6 +59,10 @@ pub struct NodeOptions {
     /// KV-cache budget of a node in MiB (all sessions together); unbounded when unset.
     #[arg(long, env = "SPECD_KV_BUDGET_MIB")]
     kv_budget_mib: Option<u64>,
+    /// Milliseconds added to every forward pass of this node's model: stands in for a slower
+    /// (bigger) model in benchmarks and tests. 0 in service.
+    #[arg(long, env = "SPECD_FORWARD_DELAY_MS", default_value_t = 0.0)]
+    forward_delay_ms: f64,
 }
 
 /// Where to serve Prometheus metrics (off by default).
@@ -203,15 +207,20 @@ impl NodeOptions {
         self.kv_budget_mib.map(|m| m * 1024 * 1024)
     }
 
-    fn config(&self, model: PathBuf) -> NodeConfig {
-        NodeConfig {
+    fn config(&self, model: PathBuf) -> anyhow::Result<NodeConfig> {
+        let forward_delay = Duration::try_from_secs_f64(self.forward_delay_ms / 1e3)
+            .ok()
+            .filter(|d| *d <= Duration::from_secs(60))
+            .ok_or_else(|| invalid(format!("--forward-delay-ms {} must be in [0, 60000]", self.forward_delay_ms)))?;
+        Ok(NodeConfig {
             model,
             device: self.device,
             dtype: self.dtype,
             max_sessions: self.max_sessions,
             kv_budget_bytes: self.kv_budget_bytes(),
+            forward_delay,
             metrics: None,
-        }
+        })
     }
 }
 
@@ -300,7 +309,7 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 }
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
-    let mut config = args.node.config(args.model.clone());
+    let mut config = args.node.config(args.model.clone())?;
     run_role("specd-target", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.metrics.start().await?;
@@ -312,7 +321,7 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
-    let mut config = args.node.config(args.model.clone());
+    let mut config = args.node.config(args.model.clone())?;
     run_role("specd-draft", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.metrics.start().await?;
@@ -336,8 +345,8 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
-    let mut target_config = args.node.config(args.target_model.clone());
-    let mut draft_config = args.node.config(args.draft_model.clone());
+    let mut target_config = args.node.config(args.target_model.clone())?;
+    let mut draft_config = args.node.config(args.draft_model.clone())?;
     // One process, one exporter: all three roles' spans carry the service name `specd`.
     run_role("specd", &args.telemetry, async {
         let public = bind(args.listen).await?;

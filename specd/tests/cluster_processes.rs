@@ -2,11 +2,13 @@
 //! client (grpcio, stubs generated from proto/ during the test) that must get the same
 //! tokens as `specd generate` for the same seed.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
+
+mod common;
+use common::{Running, start};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -19,16 +21,6 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Kills the process when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `specd up` on table models; returns the process and its `host:port`.
 fn up(dir: &Path) -> (Running, String) {
     let target = dir.join("target.json");
@@ -39,19 +31,10 @@ fn up(dir: &Path) -> (Running, String) {
     )
     .unwrap();
     std::fs::write(&draft, r#"{"vocab_size": 4, "default": [0.25, 0.25, 0.25, 0.25]}"#).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
-        .args(["up", "--listen", "127.0.0.1:0", "--target-model"])
-        .arg(&target)
-        .arg("--draft-model")
-        .arg(&draft)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let address = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{line:?}")).to_owned();
-    (Running(child), address)
+    let (target, draft) = (target.to_str().unwrap(), draft.to_str().unwrap());
+    // A fixed γ: with the adaptive default, rounds (and so the tokens a seed gives) follow
+    // measured timings.
+    start(&["up", "--listen", "127.0.0.1:0", "--target-model", target, "--draft-model", draft, "--gamma", "4"], &[])
 }
 
 fn json_of(output: &std::process::Output) -> Value {

@@ -4,9 +4,7 @@
 //! draft's `propose` and the target's `verify` spans, each in its own service.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +16,9 @@ use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use tonic::{Request, Response, Status};
+
+mod common;
+use common::{Running, start};
 
 /// Every span received, with the service name of the process that sent it.
 #[derive(Default, Clone)]
@@ -51,29 +52,11 @@ impl TraceService for Receiver {
     }
 }
 
-/// Kills the process when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(args: &[&str], otlp: &str) -> (Running, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
-        .args(args)
-        .args(["--listen", "127.0.0.1:0", "--otlp-endpoint", otlp])
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let address = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{line:?}")).to_owned();
-    (Running(child), format!("http://{address}"))
+fn start_role(args: &[&str], otlp: &str) -> (Running, String) {
+    let mut args = args.to_vec();
+    args.extend(["--listen", "127.0.0.1:0", "--otlp-endpoint", otlp]);
+    let (process, address) = start(&args, &[("OTEL_BSP_SCHEDULE_DELAY", "100")]);
+    (process, format!("http://{address}"))
 }
 
 fn int_attribute(span: &Span, key: &str) -> Option<i64> {
@@ -98,10 +81,10 @@ async fn one_generation_is_one_trace_across_three_processes() {
     let (target_model, draft_model) = (dir.join("target.json"), dir.join("draft.json"));
     std::fs::write(&target_model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
     std::fs::write(&draft_model, r#"{"vocab_size": 4, "default": [0.25, 0.25, 0.25, 0.25]}"#).unwrap();
-    let (_target, target_url) = start(&["target", "--model", target_model.to_str().unwrap()], &otlp);
-    let (_draft, draft_url) = start(&["draft", "--model", draft_model.to_str().unwrap()], &otlp);
+    let (_target, target_url) = start_role(&["target", "--model", target_model.to_str().unwrap()], &otlp);
+    let (_draft, draft_url) = start_role(&["draft", "--model", draft_model.to_str().unwrap()], &otlp);
     let (_coordinator, endpoint) =
-        start(&["coordinator", "--target", &target_url, "--draft", &draft_url, "--gamma", "3"], &otlp);
+        start_role(&["coordinator", "--target", &target_url, "--draft", &draft_url, "--gamma", "3"], &otlp);
 
     let (trace_id, client_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let mut request = Request::new(GenerateRequest {

@@ -71,6 +71,7 @@ impl Cluster {
             dtype: options.dtype,
             max_sessions: 1024,
             kv_budget_bytes: None,
+            forward_delay: Duration::ZERO,
             metrics: options.metrics.clone(),
         };
         let target = TargetNode::load(config(target_model)).await?;
