@@ -125,9 +125,23 @@ impl DraftLink {
     }
 }
 
+impl DraftLink {
+    /// Releases every draft session of this link now and waits for it.
+    pub async fn close(mut self) {
+        for id in std::mem::take(&mut self.opened) {
+            if let Err(err) = self.client.release(id.clone()).await {
+                tracing::warn!(session = %id, %err, "draft release failed");
+            }
+        }
+    }
+}
+
 impl Drop for DraftLink {
     fn drop(&mut self) {
         let (client, ids) = (self.client.clone(), std::mem::take(&mut self.opened));
+        if ids.is_empty() {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(sessions = ?ids, "no runtime to release draft sessions on");
             return;

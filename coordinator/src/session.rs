@@ -38,12 +38,25 @@ pub struct SessionActor {
 #[derive(Debug)]
 struct ReleaseGuard {
     session_id: String,
-    target: TargetClient,
+    /// `None` once released.
+    target: Option<TargetClient>,
+}
+
+impl ReleaseGuard {
+    /// Releases now and waits for it, so that a draining server only stops once the nodes
+    /// hold nothing of this generation; the drop below then has nothing left to do.
+    async fn release_now(mut self) {
+        let Some(target) = self.target.take() else { return };
+        if let Err(err) = target.release(self.session_id.clone()).await {
+            tracing::warn!(session = %self.session_id, %err, "target release failed");
+        }
+    }
 }
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
-        let (id, target) = (self.session_id.clone(), self.target.clone());
+        let Some(target) = self.target.take() else { return };
+        let id = self.session_id.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(session = %id, "no runtime to release node sessions on");
             return;
@@ -139,7 +152,7 @@ impl SessionActor {
             GammaChoice::Adaptive { max } => Some(AdaptiveGamma::new(max)),
             GammaChoice::Fixed(_) => None,
         };
-        let _guard = ReleaseGuard { session_id: self.session_id.clone(), target: self.target.clone() };
+        let guard = ReleaseGuard { session_id: self.session_id.clone(), target: Some(self.target.clone()) };
         let open = OpenSessionRequest {
             session_id: self.session_id.clone(),
             prompt_token_ids: spec.prompt.clone(),
@@ -258,6 +271,12 @@ impl SessionActor {
             ..Default::default()
         };
         crate::metrics::finished(self.metrics.as_ref(), Some(finish));
+        let draft_release = async {
+            if let Some(link) = draft_link {
+                link.close().await;
+            }
+        };
+        tokio::join!(guard.release_now(), draft_release);
         let _ = self.out.send(Ok(last)).await;
         Ok(())
     }

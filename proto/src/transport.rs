@@ -27,7 +27,9 @@ pub fn incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result<Tcp
 pub struct ServeError(String);
 
 /// Serves `routes` (the role's service, registered in health as `service_name`), health and
-/// reflection on `listener` until `shutdown` resolves.
+/// reflection on `listener` until `shutdown` resolves. Then health says NOT_SERVING, no new
+/// connection or request is taken, and the future returns once the requests in flight have
+/// finished (the caller bounds that wait: see `specd`'s `--shutdown-grace-s`).
 pub async fn serve(
     listener: TcpListener,
     routes: Routes,
@@ -43,6 +45,12 @@ pub async fn serve(
         .build_v1()
         .map_err(|e| ServeError(e.to_string()))?;
     tracing::info!(addr = ?listener.local_addr().ok(), service = service_name, "serving");
+    let shutdown = async move {
+        shutdown.await;
+        health.set_service_status(service_name, ServingStatus::NotServing).await;
+        health.set_service_status("", ServingStatus::NotServing).await;
+        tracing::info!(service = service_name, "draining: no new requests, waiting for those in flight");
+    };
     tonic::transport::Server::builder()
         .add_routes(routes)
         .add_service(health_service)

@@ -87,6 +87,8 @@ pub struct TargetArgs {
     #[command(flatten)]
     telemetry: TelemetryArgs,
     #[command(flatten)]
+    drain: DrainArgs,
+    #[command(flatten)]
     metrics: MetricsOptions,
 }
 
@@ -104,7 +106,56 @@ pub struct DraftArgs {
     #[command(flatten)]
     telemetry: TelemetryArgs,
     #[command(flatten)]
+    drain: DrainArgs,
+    #[command(flatten)]
     metrics: MetricsOptions,
+}
+
+/// How a role stops; every role has these.
+#[derive(Debug, Clone, Args)]
+pub struct DrainArgs {
+    /// On SIGTERM or Ctrl-C: health turns NOT_SERVING, nothing new is admitted, and requests
+    /// in flight get this many seconds to finish before the process exits anyway.
+    #[arg(long, env = "SPECD_SHUTDOWN_GRACE_S", default_value_t = 30.0)]
+    shutdown_grace_s: f64,
+}
+
+impl DrainArgs {
+    fn grace(&self) -> anyhow::Result<Duration> {
+        Duration::try_from_secs_f64(self.shutdown_grace_s).map_err(|_| {
+            invalid(format!("--shutdown-grace-s {} must be a number of seconds ≥ 0", self.shutdown_grace_s))
+        })
+    }
+}
+
+/// What tells a server to stop admitting and drain.
+type Stop = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs `serve(stop)` until Ctrl-C or SIGTERM, then resolves `stop` and gives the requests in
+/// flight at most `grace` to finish.
+async fn serve_until_signal<Fut, E>(grace: Duration, serve: impl FnOnce(Stop) -> Fut) -> anyhow::Result<()>
+where
+    Fut: Future<Output = Result<(), E>>,
+    anyhow::Error: From<E>,
+{
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let stop: Stop = Box::pin(async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    });
+    let server = serve(stop);
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return Ok(result?),
+        () = shutdown_signal() => {}
+    }
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(grace, server).await {
+        Ok(result) => Ok(result?),
+        Err(_) => {
+            tracing::warn!(grace_s = grace.as_secs_f64(), "grace period over: exiting with requests still in flight");
+            Ok(())
+        }
+    }
 }
 
 /// Where traces go; every role has these.
@@ -158,6 +209,8 @@ pub struct CoordinatorArgs {
     #[command(flatten)]
     telemetry: TelemetryArgs,
     #[command(flatten)]
+    drain: DrainArgs,
+    #[command(flatten)]
     metrics: MetricsOptions,
 }
 
@@ -180,6 +233,8 @@ pub struct UpArgs {
     policy: PolicyOptions,
     #[command(flatten)]
     telemetry: TelemetryArgs,
+    #[command(flatten)]
+    drain: DrainArgs,
     #[command(flatten)]
     metrics: MetricsOptions,
 }
@@ -310,43 +365,44 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
+    let grace = args.drain.grace()?;
     run_role("specd-target", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.metrics.start().await?;
         let node = TargetNode::load(config).await?;
         announce(&listener)?;
-        specd_target_node::serve(listener, node, shutdown_signal()).await?;
-        Ok(())
+        serve_until_signal(grace, |stop| specd_target_node::serve(listener, node, stop)).await
     })
 }
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
+    let grace = args.drain.grace()?;
     run_role("specd-draft", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.metrics.start().await?;
         let node = DraftNode::load(config).await?;
         announce(&listener)?;
-        specd_draft_node::serve(listener, node, shutdown_signal()).await?;
-        Ok(())
+        serve_until_signal(grace, |stop| specd_draft_node::serve(listener, node, stop)).await
     })
 }
 
 pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = args.policy.config(args.target.clone(), args.draft.clone())?;
+    let grace = args.drain.grace()?;
     run_role("specd-coordinator", &args.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.metrics.start().await?;
         let service = specd_coordinator::connect(&config).await?;
         announce(&listener)?;
-        specd_coordinator::serve(listener, service, shutdown_signal()).await?;
-        Ok(())
+        serve_until_signal(grace, |stop| specd_coordinator::serve(listener, service, stop)).await
     })
 }
 
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let mut target_config = args.node.config(args.target_model.clone())?;
     let mut draft_config = args.node.config(args.draft_model.clone())?;
+    let grace = args.drain.grace()?;
     // One process, one exporter: all three roles' spans carry the service name `specd`.
     run_role("specd", &args.telemetry, async {
         let public = bind(args.listen).await?;
@@ -368,10 +424,12 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         config.metrics = metrics;
         let service = specd_coordinator::connect(&config).await?;
         announce(&public)?;
-        let result = specd_coordinator::serve(public, service, shutdown_signal()).await;
+        let result = serve_until_signal(grace, |stop| specd_coordinator::serve(public, service, stop)).await;
+        // The coordinator has drained (or run out of grace): now the nodes.
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(target_task, draft_task);
-        result?;
-        Ok(())
+        if tokio::time::timeout(grace, async { tokio::join!(target_task, draft_task) }).await.is_err() {
+            tracing::warn!("nodes still draining after the grace period: exiting");
+        }
+        result
     })
 }
