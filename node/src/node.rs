@@ -27,6 +27,8 @@ pub struct NodeConfig {
     /// Added to every forward pass, to stand in for a slower model in benchmarks and tests;
     /// zero in service.
     pub forward_delay: Duration,
+    /// Sessions unused this long are released (their coordinator is gone); `None`: never.
+    pub session_ttl: Option<Duration>,
     /// Where to show `specd_active_sessions` and `specd_kv_cache_bytes` (`role` label:
     /// this node's role), sampled when Prometheus scrapes.
     pub metrics: Option<Metrics>,
@@ -68,11 +70,16 @@ impl Node {
         Ok(Self { role, model, config: Arc::new(config) })
     }
 
-    /// [`Self::load`] on a blocking thread, for async callers.
+    /// [`Self::load`] on a blocking thread, for async callers; also starts releasing idle
+    /// sessions when the config has a TTL.
     pub async fn load_async(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
-        tokio::task::spawn_blocking(move || Self::load(role, config))
+        let node = tokio::task::spawn_blocking(move || Self::load(role, config))
             .await
-            .map_err(|e| NodeError::Join(e.to_string()))?
+            .map_err(|e| NodeError::Join(e.to_string()))??;
+        if let Some(ttl) = node.config.session_ttl {
+            node.model.spawn_reaper(ttl);
+        }
+        Ok(node)
     }
 
     pub fn model(&self) -> &NodeModel<SessionState> {

@@ -141,6 +141,27 @@ impl<S: NodeSessionState> NodeModel<S> {
         Ok(true)
     }
 
+    /// Releases, every `ttl / 4`, the sessions unused for `ttl`: a coordinator that died
+    /// without releasing them must not hold KV cache forever. Stops when the node is dropped.
+    pub fn spawn_reaper(&self, ttl: Duration) {
+        let (sessions, model) = (Arc::downgrade(&self.sessions), self.model.clone());
+        let period = (ttl / 4).max(Duration::from_millis(50));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(sessions) = sessions.upgrade() else { return };
+                for id in sessions.idle(ttl) {
+                    let Some(session) = sessions.remove(&id) else { continue };
+                    let model_session = session.lock().await.model_session();
+                    match model.release(model_session).await {
+                        Ok(()) => tracing::info!(session = %id, idle_s = ttl.as_secs_f64(), "released an idle session"),
+                        Err(err) => tracing::warn!(session = %id, %err, "releasing an idle session failed"),
+                    }
+                }
+            }
+        });
+    }
+
     pub async fn kv_cache_bytes(&self) -> Result<u64, NodeSessionError> {
         Ok(self.model.call(|m| Ok(m.memory_in_use().0)).await?)
     }

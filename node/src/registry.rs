@@ -5,6 +5,8 @@
 //! serialised by the model thread.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use tokio::sync::Mutex;
@@ -20,16 +22,25 @@ pub enum RegistryError {
     Duplicate(String),
 }
 
+/// A session's state and when it was last asked for.
+#[derive(Debug)]
+struct Entry<S> {
+    state: Arc<Mutex<S>>,
+    /// Milliseconds since the registry's `origin`.
+    last_used_ms: AtomicU64,
+}
+
 /// Sessions of state `S`, at most `limit` at once.
 #[derive(Debug)]
 pub struct SessionRegistry<S> {
-    sessions: DashMap<String, Arc<Mutex<S>>>,
+    sessions: DashMap<String, Entry<S>>,
     limit: usize,
+    origin: Instant,
 }
 
 impl<S> SessionRegistry<S> {
     pub fn new(limit: usize) -> Self {
-        Self { sessions: DashMap::new(), limit }
+        Self { sessions: DashMap::new(), limit, origin: Instant::now() }
     }
 
     pub fn len(&self) -> usize {
@@ -58,19 +69,38 @@ impl<S> SessionRegistry<S> {
     pub fn insert(&self, id: String, state: S) -> Result<(), (RegistryError, S)> {
         match self.sessions.entry(id) {
             dashmap::Entry::Vacant(slot) => {
-                slot.insert(Arc::new(Mutex::new(state)));
+                slot.insert(Entry { state: Arc::new(Mutex::new(state)), last_used_ms: AtomicU64::new(self.now_ms()) });
                 Ok(())
             }
             dashmap::Entry::Occupied(slot) => Err((RegistryError::Duplicate(slot.key().clone()), state)),
         }
     }
 
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    /// The session, marked as used now.
     pub fn get(&self, id: &str) -> Option<Arc<Mutex<S>>> {
-        self.sessions.get(id).map(|s| Arc::clone(s.value()))
+        self.sessions.get(id).map(|entry| {
+            entry.last_used_ms.store(self.now_ms(), Ordering::Relaxed);
+            Arc::clone(&entry.state)
+        })
     }
 
     pub fn remove(&self, id: &str) -> Option<Arc<Mutex<S>>> {
-        self.sessions.remove(id).map(|(_, s)| s)
+        self.sessions.remove(id).map(|(_, entry)| entry.state)
+    }
+
+    /// Sessions nobody asked for in the last `ttl`.
+    pub fn idle(&self, ttl: Duration) -> Vec<String> {
+        let now = self.now_ms();
+        let ttl = ttl.as_millis() as u64;
+        self.sessions
+            .iter()
+            .filter(|e| now.saturating_sub(e.value().last_used_ms.load(Ordering::Relaxed)) >= ttl)
+            .map(|e| e.key().clone())
+            .collect()
     }
 }
 
@@ -89,5 +119,16 @@ mod tests {
         assert!(r.remove("a").is_some());
         assert!(r.is_empty());
         assert_eq!(r.check_new("a"), Ok(()));
+    }
+
+    #[test]
+    fn idle_sessions_are_those_not_asked_for_within_the_ttl() {
+        let r = SessionRegistry::new(4);
+        r.insert("old".into(), 1).unwrap();
+        r.insert("busy".into(), 2).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        r.get("busy");
+        assert_eq!(r.idle(Duration::from_millis(20)), vec!["old".to_owned()]);
+        assert!(r.idle(Duration::from_secs(60)).is_empty());
     }
 }

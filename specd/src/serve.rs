@@ -63,6 +63,10 @@ pub struct NodeOptions {
     /// (bigger) model in benchmarks and tests. 0 in service.
     #[arg(long, env = "SPECD_FORWARD_DELAY_MS", default_value_t = 0.0)]
     forward_delay_ms: f64,
+    /// Seconds after which a session nobody used is released (its coordinator died without
+    /// releasing it); 0 keeps sessions until released.
+    #[arg(long, env = "SPECD_SESSION_TTL_S", default_value_t = 600.0)]
+    session_ttl_s: f64,
 }
 
 /// Where to serve Prometheus metrics (off by default).
@@ -274,6 +278,11 @@ impl NodeOptions {
             max_sessions: self.max_sessions,
             kv_budget_bytes: self.kv_budget_bytes(),
             forward_delay,
+            session_ttl: match Duration::try_from_secs_f64(self.session_ttl_s) {
+                Ok(ttl) if ttl.is_zero() => None,
+                Ok(ttl) => Some(ttl),
+                Err(_) => return Err(invalid(format!("--session-ttl-s {} must be ≥ 0", self.session_ttl_s))),
+            },
             metrics: None,
         })
     }

@@ -31,6 +31,8 @@ pub struct ClusterOptions {
     pub dtype: DType,
     /// Record every role's metrics here and serve them at [`Cluster::metrics_url`].
     pub metrics: Option<Metrics>,
+    /// The nodes release sessions unused this long.
+    pub session_ttl: Option<Duration>,
 }
 
 impl Default for ClusterOptions {
@@ -41,6 +43,7 @@ impl Default for ClusterOptions {
             rule: RuleVariant::Exact,
             dtype: DType::F32,
             metrics: None,
+            session_ttl: None,
         }
     }
 }
@@ -72,6 +75,7 @@ impl Cluster {
             max_sessions: 1024,
             kv_budget_bytes: None,
             forward_delay: Duration::ZERO,
+            session_ttl: options.session_ttl,
             metrics: options.metrics.clone(),
         };
         let target = TargetNode::load(config(target_model)).await?;

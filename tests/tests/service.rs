@@ -4,9 +4,11 @@ use std::time::{Duration, Instant};
 
 use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
+use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{
-    FinishReason, GenerateRequest, NextTokenLawRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds,
+    FinishReason, GenerateRequest, NextTokenLawRequest, OpenSessionRequest, SamplingParams, SamplingSettings,
+    Speculation, StoppingCriteria, TokenIds,
 };
 use specd_sampling::{Purpose, StreamKey, Truncation};
 use tokio_stream::StreamExt;
@@ -256,6 +258,40 @@ async fn next_token_law_is_the_targets_effective_distribution() {
     ] {
         let status = client.next_token_law(bad.clone()).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}: {status:?}");
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_release_sessions_nobody_uses_after_the_ttl() {
+    let dir = scratch_dir("session-ttl");
+    let t = write_suffix_table(&suffix_table(1), &dir.join("target.json"));
+    let d = write_suffix_table(&suffix_table(2), &dir.join("draft.json"));
+    let options = ClusterOptions { session_ttl: Some(Duration::from_millis(300)), ..ClusterOptions::default() };
+    let cluster = Cluster::start(&t, &d, &options).await.unwrap();
+    // A coordinator that opened a session and died: nobody will release it.
+    let mut draft = DraftServiceClient::connect(cluster.draft_url.clone()).await.unwrap();
+    let open = OpenSessionRequest {
+        session_id: "orphan".into(),
+        prompt_token_ids: vec![1, 2],
+        sampling: Some(SamplingSettings {
+            temperature: 1.0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            ..Default::default()
+        }),
+        seed: 1,
+    };
+    draft.open_session(open).await.unwrap();
+    assert_eq!(cluster.draft_info().await.unwrap().active_sessions, 1);
+    // Generations in use are not touched: one runs while the orphan expires.
+    let mut client = cluster.client().await.unwrap();
+    let reply = client.generate(request(vec![3], 20, 1.0, Some(2))).await.unwrap().into_inner();
+    assert_eq!(reply.usage.unwrap().completion_tokens, 20);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while cluster.draft_info().await.unwrap().active_sessions > 0 {
+        assert!(Instant::now() < deadline, "the orphan session was never released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     cluster.shutdown().await;
 }
