@@ -23,6 +23,9 @@ pub enum CoordinatorError {
     Protocol(String),
     #[error("no {0} node is configured")]
     NoNode(&'static str),
+    /// The coordinator's own configuration cannot work (a TLS file missing, say).
+    #[error("{0}")]
+    InvalidConfig(String),
     #[error(transparent)]
     Serve(#[from] specd_proto::transport::ServeError),
     /// The draft's part of a round failed; the session goes on without it.
@@ -55,7 +58,7 @@ impl CoordinatorError {
                 Code::Unavailable => Code::Unavailable,
                 _ => Code::Internal,
             },
-            Self::Incompatible(_) => Code::FailedPrecondition,
+            Self::Incompatible(_) | Self::InvalidConfig(_) => Code::FailedPrecondition,
             Self::Protocol(_) | Self::Serve(_) => Code::Internal,
             Self::DraftLost(inner) => inner.code(),
         }

@@ -41,6 +41,17 @@ pub use error::CoordinatorError;
 pub use nodes::NodePool;
 pub use request::{Defaults, GammaChoice, RuleVariant};
 pub use service::GenerationService;
+use specd_proto::tls::{ClientTls, ServerTls};
+
+/// TLS on both sides of a coordinator.
+#[derive(Debug, Clone, Default)]
+pub struct CoordinatorTls {
+    /// Its own API: TLS, and mutual TLS with a client CA.
+    pub server: ServerTls,
+    /// Reaching the nodes (`https://` URLs): their CA, and a client certificate for nodes
+    /// that require mutual TLS.
+    pub nodes: ClientTls,
+}
 
 /// How to run a coordinator.
 #[derive(Debug, Clone)]
@@ -61,6 +72,7 @@ pub struct CoordinatorConfig {
     pub rule: RuleVariant,
     /// Where to record rounds, tokens, latencies and finish reasons (`specd-telemetry`).
     pub metrics: Option<specd_telemetry::Metrics>,
+    pub tls: CoordinatorTls,
 }
 
 /// Connects to the nodes (refusing incompatible ones), then serves until `shutdown`.
@@ -75,14 +87,14 @@ pub async fn run(
 
 /// Connects to every node and checks they can work together.
 pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, CoordinatorError> {
-    let pool = NodePool::connect(&config.targets, &config.drafts, config.node_timeout).await?;
+    let pool = NodePool::connect(&config.targets, &config.drafts, config.node_timeout, &config.tls.nodes).await?;
     let defaults = Defaults {
         gamma: config.default_gamma,
         max_new_tokens: config.default_max_new_tokens,
         truncation: config.truncation,
         rule: config.rule,
     };
-    let service = GenerationService::new(pool, defaults);
+    let service = GenerationService::new(pool, defaults).with_server_tls(config.tls.server.clone());
     Ok(match &config.metrics {
         Some(metrics) => service.with_metrics(metrics.coordinator()),
         None => service,
@@ -96,6 +108,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
     let name = <GenerationServer<GenerationService> as NamedService>::NAME;
+    let tls = service.server_tls().clone();
     let routes = Routes::new(GenerationServer::new(service));
-    Ok(specd_proto::transport::serve(listener, routes, name, shutdown).await?)
+    Ok(specd_proto::transport::serve(listener, routes, name, &tls, shutdown).await?)
 }

@@ -15,6 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
 
+use specd_proto::tls::ClientTls;
+
 use crate::error::CoordinatorError;
 use crate::round_stream::{RoundStream, node_error};
 use specd_telemetry::propagation::inject_into_metadata;
@@ -31,12 +33,21 @@ pub struct NodeClient<C> {
 pub type DraftClient = NodeClient<DraftServiceClient<Channel>>;
 pub type TargetClient = NodeClient<TargetServiceClient<Channel>>;
 
-async fn channel(role: &'static str, address: &str, timeout: Duration) -> Result<Channel, CoordinatorError> {
+async fn channel(
+    role: &'static str,
+    address: &str,
+    timeout: Duration,
+    tls: &ClientTls,
+) -> Result<Channel, CoordinatorError> {
     let unreachable = |message: String| CoordinatorError::Unreachable { role, address: address.to_owned(), message };
-    let endpoint = Endpoint::from_shared(address.to_owned())
+    let mut endpoint = Endpoint::from_shared(address.to_owned())
         .map_err(|e| unreachable(format!("not a valid URL: {e}")))?
         .connect_timeout(timeout)
         .tcp_nodelay(true);
+    let host = endpoint.uri().host().unwrap_or_default().to_owned();
+    if let Some(config) = tls.config(&host).map_err(|e| CoordinatorError::InvalidConfig(e.to_string()))? {
+        endpoint = endpoint.tls_config(config).map_err(|e| unreachable(format!("TLS: {e}")))?;
+    }
     endpoint.connect().await.map_err(|e| unreachable(e.to_string()))
 }
 
@@ -75,8 +86,8 @@ pub type DraftRounds = RoundStream<ProposeRequest, ProposeResponse>;
 pub type TargetRounds = RoundStream<VerifyRequest, VerifyResponse>;
 
 impl DraftClient {
-    pub async fn connect(address: &str, timeout: Duration) -> Result<Self, CoordinatorError> {
-        let client = DraftServiceClient::new(channel("draft", address, timeout).await?);
+    pub async fn connect(address: &str, timeout: Duration, tls: &ClientTls) -> Result<Self, CoordinatorError> {
+        let client = DraftServiceClient::new(channel("draft", address, timeout, tls).await?);
         Ok(Self { role: "draft", address: address.to_owned(), client, timeout })
     }
 
@@ -101,8 +112,8 @@ impl DraftClient {
 }
 
 impl TargetClient {
-    pub async fn connect(address: &str, timeout: Duration) -> Result<Self, CoordinatorError> {
-        let client = TargetServiceClient::new(channel("target", address, timeout).await?);
+    pub async fn connect(address: &str, timeout: Duration, tls: &ClientTls) -> Result<Self, CoordinatorError> {
+        let client = TargetServiceClient::new(channel("target", address, timeout, tls).await?);
         Ok(Self { role: "target", address: address.to_owned(), client, timeout })
     }
 
@@ -166,21 +177,26 @@ pub struct NodePool {
 impl NodePool {
     /// Connects to every node and refuses a cluster whose vocabularies or tokenizers differ,
     /// naming both sides.
-    pub async fn connect(targets: &[String], drafts: &[String], timeout: Duration) -> Result<Self, CoordinatorError> {
+    pub async fn connect(
+        targets: &[String],
+        drafts: &[String],
+        timeout: Duration,
+        tls: &ClientTls,
+    ) -> Result<Self, CoordinatorError> {
         if targets.is_empty() {
             return Err(CoordinatorError::NoNode("target"));
         }
         let mut target_clients = Vec::new();
         let mut target_infos = Vec::new();
         for address in targets {
-            let client = TargetClient::connect(address, timeout).await?;
+            let client = TargetClient::connect(address, timeout, tls).await?;
             target_infos.push((address.clone(), client.info().await?));
             target_clients.push(client);
         }
         let mut draft_clients = Vec::new();
         let mut draft_infos = Vec::new();
         for address in drafts {
-            let client = DraftClient::connect(address, timeout).await?;
+            let client = DraftClient::connect(address, timeout, tls).await?;
             draft_infos.push((address.clone(), client.info().await?));
             draft_clients.push(client);
         }

@@ -22,6 +22,8 @@ use specd_telemetry::propagation::{extract_from_metadata, set_remote_parent};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use specd_proto::tls::ServerTls;
+
 use crate::error::CoordinatorError;
 use crate::nodes::{ModelFacts, NodePool};
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
@@ -43,6 +45,7 @@ pub struct GenerationService {
     next_id: Arc<AtomicU64>,
     instance: u64,
     metrics: Option<CoordinatorMetrics>,
+    server_tls: ServerTls,
 }
 
 /// Removes a generation from the registry when its actor ends.
@@ -66,7 +69,17 @@ impl GenerationService {
             next_id: Arc::default(),
             instance: RandomState::new().hash_one(std::process::id()),
             metrics: None,
+            server_tls: ServerTls::default(),
         }
+    }
+
+    /// Serves its API with this TLS (none by default).
+    pub fn with_server_tls(self, tls: ServerTls) -> Self {
+        Self { server_tls: tls, ..self }
+    }
+
+    pub fn server_tls(&self) -> &ServerTls {
+        &self.server_tls
     }
 
     /// Records rounds, tokens, latencies and finish reasons into `metrics`.

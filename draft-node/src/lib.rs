@@ -52,5 +52,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let name = <DraftServiceServer<DraftNode> as NamedService>::NAME;
-    specd_proto::transport::serve(listener, Routes::new(DraftServiceServer::new(node)), name, shutdown).await
+    let tls = node.node.config().tls.clone();
+    specd_proto::transport::serve(listener, Routes::new(DraftServiceServer::new(node)), name, &tls, shutdown).await
 }

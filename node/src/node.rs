@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use specd_model::{DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
+use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest};
 use specd_sampling::SamplingParams;
 use specd_telemetry::Metrics;
@@ -29,6 +30,9 @@ pub struct NodeConfig {
     pub forward_delay: Duration,
     /// Sessions unused this long are released (their coordinator is gone); `None`: never.
     pub session_ttl: Option<Duration>,
+    /// TLS, and mutual TLS with a client CA (then only coordinators with a certificate
+    /// that CA signed get in).
+    pub tls: ServerTls,
     /// Where to show `specd_active_sessions` and `specd_kv_cache_bytes` (`role` label:
     /// this node's role), sampled when Prometheus scrapes.
     pub metrics: Option<Metrics>,
@@ -80,6 +84,10 @@ impl Node {
             node.model.spawn_reaper(ttl);
         }
         Ok(node)
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
     }
 
     pub fn model(&self) -> &NodeModel<SessionState> {

@@ -6,11 +6,13 @@
 //! - [`convert`]: conversions between wire messages and `specd-sampling` types, validating
 //!   what a peer sent;
 //! - [`error`]: [`ProtoError`] and its mapping to gRPC status codes;
-//! - [`transport`]: the server every role runs (health, reflection, no Nagle delay);
+//! - [`transport`]: the server every role runs (health, reflection, no Nagle delay, TLS);
+//! - [`tls`]: TLS and mutual TLS settings for servers and clients;
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server reflection.
 
 pub mod convert;
 pub mod error;
+pub mod tls;
 pub mod transport;
 
 pub use error::ProtoError;

@@ -9,6 +9,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
+use crate::tls::ServerTls;
+
 /// Accepted connections with Nagle's algorithm off. A round is a few small request/response
 /// messages; with Nagle on, each can wait for the peer's delayed ACK (tens of milliseconds),
 /// which would dwarf the model's work.
@@ -27,15 +29,20 @@ pub fn incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result<Tcp
 pub struct ServeError(String);
 
 /// Serves `routes` (the role's service, registered in health as `service_name`), health and
-/// reflection on `listener` until `shutdown` resolves. Then health says NOT_SERVING, no new
+/// reflection on `listener`, over TLS when `tls` has a certificate, until `shutdown` resolves. Then health says NOT_SERVING, no new
 /// connection or request is taken, and the future returns once the requests in flight have
 /// finished (the caller bounds that wait: see `specd`'s `--shutdown-grace-s`).
 pub async fn serve(
     listener: TcpListener,
     routes: Routes,
     service_name: &'static str,
+    tls: &ServerTls,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(config) = tls.config().map_err(|e| ServeError(e.to_string()))? {
+        builder = builder.tls_config(config).map_err(|e| ServeError(format!("TLS: {e}")))?;
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status(service_name, ServingStatus::Serving).await;
     health.set_service_status("", ServingStatus::Serving).await;
@@ -44,14 +51,14 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ServeError(e.to_string()))?;
-    tracing::info!(addr = ?listener.local_addr().ok(), service = service_name, "serving");
+    tracing::info!(addr = ?listener.local_addr().ok(), service = service_name, tls = tls.cert.is_some(), mutual_tls = tls.client_ca.is_some(), "serving");
     let shutdown = async move {
         shutdown.await;
         health.set_service_status(service_name, ServingStatus::NotServing).await;
         health.set_service_status("", ServingStatus::NotServing).await;
         tracing::info!(service = service_name, "draining: no new requests, waiting for those in flight");
     };
-    tonic::transport::Server::builder()
+    builder
         .add_routes(routes)
         .add_service(health_service)
         .add_service(reflection)

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
+use specd_coordinator::{CoordinatorConfig, CoordinatorTls, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec, ModelError};
 use specd_node::NodeConfig;
+use specd_proto::tls::{ClientTls, ServerTls};
 use specd_sampling::{MAX_GAMMA, Truncation};
 use specd_target_node::TargetNode;
 use specd_telemetry::{Metrics, TelemetryOptions};
@@ -93,6 +94,8 @@ pub struct TargetArgs {
     #[command(flatten)]
     drain: DrainArgs,
     #[command(flatten)]
+    tls: ServerTlsArgs,
+    #[command(flatten)]
     metrics: MetricsOptions,
 }
 
@@ -112,7 +115,63 @@ pub struct DraftArgs {
     #[command(flatten)]
     drain: DrainArgs,
     #[command(flatten)]
+    tls: ServerTlsArgs,
+    #[command(flatten)]
     metrics: MetricsOptions,
+}
+
+/// The TLS identity a role serves with, and whom it lets in.
+#[derive(Debug, Clone, Args)]
+pub struct ServerTlsArgs {
+    /// PEM certificate (chain) to serve TLS with; with --tls-key.
+    #[arg(long, env = "SPECD_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SPECD_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA: only clients with a certificate it signed get in (mutual TLS).
+    #[arg(long, env = "SPECD_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl ServerTlsArgs {
+    fn tls(&self) -> anyhow::Result<ServerTls> {
+        let tls =
+            ServerTls { cert: self.tls_cert.clone(), key: self.tls_key.clone(), client_ca: self.tls_client_ca.clone() };
+        // Read now: a missing file is a startup error, not a failed handshake later.
+        tls.config().map_err(|e| invalid(e.to_string()))?;
+        Ok(tls)
+    }
+}
+
+/// How the coordinator reaches TLS nodes (`https://` URLs).
+#[derive(Debug, Clone, Args)]
+pub struct NodeTlsArgs {
+    /// PEM CA that signed the nodes' certificates; turns TLS to the nodes on.
+    #[arg(long, env = "SPECD_NODE_TLS_CA")]
+    node_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for nodes that require mutual TLS; with --node-tls-key.
+    #[arg(long, env = "SPECD_NODE_TLS_CERT")]
+    node_tls_cert: Option<PathBuf>,
+    /// PEM private key of --node-tls-cert.
+    #[arg(long, env = "SPECD_NODE_TLS_KEY")]
+    node_tls_key: Option<PathBuf>,
+    /// Name the nodes' certificates carry, when it is not the host of their URLs.
+    #[arg(long, env = "SPECD_NODE_TLS_DOMAIN")]
+    node_tls_domain: Option<String>,
+}
+
+impl NodeTlsArgs {
+    fn tls(&self) -> anyhow::Result<ClientTls> {
+        let tls = ClientTls {
+            ca: self.node_tls_ca.clone(),
+            cert: self.node_tls_cert.clone(),
+            key: self.node_tls_key.clone(),
+            domain: self.node_tls_domain.clone(),
+        };
+        tls.config("check").map_err(|e| invalid(e.to_string()))?;
+        Ok(tls)
+    }
 }
 
 /// How a role stops; every role has these.
@@ -215,6 +274,10 @@ pub struct CoordinatorArgs {
     #[command(flatten)]
     drain: DrainArgs,
     #[command(flatten)]
+    tls: ServerTlsArgs,
+    #[command(flatten)]
+    node_tls: NodeTlsArgs,
+    #[command(flatten)]
     metrics: MetricsOptions,
 }
 
@@ -283,6 +346,7 @@ impl NodeOptions {
                 Ok(ttl) => Some(ttl),
                 Err(_) => return Err(invalid(format!("--session-ttl-s {} must be ≥ 0", self.session_ttl_s))),
             },
+            tls: ServerTls::default(),
             metrics: None,
         })
     }
@@ -316,6 +380,7 @@ impl PolicyOptions {
             truncation,
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),
             rule: RuleVariant::Exact,
+            tls: CoordinatorTls::default(),
             metrics: None,
         })
     }
@@ -374,6 +439,7 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
+    config.tls = args.tls.tls()?;
     let grace = args.drain.grace()?;
     run_role("specd-target", &args.telemetry, async {
         let listener = bind(args.listen).await?;
@@ -386,6 +452,7 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
+    config.tls = args.tls.tls()?;
     let grace = args.drain.grace()?;
     run_role("specd-draft", &args.telemetry, async {
         let listener = bind(args.listen).await?;
@@ -398,6 +465,7 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
 
 pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = args.policy.config(args.target.clone(), args.draft.clone())?;
+    config.tls = CoordinatorTls { server: args.tls.tls()?, nodes: args.node_tls.tls()? };
     let grace = args.drain.grace()?;
     run_role("specd-coordinator", &args.telemetry, async {
         let listener = bind(args.listen).await?;

@@ -56,5 +56,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let name = <TargetServiceServer<TargetNode> as NamedService>::NAME;
-    specd_proto::transport::serve(listener, Routes::new(TargetServiceServer::new(node)), name, shutdown).await
+    let tls = node.node.config().tls.clone();
+    specd_proto::transport::serve(listener, Routes::new(TargetServiceServer::new(node)), name, &tls, shutdown).await
 }

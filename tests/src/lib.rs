@@ -76,6 +76,7 @@ impl Cluster {
             kv_budget_bytes: None,
             forward_delay: Duration::ZERO,
             session_ttl: options.session_ttl,
+            tls: Default::default(),
             metrics: options.metrics.clone(),
         };
         let target = TargetNode::load(config(target_model)).await?;
@@ -105,6 +106,7 @@ impl Cluster {
             node_timeout: Duration::from_secs(30),
             rule: options.rule,
             metrics: options.metrics.clone(),
+            tls: Default::default(),
         };
         let service = specd_coordinator::connect(&config).await?;
         let rx = stop_rx.clone();

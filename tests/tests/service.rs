@@ -161,6 +161,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         node_timeout: Duration::from_secs(2),
         rule: RuleVariant::Exact,
         metrics: None,
+        tls: Default::default(),
     };
     let err = specd_coordinator::connect(&config).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
