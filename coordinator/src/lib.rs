@@ -7,6 +7,7 @@
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
+//! - [`admission`]: bearer token, the limit of generations in flight, client deadlines;
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
 //!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
@@ -16,6 +17,7 @@
 //! - [`error`]: [`CoordinatorError`] and its status codes;
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
+pub mod admission;
 pub mod draft_link;
 pub mod error;
 pub mod metrics;
@@ -37,6 +39,7 @@ use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 
+pub use admission::Admission;
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
 pub use request::{Defaults, GammaChoice, RuleVariant};
@@ -73,6 +76,8 @@ pub struct CoordinatorConfig {
     /// Where to record rounds, tokens, latencies and finish reasons (`specd-telemetry`).
     pub metrics: Option<specd_telemetry::Metrics>,
     pub tls: CoordinatorTls,
+    /// Bearer token, generations in flight.
+    pub admission: Admission,
 }
 
 /// Connects to the nodes (refusing incompatible ones), then serves until `shutdown`.
@@ -94,7 +99,9 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
         truncation: config.truncation,
         rule: config.rule,
     };
-    let service = GenerationService::new(pool, defaults).with_server_tls(config.tls.server.clone());
+    let service = GenerationService::new(pool, defaults)
+        .with_server_tls(config.tls.server.clone())
+        .with_admission(config.admission.clone());
     Ok(match &config.metrics {
         Some(metrics) => service.with_metrics(metrics.coordinator()),
         None => service,

@@ -24,6 +24,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use specd_proto::tls::ServerTls;
 
+use crate::admission::{Admission, deadline};
 use crate::error::CoordinatorError;
 use crate::nodes::{ModelFacts, NodePool};
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
@@ -46,6 +47,7 @@ pub struct GenerationService {
     instance: u64,
     metrics: Option<CoordinatorMetrics>,
     server_tls: ServerTls,
+    admission: Admission,
 }
 
 /// Removes a generation from the registry when its actor ends.
@@ -70,12 +72,18 @@ impl GenerationService {
             instance: RandomState::new().hash_one(std::process::id()),
             metrics: None,
             server_tls: ServerTls::default(),
+            admission: Admission::default(),
         }
     }
 
     /// Serves its API with this TLS (none by default).
     pub fn with_server_tls(self, tls: ServerTls) -> Self {
         Self { server_tls: tls, ..self }
+    }
+
+    /// Admits requests by these rules (by default: everyone, any number).
+    pub fn with_admission(self, admission: Admission) -> Self {
+        Self { admission, ..self }
     }
 
     pub fn server_tls(&self) -> &ServerTls {
@@ -97,6 +105,9 @@ impl GenerationService {
         request: &Request<GenerateRequest>,
     ) -> Result<ReceiverStream<Result<GenerateResponse, Status>>, Status> {
         let (metadata, request) = (request.metadata(), request.get_ref());
+        self.admission.authorize(metadata)?;
+        self.admission.admit(self.active.len())?;
+        let deadline = deadline(metadata, Instant::now());
         let metrics = self.metrics.as_ref().map(CoordinatorMetrics::request_started);
         let (target, draft) = self.pool.pick();
         let prompt = match &request.prompt {
@@ -129,7 +140,7 @@ impl GenerationService {
         set_remote_parent(&span, extract_from_metadata(metadata));
         record_request(&span, &spec, &self.pool.facts);
         let vocab_size = self.pool.facts.vocab_size;
-        let actor = SessionActor { session_id, spec, vocab_size, target, draft, out, metrics };
+        let actor = SessionActor { session_id, spec, vocab_size, target, draft, out, metrics, deadline };
         tokio::spawn(
             async move {
                 let _registered = registered;
@@ -188,6 +199,7 @@ impl Generation for GenerationService {
         &self,
         request: Request<NextTokenLawRequest>,
     ) -> Result<Response<NextTokenLawResponse>, Status> {
+        self.admission.authorize(request.metadata())?;
         let law_request = validate_law_request(request.get_ref(), &self.pool.facts)?;
         let (target, _) = self.pool.pick();
         let law = target.target_law(law_request).await?;

@@ -1,7 +1,7 @@
 //! One generation: a session actor that opens both nodes' sessions, runs rounds until a stop
 //! condition, streams each round's tokens, and releases both nodes' sessions however it ends.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
 use specd_telemetry::RequestMetrics;
@@ -30,6 +30,8 @@ pub struct SessionActor {
     pub draft: Option<DraftClient>,
     pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
     pub metrics: Option<RequestMetrics>,
+    /// The client's deadline: the generation ends with DEADLINE_EXCEEDED when it passes.
+    pub deadline: Option<Instant>,
 }
 
 /// Releases the target's session when the generation ends, whichever way: finish, error,
@@ -129,7 +131,19 @@ impl SessionActor {
     pub async fn run(self) {
         let out = self.out.clone();
         let span = tracing::Span::current();
+        let deadline = async {
+            match self.deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            () = deadline => {
+                tracing::info!("the client's deadline passed: generation stopped");
+                span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("deadline"));
+                crate::metrics::finished(self.metrics.as_ref(), None);
+                let _ = out.send(Err(Status::deadline_exceeded("the client's deadline passed"))).await;
+            }
             () = out.closed() => {
                 tracing::info!("client went away: generation cancelled");
                 span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("cancelled"));

@@ -13,7 +13,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
 use crate::cli_error::{RpcFailure, invalid};
-use crate::generate::SamplingFlags;
+use crate::generate::{SamplingFlags, with_token};
 
 /// Check that speculation leaves the output law unchanged.
 ///
@@ -35,6 +35,9 @@ use crate::generate::SamplingFlags;
 pub struct AuditArgs {
     #[arg(long, env = "SPECD_ENDPOINT", default_value = "http://127.0.0.1:50051")]
     endpoint: String,
+    /// Bearer token, for a coordinator started with --api-token.
+    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
     /// The prompt as text.
     #[arg(long, env = "SPECD_PROMPT", conflicts_with = "token_ids", required_unless_present = "token_ids")]
     prompt: Option<String>,
@@ -114,8 +117,8 @@ async fn draw(
             .clone()
             .skip(lane as usize)
             .step_by(args.concurrency as usize)
-            .map(|seed| args.request(seed, gamma, dense))
-            .collect();
+            .map(|seed| with_token(args.request(seed, gamma, dense), args.api_token.as_deref()))
+            .collect::<anyhow::Result<_>>()?;
         tasks.push(tokio::spawn(async move {
             let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
             for request in requests {
@@ -154,6 +157,7 @@ async fn exact_law(
                 generated_token_ids: prefix.clone(),
                 sampling: Some(args.sampling.to_wire(None)),
             };
+            let request = with_token(request, args.api_token.as_deref())?;
             let law = client.clone().next_token_law(request).await.map_err(RpcFailure)?.into_inner();
             if law.token_ids.len() != law.probs.len() {
                 anyhow::bail!(

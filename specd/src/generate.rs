@@ -23,6 +23,9 @@ pub struct GenerateArgs {
     /// The coordinator's URL.
     #[arg(long, env = "SPECD_ENDPOINT", default_value = "http://127.0.0.1:50051")]
     endpoint: String,
+    /// Bearer token, for a coordinator started with --api-token.
+    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
     /// The prompt as text (tokenised by the model's tokenizer).
     #[arg(long, env = "SPECD_PROMPT", conflicts_with = "token_ids", required_unless_present = "token_ids")]
     prompt: Option<String>,
@@ -125,7 +128,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let mut client = GenerationClient::connect(args.endpoint.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {}: {e}", args.endpoint))?;
-        let mut stream = client.generate_stream(args.request()).await.map_err(RpcFailure)?.into_inner();
+        let request = with_token(args.request(), args.api_token.as_deref())?;
+        let mut stream = client.generate_stream(request).await.map_err(RpcFailure)?.into_inner();
         let mut all = GenerateResponse::default();
         let mut stdout = std::io::stdout();
         while let Some(message) = stream.next().await {
@@ -149,6 +153,16 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
         Ok(print_result(args, &all)?)
     })
+}
+
+/// `message` with `authorization: Bearer <token>` when there is a token.
+pub fn with_token<T>(message: T, token: Option<&str>) -> anyhow::Result<tonic::Request<T>> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().map_err(|_| invalid("--api-token must be printable ASCII"))?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    Ok(request)
 }
 
 fn finish_name(code: i32) -> &'static str {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use specd_coordinator::{CoordinatorConfig, CoordinatorTls, GammaChoice, RuleVariant};
+use specd_coordinator::{Admission, CoordinatorConfig, CoordinatorTls, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec, ModelError};
 use specd_node::NodeConfig;
@@ -250,6 +250,12 @@ pub struct PolicyOptions {
     /// ... but at most this many (sparse wire format).
     #[arg(long, env = "SPECD_TRUNCATION_MAX_ENTRIES", default_value_t = 64)]
     truncation_max_entries: usize,
+    /// Clients must send `authorization: Bearer <token>` (health and reflection stay open).
+    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+    /// Generations in flight at once; more are refused with RESOURCE_EXHAUSTED (0: no limit).
+    #[arg(long, env = "SPECD_MAX_GENERATIONS", default_value_t = 512)]
+    max_generations: usize,
     /// Deadline of each call to a node, and of connecting to one, in seconds.
     #[arg(long, env = "SPECD_NODE_TIMEOUT_S", default_value_t = 30.0)]
     node_timeout_s: f64,
@@ -381,6 +387,10 @@ impl PolicyOptions {
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),
             rule: RuleVariant::Exact,
             tls: CoordinatorTls::default(),
+            admission: Admission {
+                api_token: self.api_token.clone().filter(|t| !t.is_empty()),
+                max_generations: (self.max_generations > 0).then_some(self.max_generations),
+            },
             metrics: None,
         })
     }

@@ -107,6 +107,7 @@ impl Cluster {
             rule: options.rule,
             metrics: options.metrics.clone(),
             tls: Default::default(),
+            admission: Default::default(),
         };
         let service = specd_coordinator::connect(&config).await?;
         let rx = stop_rx.clone();
