@@ -31,6 +31,13 @@ pub enum CoordinatorError {
     /// The draft's part of a round failed; the session goes on without it.
     #[error("{0}")]
     DraftLost(Box<CoordinatorError>),
+    /// The target stopped answering in a round; the session moves to another target replica
+    /// when there is one.
+    #[error("{0}")]
+    TargetLost(Box<CoordinatorError>),
+    /// A node ended a session's round stream.
+    #[error("the {role} node at {address} closed the round stream")]
+    StreamClosed { role: &'static str, address: String },
 }
 
 impl From<SamplingError> for CoordinatorError {
@@ -60,7 +67,23 @@ impl CoordinatorError {
             },
             Self::Incompatible(_) | Self::InvalidConfig(_) => Code::FailedPrecondition,
             Self::Protocol(_) | Self::Serve(_) => Code::Internal,
-            Self::DraftLost(inner) => inner.code(),
+            // Only made for a node that is gone or not answering: worth a retry elsewhere.
+            Self::DraftLost(_) | Self::TargetLost(_) => Code::Unavailable,
+            Self::StreamClosed { .. } => Code::Unavailable,
+        }
+    }
+}
+
+impl CoordinatorError {
+    /// The node is gone or not answering (as opposed to refusing the request): another
+    /// replica may do.
+    pub fn is_node_loss(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } | Self::StreamClosed { .. } => true,
+            Self::Node { status, .. } => {
+                matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown)
+            }
+            _ => false,
         }
     }
 }

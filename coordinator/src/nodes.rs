@@ -222,6 +222,13 @@ impl NodePool {
     }
 
     /// The replicas a new session will use (and keep: they hold its KV caches).
+    /// The other target replicas, in the order a session falls back to them.
+    pub fn spare_targets(&self, chosen: &TargetClient) -> Vec<TargetClient> {
+        let at = self.targets.iter().position(|t| t.address == chosen.address).unwrap_or(0);
+        let n = self.targets.len();
+        (1..n).map(|i| self.targets[(at + i) % n].clone()).collect()
+    }
+
     pub fn pick(&self) -> (TargetClient, Option<DraftClient>) {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let target = self.targets[n % self.targets.len()].clone();

@@ -141,7 +141,10 @@ async fn run_round_in(
         trace_context: context_map(span),
     };
     bytes_sent += request.encoded_len() as u64;
-    let reply = target_client.call(request).await?;
+    let reply = target_client.call(request).await.map_err(|e| {
+        // Nothing is committed yet: the session may run this round again elsewhere.
+        if e.is_node_loss() { CoordinatorError::TargetLost(Box::new(e)) } else { e }
+    })?;
     bytes_received += reply.encoded_len() as u64;
     if matches!(spec.wire, Wire::Sparse(_)) && reply.bonus_token_id as usize >= vocab_size {
         return Err(CoordinatorError::Protocol(format!(

@@ -47,10 +47,7 @@ impl<Q, R> RoundStream<Q, R> {
             let sent = self.requests.send(request).await.is_ok();
             match self.replies.message().await {
                 Ok(Some(reply)) if sent => Ok(reply),
-                Ok(_) => Err(CoordinatorError::Protocol(format!(
-                    "the {} node at {} closed the round stream",
-                    self.role, self.address
-                ))),
+                Ok(_) => Err(CoordinatorError::StreamClosed { role: self.role, address: self.address.clone() }),
                 Err(status) => Err(node_error(self.role, &self.address, status)),
             }
         };

@@ -140,7 +140,8 @@ impl GenerationService {
         set_remote_parent(&span, extract_from_metadata(metadata));
         record_request(&span, &spec, &self.pool.facts);
         let vocab_size = self.pool.facts.vocab_size;
-        let actor = SessionActor { session_id, spec, vocab_size, target, draft, out, metrics, deadline };
+        let spare_targets = self.pool.spare_targets(&target);
+        let actor = SessionActor { session_id, spec, vocab_size, target, spare_targets, draft, out, metrics, deadline };
         tokio::spawn(
             async move {
                 let _registered = registered;

@@ -14,7 +14,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
-use crate::nodes::{DraftClient, TargetClient};
+use crate::nodes::{DraftClient, TargetClient, TargetRounds};
 use crate::policy::AdaptiveGamma;
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::round::{Cursor, RoundReport, run_round};
@@ -27,6 +27,8 @@ pub struct SessionActor {
     pub spec: GenerationSpec,
     pub vocab_size: usize,
     pub target: TargetClient,
+    /// Other target replicas, tried in order when `target` is lost mid-generation.
+    pub spare_targets: Vec<TargetClient>,
     pub draft: Option<DraftClient>,
     pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
     pub metrics: Option<RequestMetrics>,
@@ -45,6 +47,20 @@ struct ReleaseGuard {
 }
 
 impl ReleaseGuard {
+    /// The session moves to `next`: the lost target's session is released in the background
+    /// (if the node comes back, it gets nothing stale).
+    fn move_to(&mut self, next: TargetClient) {
+        if let Some(old) = self.target.replace(next) {
+            let id = self.session_id.clone();
+            tokio::spawn(
+                async move {
+                    let _ = old.release(id).await;
+                }
+                .instrument(tracing::Span::current()),
+            );
+        }
+    }
+
     /// Releases now and waits for it, so that a draining server only stops once the nodes
     /// hold nothing of this generation; the drop below then has nothing left to do.
     async fn release_now(mut self) {
@@ -87,6 +103,7 @@ struct Stats {
     bytes_sent: u64,
     bytes_received: u64,
     draft_fallbacks: u64,
+    target_failovers: u64,
 }
 
 impl Stats {
@@ -121,6 +138,7 @@ impl Stats {
             wire_bytes_sent: self.bytes_sent,
             wire_bytes_received: self.bytes_received,
             draft_fallbacks: self.draft_fallbacks,
+            target_failovers: self.target_failovers,
         }
     }
 }
@@ -166,7 +184,9 @@ impl SessionActor {
             GammaChoice::Adaptive { max } => Some(AdaptiveGamma::new(max)),
             GammaChoice::Fixed(_) => None,
         };
-        let guard = ReleaseGuard { session_id: self.session_id.clone(), target: Some(self.target.clone()) };
+        let mut guard = ReleaseGuard { session_id: self.session_id.clone(), target: Some(self.target.clone()) };
+        let mut target = self.target.clone();
+        let mut spares = self.spare_targets.iter();
         let open = OpenSessionRequest {
             session_id: self.session_id.clone(),
             prompt_token_ids: spec.prompt.clone(),
@@ -208,6 +228,16 @@ impl SessionActor {
             let draft_arg = draft_link.as_mut().and_then(DraftLink::session).map(|d| (d, gamma));
             let target_arg = (&mut target_rounds, &target_cursor);
             let report = match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
+                Err(CoordinatorError::TargetLost(err)) => {
+                    // Nothing of this round was committed or sent: run it again on another
+                    // replica, re-filled with everything committed so far.
+                    let (next, rounds) = self.fail_over(*err, &mut spares, &open, &committed).await?;
+                    stats.target_failovers += 1;
+                    guard.move_to(next.clone());
+                    (target, target_rounds) = (next, rounds);
+                    target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
+                    continue;
+                }
                 Err(CoordinatorError::DraftLost(err)) => {
                     // Nothing was committed: the same round again, without the draft.
                     if let Some(link) = draft_link.as_mut() {
@@ -238,7 +268,7 @@ impl SessionActor {
             }
             let mut delta_text = String::new();
             if let Some(text) = text.as_mut() {
-                let delta = text.advance(&self.target, &output, before, finish.is_some()).await?;
+                let delta = text.advance(&target, &output, before, finish.is_some()).await?;
                 if let Some(keep) = delta.stop_at_tokens {
                     output.truncate(keep);
                     finish = Some(FinishReason::Stop);
@@ -293,6 +323,33 @@ impl SessionActor {
         tokio::join!(guard.release_now(), draft_release);
         let _ = self.out.send(Ok(last)).await;
         Ok(())
+    }
+
+    /// Opens the session, holding `committed`, on the next spare target that answers; the
+    /// loss itself when there is none left.
+    async fn fail_over(
+        &self,
+        lost: CoordinatorError,
+        spares: &mut std::slice::Iter<'_, TargetClient>,
+        open: &OpenSessionRequest,
+        committed: &[u32],
+    ) -> Result<(TargetClient, TargetRounds), CoordinatorError> {
+        tracing::warn!(%lost, "target lost mid-generation");
+        for next in spares.by_ref() {
+            let request = OpenSessionRequest { prompt_token_ids: committed.to_vec(), ..open.clone() };
+            let opened = async {
+                next.open_session(request).await?;
+                next.open_rounds().await
+            };
+            match opened.await {
+                Ok(rounds) => {
+                    tracing::info!(address = %next.address, tokens = committed.len(), "moved to another target");
+                    return Ok((next.clone(), rounds));
+                }
+                Err(err) => tracing::warn!(address = %next.address, %err, "spare target unavailable too"),
+            }
+        }
+        Err(CoordinatorError::TargetLost(Box::new(lost)))
     }
 
     fn stop_reason(&self, token: u32, generated: usize) -> Option<FinishReason> {

@@ -197,6 +197,7 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()
                 "wire_bytes_sent": stats.wire_bytes_sent,
                 "wire_bytes_received": stats.wire_bytes_received,
                 "draft_fallbacks": stats.draft_fallbacks,
+                "target_failovers": stats.target_failovers,
             },
         });
         outln!("{out}");
