@@ -78,6 +78,19 @@ pub struct MetricsOptions {
     metrics_listen: Option<SocketAddr>,
 }
 
+/// What every server role has: traces, draining, its TLS identity, metrics.
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
+    #[command(flatten)]
+    drain: DrainArgs,
+    #[command(flatten)]
+    tls: ServerTlsArgs,
+    #[command(flatten)]
+    metrics: MetricsOptions,
+}
+
 /// Run a target node: the big model, scoring whole blocks in one forward pass.
 #[derive(Debug, Args)]
 pub struct TargetArgs {
@@ -90,13 +103,7 @@ pub struct TargetArgs {
     #[command(flatten)]
     node: NodeOptions,
     #[command(flatten)]
-    telemetry: TelemetryArgs,
-    #[command(flatten)]
-    drain: DrainArgs,
-    #[command(flatten)]
-    tls: ServerTlsArgs,
-    #[command(flatten)]
-    metrics: MetricsOptions,
+    service: ServiceArgs,
 }
 
 /// Run a draft node: the cheap model, proposing blocks with their distributions.
@@ -111,13 +118,7 @@ pub struct DraftArgs {
     #[command(flatten)]
     node: NodeOptions,
     #[command(flatten)]
-    telemetry: TelemetryArgs,
-    #[command(flatten)]
-    drain: DrainArgs,
-    #[command(flatten)]
-    tls: ServerTlsArgs,
-    #[command(flatten)]
-    metrics: MetricsOptions,
+    service: ServiceArgs,
 }
 
 /// The TLS identity a role serves with, and whom it lets in.
@@ -276,15 +277,9 @@ pub struct CoordinatorArgs {
     #[command(flatten)]
     policy: PolicyOptions,
     #[command(flatten)]
-    telemetry: TelemetryArgs,
-    #[command(flatten)]
-    drain: DrainArgs,
-    #[command(flatten)]
-    tls: ServerTlsArgs,
-    #[command(flatten)]
     node_tls: NodeTlsArgs,
     #[command(flatten)]
-    metrics: MetricsOptions,
+    service: ServiceArgs,
 }
 
 /// Run all three roles on loopback: a target node, a draft node and the coordinator, each a
@@ -449,11 +444,11 @@ fn announce(listener: &TcpListener) -> anyhow::Result<()> {
 
 pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
-    config.tls = args.tls.tls()?;
-    let grace = args.drain.grace()?;
-    run_role("specd-target", &args.telemetry, async {
+    config.tls = args.service.tls.tls()?;
+    let grace = args.service.drain.grace()?;
+    run_role("specd-target", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
-        config.metrics = args.metrics.start().await?;
+        config.metrics = args.service.metrics.start().await?;
         let node = TargetNode::load(config).await?;
         announce(&listener)?;
         serve_until_signal(grace, |stop| specd_target_node::serve(listener, node, stop)).await
@@ -462,11 +457,11 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
-    config.tls = args.tls.tls()?;
-    let grace = args.drain.grace()?;
-    run_role("specd-draft", &args.telemetry, async {
+    config.tls = args.service.tls.tls()?;
+    let grace = args.service.drain.grace()?;
+    run_role("specd-draft", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
-        config.metrics = args.metrics.start().await?;
+        config.metrics = args.service.metrics.start().await?;
         let node = DraftNode::load(config).await?;
         announce(&listener)?;
         serve_until_signal(grace, |stop| specd_draft_node::serve(listener, node, stop)).await
@@ -475,11 +470,11 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
 
 pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = args.policy.config(args.target.clone(), args.draft.clone())?;
-    config.tls = CoordinatorTls { server: args.tls.tls()?, nodes: args.node_tls.tls()? };
-    let grace = args.drain.grace()?;
-    run_role("specd-coordinator", &args.telemetry, async {
+    config.tls = CoordinatorTls { server: args.service.tls.tls()?, nodes: args.node_tls.tls()? };
+    let grace = args.service.drain.grace()?;
+    run_role("specd-coordinator", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
-        config.metrics = args.metrics.start().await?;
+        config.metrics = args.service.metrics.start().await?;
         let service = specd_coordinator::connect(&config).await?;
         announce(&listener)?;
         serve_until_signal(grace, |stop| specd_coordinator::serve(listener, service, stop)).await
