@@ -1,10 +1,14 @@
 //! Test harness: a whole specd cluster (target node, draft node, coordinator) as real gRPC
 //! servers on 127.0.0.1 ports chosen by the OS, in this process, plus table models written
-//! from Rust so that tests know the exact p and q.
+//! from Rust so that tests know the exact p and q; [`chaos`] puts a connection-cutting proxy
+//! in front of the draft.
+
+pub mod chaos;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chaos::ChaosProxy;
 use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_model::{DType, DeviceSpec};
@@ -33,6 +37,9 @@ pub struct ClusterOptions {
     pub metrics: Option<Metrics>,
     /// The nodes release sessions unused this long.
     pub session_ttl: Option<Duration>,
+    /// The coordinator reaches the draft through a [`ChaosProxy`] cutting its connections
+    /// after lifetimes of this mean.
+    pub draft_chaos: Option<Duration>,
 }
 
 impl Default for ClusterOptions {
@@ -44,6 +51,7 @@ impl Default for ClusterOptions {
             dtype: DType::F32,
             metrics: None,
             session_ttl: None,
+            draft_chaos: None,
         }
     }
 }
@@ -58,6 +66,7 @@ pub struct Cluster {
     pub metrics_url: Option<String>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    _chaos: Option<ChaosProxy>,
 }
 
 async fn loopback() -> anyhow::Result<(TcpListener, String)> {
@@ -97,9 +106,20 @@ impl Cluster {
         tasks.push(tokio::spawn(async move {
             specd_draft_node::serve(draft_listener, draft, stopped(rx)).await.expect("draft serves");
         }));
+        let mut chaos = None;
+        let coordinator_draft_url = match options.draft_chaos {
+            Some(mean) => {
+                let upstream = draft_url.trim_start_matches("http://").to_owned();
+                let proxy = ChaosProxy::start(upstream, mean, 0x5eed).await?;
+                let url = proxy.url.clone();
+                chaos = Some(proxy);
+                url
+            }
+            None => draft_url.clone(),
+        };
         let config = CoordinatorConfig {
             targets: vec![target_url.clone()],
-            drafts: vec![draft_url.clone()],
+            drafts: vec![coordinator_draft_url],
             default_gamma: options.gamma,
             default_max_new_tokens: 64,
             truncation: options.truncation,
@@ -123,7 +143,7 @@ impl Cluster {
                 specd_telemetry::serve_metrics(listener, metrics, stopped(rx)).await.expect("metrics served");
             }));
         }
-        Ok(Self { endpoint, target_url, draft_url, metrics_url, stop, tasks })
+        Ok(Self { endpoint, target_url, draft_url, metrics_url, stop, tasks, _chaos: chaos })
     }
 
     pub async fn client(&self) -> anyhow::Result<GenerationClient<Channel>> {

@@ -9,6 +9,7 @@
 //! N is `SPECD_LAW_SAMPLES` (default 200 000).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
@@ -101,6 +102,11 @@ fn wire(params: &SamplingParams, seed: u64) -> WireSampling {
 
 /// Draws `n` continuations through the cluster and returns the χ² p-value against the exact law.
 async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> f64 {
+    law_check(options, params, dense, n).await.0
+}
+
+/// [`law_p_value`], and how many times generations lost their draft on the way.
+async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> (f64, u64) {
     let dir = scratch_dir(&format!("law-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
     let (target_table, draft_table) = tables();
     let target = target_table.write(&dir.join("target.json")).unwrap();
@@ -113,6 +119,7 @@ async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: boo
         let (mut client, params) = (client.clone(), Arc::clone(&params));
         tasks.push(tokio::spawn(async move {
             let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
+            let mut fallbacks = 0;
             for seed in (c..n).step_by(CLIENTS as usize) {
                 let request = GenerateRequest {
                     prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
@@ -127,18 +134,26 @@ async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: boo
                 };
                 let mut stream = client.generate_stream(request).await.unwrap().into_inner();
                 let mut tokens = Vec::new();
+                let mut lost = 0;
                 while let Some(message) = stream.next().await {
-                    tokens.extend(message.unwrap().token_ids);
+                    let message = message.unwrap();
+                    // Stats are the generation's so far: the last message has them all.
+                    lost = message.stats.map_or(lost, |s| s.draft_fallbacks);
+                    tokens.extend(message.token_ids);
                 }
+                fallbacks += lost;
                 assert_eq!(tokens.len(), LENGTH);
                 counts[cell(&tokens)] += 1;
             }
-            counts
+            (counts, fallbacks)
         }));
     }
     let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
+    let mut fallbacks = 0;
     for task in tasks {
-        for (total, c) in counts.iter_mut().zip(task.await.unwrap()) {
+        let (lane, lost) = task.await.unwrap();
+        fallbacks += lost;
+        for (total, c) in counts.iter_mut().zip(lane) {
             *total += c;
         }
     }
@@ -150,11 +165,11 @@ async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: boo
     }
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
     eprintln!(
-        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, {fallbacks} draft losses: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
         options.rule
     );
-    p_value
+    (p_value, fallbacks)
 }
 
 fn gamma_name(gamma: GammaChoice) -> String {
@@ -203,6 +218,17 @@ async fn sparse_law_with_adaptive_gamma() {
     let options = ClusterOptions { gamma: GammaChoice::Adaptive { max: 4 }, ..small_truncation() };
     let p = law_p_value(options, SamplingParams::default(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "sparse with adaptive γ: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_with_a_draft_that_keeps_dying() {
+    // Every connection to the draft is cut after a random lifetime (mean 20 ms), whatever it
+    // carries: sessions lose their draft at random rounds and finish target-only. Each round
+    // is exact for its γ and a cut round is run again from scratch, so the law holds.
+    let options = ClusterOptions { draft_chaos: Some(Duration::from_millis(20)), ..small_truncation() };
+    let (p, fallbacks) = law_check(options, SamplingParams::default(), false, samples()).await;
+    assert!(fallbacks > 0, "no draft was lost: the chaos proxy did nothing");
+    assert!(p > FALSE_FAILURE, "sparse with draft losses: p = {p} ({fallbacks} fallbacks)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
