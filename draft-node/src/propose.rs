@@ -33,27 +33,15 @@ pub struct Proposal {
     pub draft_ns: u64,
 }
 
-/// Runs on the model thread. On error the history is left as it was, but its cache is
-/// marked empty: the model may have truncated or extended it half-way.
+/// Runs on the model thread, through [`specd_node::Node::run`]: if it fails half-way, the
+/// session keeps the state it had before, with its cache forgotten.
 pub fn propose(
     model: &mut dyn LanguageModel,
     state: &mut SessionState,
     job: &ProposeJob,
 ) -> Result<Proposal, NodeError> {
-    let result = propose_inner(model, state, job);
-    if result.is_err() {
-        state.history.forget_cache();
-    }
-    result
-}
-
-fn propose_inner(
-    model: &mut dyn LanguageModel,
-    state: &mut SessionState,
-    job: &ProposeJob,
-) -> Result<Proposal, NodeError> {
     let started = Instant::now();
-    let mut history = state.history.clone();
+    let history = &mut state.history;
     let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
     let mut candidates = Vec::with_capacity(job.gamma);
     if job.gamma > 0 {
@@ -84,6 +72,5 @@ fn propose_inner(
             }
         }
     }
-    state.history = history;
     Ok(Proposal { candidates, draft_ns: started.elapsed().as_nanos() as u64 })
 }

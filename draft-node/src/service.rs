@@ -85,7 +85,7 @@ impl DraftNode {
             gamma: req.gamma as usize,
             truncation,
         };
-        let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await??;
+        let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?;
         let positions = proposal
             .candidates
             .iter()

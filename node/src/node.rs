@@ -52,6 +52,10 @@ impl NodeSessionState for SessionState {
     fn model_session(&self) -> SessionId {
         self.model_session
     }
+
+    fn forget_cache(&mut self) {
+        self.history.forget_cache();
+    }
 }
 
 /// A node of either role. Cheap to clone: the state is shared.
@@ -120,13 +124,14 @@ impl Node {
         Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
     }
 
-    /// Runs `job` on the model thread with the session's state.
+    /// Runs `job` on the model thread with the session's state; see [`NodeModel::run`] for
+    /// what a failed job leaves behind.
     pub async fn run<R: Send + 'static>(
         &self,
         session_id: &str,
-        job: impl FnOnce(&mut dyn LanguageModel, &mut SessionState) -> R + Send + 'static,
+        job: impl FnOnce(&mut dyn LanguageModel, &mut SessionState) -> Result<R, NodeError> + Send + 'static,
     ) -> Result<R, NodeError> {
-        Ok(self.model.run(session_id, job).await?)
+        self.model.run(session_id, job).await?
     }
 
     /// Releases the session; `false` when it was not open.

@@ -13,6 +13,9 @@ use crate::registry::{RegistryError, SessionRegistry};
 /// A role's per-session state.
 pub trait NodeSessionState: Clone + Send + 'static {
     fn model_session(&self) -> SessionId;
+    /// After a failed job: the model may have truncated or extended the session's cache
+    /// half-way, so nothing in it may be trusted any more.
+    fn forget_cache(&mut self);
 }
 
 /// Why a session operation on a node failed.
@@ -103,13 +106,15 @@ impl<S: NodeSessionState> NodeModel<S> {
         Ok(())
     }
 
-    /// Runs `job` on the model thread with the session's state. The state is updated with
-    /// whatever the job left in it, also when the job reports an error.
-    pub async fn run<R: Send + 'static>(
+    /// Runs `job` on the model thread with a copy of the session's state. When it succeeds
+    /// the session takes the state the job left; when it fails the session keeps the state it
+    /// had, with its cache forgotten (see [`NodeSessionState::forget_cache`]). So a job may
+    /// change its state freely, however far it gets.
+    pub async fn run<R: Send + 'static, E: Send + 'static>(
         &self,
         id: &str,
-        job: impl FnOnce(&mut dyn LanguageModel, &mut S) -> R + Send + 'static,
-    ) -> Result<R, NodeSessionError> {
+        job: impl FnOnce(&mut dyn LanguageModel, &mut S) -> Result<R, E> + Send + 'static,
+    ) -> Result<Result<R, E>, NodeSessionError> {
         let session = self.sessions.get(id).ok_or_else(|| NodeSessionError::Unknown(id.to_owned()))?;
         let mut state = session.lock().await;
         let snapshot = state.clone();
@@ -121,7 +126,10 @@ impl<S: NodeSessionState> NodeModel<S> {
                 Ok((state, result))
             })
             .await?;
-        *state = updated;
+        match &result {
+            Ok(_) => *state = updated,
+            Err(_) => state.forget_cache(),
+        }
         Ok(result)
     }
 

@@ -108,7 +108,7 @@ impl TargetNode {
             candidates: req.candidate_token_ids,
             supports,
         };
-        let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await??;
+        let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await?;
         let reply = match verified.verdict {
             Verdict::Sparse(block) => VerifyResponse {
                 positions: scored_positions(&block),

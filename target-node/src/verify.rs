@@ -33,21 +33,9 @@ pub struct Verified {
     pub verify_ns: u64,
 }
 
-/// Runs on the model thread. On error the history is left as it was and its cache marked
-/// empty (the model may have truncated or extended it half-way).
+/// Runs on the model thread, through [`specd_node::Node::run`]: if it fails half-way, the
+/// session keeps the state it had before, with its cache forgotten.
 pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &VerifyJob) -> Result<Verified, NodeError> {
-    let result = verify_inner(model, state, job);
-    if result.is_err() {
-        state.history.forget_cache();
-    }
-    result
-}
-
-fn verify_inner(
-    model: &mut dyn LanguageModel,
-    state: &mut SessionState,
-    job: &VerifyJob,
-) -> Result<Verified, NodeError> {
     let started = Instant::now();
     if let Some(supports) = &job.supports
         && supports.len() != job.candidates.len()
@@ -58,7 +46,7 @@ fn verify_inner(
             job.candidates.len()
         )));
     }
-    let mut history = state.history.clone();
+    let history = &mut state.history;
     let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
     model.truncate(state.model_session, catch_up.keep)?;
     let mut feed = catch_up.feed;
@@ -78,6 +66,5 @@ fn verify_inner(
         }
         None => Verdict::Dense(p),
     };
-    state.history = history;
     Ok(Verified { verdict, verify_ns: started.elapsed().as_nanos() as u64 })
 }
