@@ -5,15 +5,15 @@ use std::collections::HashMap;
 
 use clap::Args;
 use serde_json::json;
-use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
-use specd_proto::v1::{GenerateRequest, NextTokenLawRequest, Speculation, StoppingCriteria, TokenIds};
+use specd_proto::v1::{GenerateRequest, NextTokenLawRequest, Speculation, StoppingCriteria};
 use specd_sampling::chi2::{ChiSquare, chi_square_test, two_sample_chi_square};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
 use crate::cli_error::{RpcFailure, invalid};
-use crate::generate::{SamplingFlags, with_token};
+use crate::client_args::ClientArgs;
+use crate::generate::SamplingFlags;
 
 /// Check that speculation leaves the output law unchanged.
 ///
@@ -33,17 +33,8 @@ use crate::generate::{SamplingFlags, with_token};
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, allow_negative_numbers = true)]
 pub struct AuditArgs {
-    #[arg(long, env = "SPECD_ENDPOINT", default_value = "http://127.0.0.1:50051")]
-    endpoint: String,
-    /// Bearer token, for a coordinator started with --api-token.
-    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
-    api_token: Option<String>,
-    /// The prompt as text.
-    #[arg(long, env = "SPECD_PROMPT", conflicts_with = "token_ids", required_unless_present = "token_ids")]
-    prompt: Option<String>,
-    /// The prompt as token ids, comma-separated.
-    #[arg(long, env = "SPECD_TOKEN_IDS", value_delimiter = ',')]
-    token_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Tokens per continuation (K); cells are the distinct K-token continuations.
     #[arg(long, env = "SPECD_AUDIT_TOKENS", default_value_t = 3)]
     tokens: u32,
@@ -84,13 +75,9 @@ pub enum AuditMode {
 
 impl AuditArgs {
     fn request(&self, seed: u64, gamma: Option<u32>, dense: bool) -> GenerateRequest {
-        let prompt = match (&self.prompt, &self.token_ids) {
-            (Some(text), _) => Prompt::Text(text.clone()),
-            (None, ids) => Prompt::TokenIds(TokenIds { ids: ids.clone().unwrap_or_default() }),
-        };
         GenerateRequest {
             request_id: format!("audit-{seed}"),
-            prompt: Some(prompt),
+            prompt: Some(self.client.prompt()),
             sampling: Some(self.sampling.to_wire(Some(seed))),
             stopping: Some(StoppingCriteria {
                 max_new_tokens: Some(self.tokens),
@@ -117,7 +104,7 @@ async fn draw(
             .clone()
             .skip(lane as usize)
             .step_by(args.concurrency as usize)
-            .map(|seed| with_token(args.request(seed, gamma, dense), args.api_token.as_deref()))
+            .map(|seed| args.client.request(args.request(seed, gamma, dense)))
             .collect::<anyhow::Result<_>>()?;
         tasks.push(tokio::spawn(async move {
             let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
@@ -157,7 +144,7 @@ async fn exact_law(
                 generated_token_ids: prefix.clone(),
                 sampling: Some(args.sampling.to_wire(None)),
             };
-            let request = with_token(request, args.api_token.as_deref())?;
+            let request = args.client.request(request)?;
             let law = client.clone().next_token_law(request).await.map_err(RpcFailure)?.into_inner();
             if law.token_ids.len() != law.probs.len() {
                 anyhow::bail!(
@@ -189,7 +176,7 @@ struct Verdict {
 
 async fn audit(args: &AuditArgs, client: &GenerationClient<Channel>) -> anyhow::Result<Verdict> {
     let n = args.samples;
-    let exact = match (args.mode, &args.token_ids) {
+    let exact = match (args.mode, &args.client.token_ids) {
         (AuditMode::TwoSample, _) => None,
         (AuditMode::Exact, None) => {
             return Err(invalid("--mode exact needs the prompt as --token-ids: the law is computed on token ids"));
@@ -237,9 +224,7 @@ pub fn run(args: &AuditArgs) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let client = GenerationClient::connect(args.endpoint.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {}: {e}", args.endpoint))?;
+        let client = args.client.connect().await?;
         let Verdict { mode, cells, test } = audit(args, &client).await?;
         let n = args.samples;
         let verdict = if test.p_value >= args.alpha { "pass" } else { "fail" };

@@ -4,14 +4,11 @@ use std::io::Write;
 
 use clap::Args;
 use serde_json::json;
-use specd_proto::v1::generation_client::GenerationClient;
-use specd_proto::v1::{
-    FinishReason, GenerateRequest, GenerateResponse, SamplingParams, Speculation, StoppingCriteria, TokenIds,
-    generate_request::Prompt,
-};
+use specd_proto::v1::{FinishReason, GenerateRequest, GenerateResponse, SamplingParams, Speculation, StoppingCriteria};
 use tokio_stream::StreamExt;
 
 use crate::cli_error::{RpcFailure, invalid};
+use crate::client_args::ClientArgs;
 
 /// Generate text from a running coordinator (`specd up` or `specd coordinator`).
 ///
@@ -20,18 +17,8 @@ use crate::cli_error::{RpcFailure, invalid};
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, allow_negative_numbers = true)]
 pub struct GenerateArgs {
-    /// The coordinator's URL.
-    #[arg(long, env = "SPECD_ENDPOINT", default_value = "http://127.0.0.1:50051")]
-    endpoint: String,
-    /// Bearer token, for a coordinator started with --api-token.
-    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
-    api_token: Option<String>,
-    /// The prompt as text (tokenised by the model's tokenizer).
-    #[arg(long, env = "SPECD_PROMPT", conflicts_with = "token_ids", required_unless_present = "token_ids")]
-    prompt: Option<String>,
-    /// The prompt as token ids, comma-separated.
-    #[arg(long, env = "SPECD_TOKEN_IDS", value_delimiter = ',')]
-    token_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Tokens to generate at most (default: the coordinator's).
     #[arg(long, env = "SPECD_MAX_NEW_TOKENS")]
     max_new_tokens: Option<u32>,
@@ -100,13 +87,9 @@ impl SamplingFlags {
 
 impl GenerateArgs {
     fn request(&self) -> GenerateRequest {
-        let prompt = match (&self.prompt, &self.token_ids) {
-            (Some(text), _) => Prompt::Text(text.clone()),
-            (None, ids) => Prompt::TokenIds(TokenIds { ids: ids.clone().unwrap_or_default() }),
-        };
         GenerateRequest {
             request_id: String::new(),
-            prompt: Some(prompt),
+            prompt: Some(self.client.prompt()),
             sampling: Some(self.sampling.to_wire(self.seed)),
             stopping: Some(StoppingCriteria {
                 max_new_tokens: self.max_new_tokens,
@@ -120,15 +103,13 @@ impl GenerateArgs {
 }
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
-    if args.token_ids.as_ref().is_some_and(Vec::is_empty) {
+    if args.client.token_ids.as_ref().is_some_and(Vec::is_empty) {
         return Err(invalid("--token-ids is empty"));
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let mut client = GenerationClient::connect(args.endpoint.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {}: {e}", args.endpoint))?;
-        let request = with_token(args.request(), args.api_token.as_deref())?;
+        let mut client = args.client.connect().await?;
+        let request = args.client.request(args.request())?;
         let mut stream = client.generate_stream(request).await.map_err(RpcFailure)?.into_inner();
         let mut all = GenerateResponse::default();
         let mut stdout = std::io::stdout();
@@ -153,16 +134,6 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
         Ok(print_result(args, &all)?)
     })
-}
-
-/// `message` with `authorization: Bearer <token>` when there is a token.
-pub fn with_token<T>(message: T, token: Option<&str>) -> anyhow::Result<tonic::Request<T>> {
-    let mut request = tonic::Request::new(message);
-    if let Some(token) = token {
-        let value = format!("Bearer {token}").parse().map_err(|_| invalid("--api-token must be printable ASCII"))?;
-        request.metadata_mut().insert("authorization", value);
-    }
-    Ok(request)
 }
 
 fn finish_name(code: i32) -> &'static str {

@@ -22,6 +22,7 @@ macro_rules! outln {
 
 mod audit;
 mod cli_error;
+mod client_args;
 mod cost;
 mod distribution_arg;
 mod generate;
