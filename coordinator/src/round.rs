@@ -1,6 +1,7 @@
 //! One round of the protocol (DESIGN.md §2): Propose to the draft, Verify at the target, the
 //! exact rule here.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use prost::Message;
@@ -108,6 +109,8 @@ async fn run_round_in(
     span: &tracing::Span,
 ) -> Result<RoundReport, CoordinatorError> {
     let started = Instant::now();
+    // Both nodes' spans of this round hang under the same round span.
+    let trace_context = context_map(span);
     let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
@@ -116,7 +119,7 @@ async fn run_round_in(
     if let Some((draft, gamma)) = draft.filter(|d| d.1 > 0) {
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
-        let (bytes, draft_time, parsed) = propose(spec, draft, round, gamma, vocab_size, span)
+        let (bytes, draft_time, parsed) = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
         bytes_sent += bytes.0;
@@ -138,7 +141,7 @@ async fn run_round_in(
         candidate_token_ids: candidates,
         supports,
         dense: matches!(spec.wire, Wire::Dense),
-        trace_context: context_map(span),
+        trace_context,
     };
     bytes_sent += request.encoded_len() as u64;
     let reply = target_client.call(request).await.map_err(|e| {
@@ -185,7 +188,7 @@ async fn propose(
     round: u32,
     gamma: u32,
     vocab_size: usize,
-    span: &tracing::Span,
+    trace_context: HashMap<String, String>,
 ) -> Result<((u64, u64), u64, Proposals), CoordinatorError> {
     let (truncation, dense) = match spec.wire {
         Wire::Sparse(t) => (Some(t.into()), false),
@@ -199,7 +202,7 @@ async fn propose(
         gamma,
         truncation,
         dense,
-        trace_context: context_map(span),
+        trace_context,
     };
     let sent = request.encoded_len() as u64;
     let reply = draft.rounds.call(request).await?;
