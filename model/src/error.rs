@@ -69,6 +69,10 @@ pub enum ModelError {
     )]
     MemoryBudget { requested: u64, in_use: u64, budget: u64, sessions: usize },
 
+    /// The training corpus for the demo pair cannot be found or is too small.
+    #[error("corpus: {0}")]
+    Corpus(String),
+
     /// libtorch reported an error.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
@@ -114,7 +118,8 @@ impl ModelError {
             | Self::TensorShape { .. }
             | Self::TensorDtype { .. }
             | Self::Tokenizer { .. }
-            | Self::Device(_) => ErrorClass::FailedPrecondition,
+            | Self::Device(_)
+            | Self::Corpus(_) => ErrorClass::FailedPrecondition,
             Self::WorkerGone(_) => ErrorClass::Unavailable,
             Self::Torch(_) => ErrorClass::Internal,
         }

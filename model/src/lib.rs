@@ -15,6 +15,8 @@
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`].
 //! - [`device`]: `--device` and `--dtype`; [`load`]: open a model from a path.
+//! - [`demo`]: builds the demo pair offline (tokenizer, target trained on Python sources,
+//!   draft distilled from it), written as Hugging Face directories.
 //! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one.
 //! - [`error`]: the crate's one error type.
 //!
@@ -24,6 +26,7 @@
 //! [`ModelError::MemoryBudget`].
 
 pub mod config;
+pub mod demo;
 pub mod device;
 pub mod error;
 mod kv_cache;

@@ -295,7 +295,7 @@ impl LlamaModel {
 }
 
 /// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 as in transformers.
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let kind = x.kind();
     let xf = x.f_to_kind(Kind::Float)?;
     let var = xf.f_square()?.f_mean_dim(-1, true, Kind::Float)?;

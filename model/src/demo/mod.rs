@@ -1,0 +1,221 @@
+//! Builds the demo model pair offline: a byte-level BPE tokenizer and a Llama **target**
+//! trained on Python sources, then a much smaller Llama **draft** distilled from the target's
+//! distributions (imitating p directly gives far higher acceptance than learning the data).
+//!
+//! - [`spec`]: the shapes and budgets ([`Preset::Demo`], [`Preset::Tiny`]);
+//! - [`corpus`]: the Python standard library's sources (or any directory of `.py` files);
+//! - [`bpe`]: the tokenizer; [`net`]: the trainable model; [`train`]: the optimiser loop;
+//! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
+//! - [`progress`]: how the build reports itself.
+//!
+//! Each stage (tokenizer, target, draft) is written to its own directory with the key it
+//! was built from; a later build with the same spec, seed and corpus reuses every stage
+//! whose key matches, so an interrupted build resumes at the stage it was in.
+
+pub mod bpe;
+pub mod corpus;
+pub mod evaluate;
+pub mod export;
+pub mod net;
+pub mod progress;
+pub mod spec;
+pub mod train;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tch::nn::VarStore;
+use tch::{Device, Kind};
+
+pub use evaluate::PairReport;
+pub use progress::{Progress, Quiet};
+pub use spec::{DemoSpec, Preset, Shape};
+
+use crate::error::{ModelError, Result};
+use net::TrainableLlama;
+use train::{Windows, distillation_loss, next_token_loss, optimise};
+
+/// Bumped whenever a change here changes the bytes a build writes.
+const FORMAT: u32 = 1;
+const PAIR_FILE: &str = "specd-demo.json";
+
+/// What to build and where.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub out: PathBuf,
+    /// A directory of `.py` files; the Python standard library when absent.
+    pub corpus: Option<PathBuf>,
+    pub seed: u64,
+    pub spec: DemoSpec,
+}
+
+/// A finished (or cached) pair.
+#[derive(Debug, Clone)]
+pub struct BuildOutcome {
+    pub target_dir: PathBuf,
+    pub draft_dir: PathBuf,
+    pub report: PairReport,
+    pub target_parameters: u64,
+    pub draft_parameters: u64,
+    /// True when every stage came from the cache.
+    pub cached: bool,
+    pub corpus_root: PathBuf,
+    pub train_tokens: usize,
+}
+
+fn parameters(vs: &VarStore) -> u64 {
+    vs.trainable_variables().iter().map(|t| t.numel() as u64).sum()
+}
+
+/// Builds the pair into `opts.out/{target,draft}`, reusing cached stages.
+pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOutcome> {
+    opts.spec.validate().map_err(ModelError::InvalidInput)?;
+    std::fs::create_dir_all(&opts.out).map_err(|source| ModelError::Io { path: opts.out.clone(), source })?;
+    let root = match &opts.corpus {
+        Some(dir) => dir.clone(),
+        None => corpus::python_stdlib()?,
+    };
+    progress.stage("reading corpus", 0);
+    let corpus = corpus::load(&root, opts.spec.corpus_bytes)?;
+    progress.note(&format!(
+        "corpus: {} ({} training files, {} held out, {:.1} MB)",
+        root.display(),
+        corpus.train.len(),
+        corpus.held_out.len(),
+        corpus.train_bytes() as f64 / 1e6
+    ));
+    let spec = &opts.spec;
+    let tokenizer_key = json!({"format": FORMAT, "stage": "tokenizer", "vocab_size": spec.vocab_size,
+        "corpus": corpus.fingerprint, "corpus_bytes": spec.corpus_bytes});
+    let target_key = json!({"format": FORMAT, "stage": "target", "tokenizer": tokenizer_key, "seed": opts.seed,
+        "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr});
+    let draft_key = json!({"format": FORMAT, "stage": "draft", "target": target_key, "shape": spec.draft,
+        "steps": spec.draft_steps, "lr": spec.draft_lr});
+    let tok_dir = opts.out.join("tokenizer");
+    let target_dir = opts.out.join("target");
+    let draft_dir = opts.out.join("draft");
+    let is_current = |dir: &Path, key: &Value| export::read_build(dir).is_some_and(|b| b.get("key") == Some(key));
+    let all_cached = is_current(&tok_dir, &tokenizer_key)
+        && is_current(&target_dir, &target_key)
+        && is_current(&draft_dir, &draft_key);
+
+    // Tokenizer.
+    let tokenizer_json = tok_dir.join("tokenizer.json");
+    let tokenizer = if is_current(&tok_dir, &tokenizer_key) {
+        progress.note("tokenizer: cached");
+        tokenizers::Tokenizer::from_file(&tokenizer_json)
+            .map_err(|e| ModelError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
+    } else {
+        progress.stage("training tokenizer", 0);
+        let tmp = export::temporary_sibling(&tok_dir);
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|source| ModelError::Io { path: tmp.clone(), source })?;
+        bpe::train(&corpus.train, spec.vocab_size, &tmp.join("tokenizer.json"))?;
+        export::write_json(&tmp.join(export::BUILD_FILE), &json!({"key": tokenizer_key}))?;
+        export::replace_dir(&tmp, &tok_dir)?;
+        tokenizers::Tokenizer::from_file(&tokenizer_json)
+            .map_err(|e| ModelError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
+    };
+    progress.stage("tokenizing", 0);
+    let train_stream = bpe::encode_stream(&tokenizer, &corpus.train)?;
+    let held_stream = bpe::encode_stream(&tokenizer, &corpus.held_out)?;
+    progress.note(&format!("tokens: {} training, {} held out", train_stream.len(), held_stream.len()));
+
+    // Target: next-token prediction on the corpus, matmuls in bfloat16.
+    let target_cfg = spec.llama_config(spec.target);
+    tch::manual_seed(opts.seed as i64);
+    let mut target_vs = VarStore::new(Device::Cpu);
+    let target = TrainableLlama::new(&target_vs.root(), &target_cfg)?;
+    if is_current(&target_dir, &target_key) {
+        progress.note("target: cached");
+        export::read_weights(&mut target_vs, &target_dir)?;
+    } else {
+        progress.stage("training target", spec.target_steps);
+        let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed);
+        let t = spec.context as i64;
+        let loss = optimise(&target_vs, spec.target_steps, spec.target_lr, &mut windows, progress, |batch| {
+            let logits = target.forward(&batch.f_narrow(1, 0, t)?, Kind::BFloat16)?;
+            next_token_loss(&logits, &batch.f_narrow(1, 1, t)?)
+        })?;
+        progress.note(&format!("target: final training loss {loss:.3}"));
+        export::write_checkpoint(&target_dir, &target_cfg, &target_vs, &tokenizer_json, &json!({"key": target_key}))?;
+    }
+    target_vs.freeze();
+
+    // Draft: imitate the target's distributions on the same kind of windows.
+    let draft_cfg = spec.llama_config(spec.draft);
+    tch::manual_seed(opts.seed.wrapping_add(1) as i64);
+    let mut draft_vs = VarStore::new(Device::Cpu);
+    let draft = TrainableLlama::new(&draft_vs.root(), &draft_cfg)?;
+    if is_current(&draft_dir, &draft_key) {
+        progress.note("draft: cached");
+        export::read_weights(&mut draft_vs, &draft_dir)?;
+    } else {
+        progress.stage("distilling draft", spec.draft_steps);
+        let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed.wrapping_add(1));
+        let t = spec.context as i64;
+        let loss = optimise(&draft_vs, spec.draft_steps, spec.draft_lr, &mut windows, progress, |batch| {
+            let ids = batch.f_narrow(1, 0, t)?;
+            let teacher = {
+                let _no_grad = tch::no_grad_guard();
+                target.forward(&ids, Kind::BFloat16)?
+            };
+            distillation_loss(&draft.forward(&ids, Kind::BFloat16)?, &teacher)
+        })?;
+        progress.note(&format!("draft: final distillation loss {loss:.3}"));
+        export::write_checkpoint(&draft_dir, &draft_cfg, &draft_vs, &tokenizer_json, &json!({"key": draft_key}))?;
+    }
+
+    progress.stage("evaluating on held-out files", 0);
+    let windows = (spec.batch * 2).max(4);
+    let held = Windows::new(&held_stream, spec.context, windows, opts.seed.wrapping_add(2)).next_batch()?;
+    let report = evaluate::evaluate(&target, &draft, &held)?;
+    let outcome = BuildOutcome {
+        target_dir,
+        draft_dir,
+        report,
+        target_parameters: parameters(&target_vs),
+        draft_parameters: parameters(&draft_vs),
+        cached: all_cached,
+        corpus_root: root,
+        train_tokens: train_stream.len(),
+    };
+    export::write_json(
+        &opts.out.join(PAIR_FILE),
+        &json!({"seed": opts.seed, "spec": spec, "corpus": corpus.fingerprint, "report": report,
+            "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters}),
+    )?;
+    Ok(outcome)
+}
+
+/// Seconds one optimiser step of `shape` takes here, for turning `--minutes` into steps.
+pub fn seconds_per_step(spec: &DemoSpec, shape: Shape, with_teacher: Option<Shape>) -> Result<f64> {
+    let stream: Vec<u32> = (0..(spec.context * 4) as u32).map(|i| i % spec.vocab_size as u32).collect();
+    let vs = VarStore::new(Device::Cpu);
+    let model = TrainableLlama::new(&vs.root(), &spec.llama_config(shape))?;
+    let teacher_vs = VarStore::new(Device::Cpu);
+    let teacher = with_teacher.map(|s| TrainableLlama::new(&teacher_vs.root(), &spec.llama_config(s))).transpose()?;
+    let t = spec.context as i64;
+    let mut windows = Windows::new(&stream, spec.context, spec.batch, 0);
+    let mut time_one = || -> Result<f64> {
+        let started = Instant::now();
+        optimise(&vs, 1, 1e-4, &mut windows, &mut Quiet, |batch| {
+            let ids = batch.f_narrow(1, 0, t)?;
+            let logits = model.forward(&ids, Kind::BFloat16)?;
+            match &teacher {
+                Some(teacher) => {
+                    let p = {
+                        let _no_grad = tch::no_grad_guard();
+                        teacher.forward(&ids, Kind::BFloat16)?
+                    };
+                    distillation_loss(&logits, &p)
+                }
+                None => next_token_loss(&logits, &batch.f_narrow(1, 1, t)?),
+            }
+        })?;
+        Ok(started.elapsed().as_secs_f64())
+    };
+    time_one()?; // warm-up: allocator and kernel selection
+    time_one()
+}

@@ -1,0 +1,133 @@
+//! What a demo pair is made of: the two shapes, the tokenizer size and the training budgets.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Architecture, LlamaConfig, RopeScaling};
+
+/// The shape of one Llama model of the pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub intermediate: usize,
+}
+
+/// Everything that decides the bytes of a demo pair, together with the seed and the corpus.
+/// Two builds with equal specs, seeds and corpora write identical files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DemoSpec {
+    /// Byte-level BPE vocabulary, special token included.
+    pub vocab_size: usize,
+    /// Training window in tokens; also the models' `max_position_embeddings`.
+    pub context: usize,
+    pub target: Shape,
+    pub draft: Shape,
+    /// Sequences per optimiser step.
+    pub batch: usize,
+    pub target_steps: usize,
+    pub draft_steps: usize,
+    pub target_lr: f64,
+    pub draft_lr: f64,
+    /// At most this many bytes of corpus are read (whole files, in path order).
+    pub corpus_bytes: usize,
+}
+
+/// The named sizes. `demo` is what `make demo` serves; `tiny` builds in seconds, for tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    Demo,
+    Tiny,
+}
+
+impl Preset {
+    pub fn spec(self) -> DemoSpec {
+        match self {
+            // The target is the expensive model: on a 2-core CPU its forward pass must cost
+            // many draft steps, or there is nothing for speculation to win (DESIGN §6).
+            Self::Demo => DemoSpec {
+                vocab_size: 4096,
+                context: 512,
+                target: Shape { hidden: 512, layers: 8, heads: 8, intermediate: 1536 },
+                draft: Shape { hidden: 256, layers: 2, heads: 4, intermediate: 768 },
+                batch: 8,
+                target_steps: 200,
+                draft_steps: 200,
+                target_lr: 2e-3,
+                draft_lr: 3e-3,
+                corpus_bytes: 16 << 20,
+            },
+            Self::Tiny => DemoSpec {
+                vocab_size: 384,
+                context: 64,
+                target: Shape { hidden: 64, layers: 2, heads: 2, intermediate: 128 },
+                draft: Shape { hidden: 32, layers: 1, heads: 2, intermediate: 64 },
+                batch: 4,
+                target_steps: 12,
+                draft_steps: 12,
+                target_lr: 3e-3,
+                draft_lr: 3e-3,
+                corpus_bytes: 1 << 20,
+            },
+        }
+    }
+}
+
+/// The id of `<|endoftext|>`: separates files in training, and is BOS and EOS.
+pub const END_OF_TEXT: u32 = 0;
+pub const END_OF_TEXT_STR: &str = "<|endoftext|>";
+
+const ROPE_THETA: f64 = 10_000.0;
+const RMS_NORM_EPS: f64 = 1e-5;
+
+impl DemoSpec {
+    /// The config of one model of the pair, as the serving code will read it back.
+    pub fn llama_config(&self, shape: Shape) -> LlamaConfig {
+        LlamaConfig {
+            architecture: Architecture::Llama,
+            vocab_size: self.vocab_size,
+            hidden_size: shape.hidden,
+            intermediate_size: shape.intermediate,
+            num_hidden_layers: shape.layers,
+            num_attention_heads: shape.heads,
+            num_key_value_heads: shape.heads,
+            head_dim: shape.hidden / shape.heads,
+            rms_norm_eps: RMS_NORM_EPS,
+            rope_theta: ROPE_THETA,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: self.context,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            sliding_window: None,
+            bos_token_id: Some(END_OF_TEXT),
+            eos_token_ids: vec![END_OF_TEXT],
+        }
+    }
+
+    /// Checks what would otherwise fail deep inside training.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, s) in [("target", self.target), ("draft", self.draft)] {
+            if s.hidden == 0 || s.layers == 0 || s.heads == 0 || s.intermediate == 0 {
+                return Err(format!("{name}: every size must be at least 1"));
+            }
+            if s.hidden % s.heads != 0 || (s.hidden / s.heads) % 2 != 0 {
+                return Err(format!("{name}: hidden {} must split into {} heads of even size", s.hidden, s.heads));
+            }
+        }
+        if self.vocab_size < 300 {
+            return Err(format!(
+                "vocab_size {} is below the 256 bytes plus merges a byte-level BPE needs",
+                self.vocab_size
+            ));
+        }
+        if self.context < 8 || self.batch == 0 {
+            return Err("context must be at least 8 tokens and batch at least 1".into());
+        }
+        if !(self.target_lr > 0.0 && self.draft_lr > 0.0) {
+            return Err("learning rates must be positive".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! The optimisation loop both models share: seeded windows of the token stream, AdamW with
+//! warm-up and cosine decay, gradient clipping, and progress reports.
+
+use std::time::Instant;
+
+use tch::nn::{self, OptimizerConfig};
+use tch::{Kind, Tensor};
+
+use super::progress::Progress;
+use crate::error::Result;
+
+/// Draws training windows from one token stream with a seeded generator, so a seed fixes
+/// the data order.
+#[derive(Debug)]
+pub struct Windows<'a> {
+    stream: &'a [u32],
+    len: usize,
+    batch: usize,
+    state: u64,
+}
+
+impl<'a> Windows<'a> {
+    /// Windows of `len` tokens plus the one after each (the last label).
+    pub fn new(stream: &'a [u32], len: usize, batch: usize, seed: u64) -> Self {
+        Self { stream, len, batch, state: seed ^ 0x9e37_79b9_7f4a_7c15 }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        // splitmix64: tiny, and the same on every platform.
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// `[batch, len + 1]` int64 ids.
+    pub fn next_batch(&mut self) -> Result<Tensor> {
+        let span = self.len + 1;
+        let starts = self.stream.len().saturating_sub(span).max(1) as u64;
+        let mut ids = Vec::with_capacity(self.batch * span);
+        for _ in 0..self.batch {
+            let start = (self.next_u64() % starts) as usize;
+            let window = &self.stream[start..(start + span).min(self.stream.len())];
+            ids.extend(window.iter().map(|&t| i64::from(t)));
+            // A stream shorter than one window repeats its last token rather than failing.
+            ids.extend(std::iter::repeat_n(ids.last().copied().unwrap_or(0), span - window.len()));
+        }
+        Ok(Tensor::from_slice(&ids).f_view([self.batch as i64, span as i64])?)
+    }
+}
+
+/// Learning rate at `step` of `steps`: linear warm-up over the first 5% (at least one
+/// step), then cosine decay to a tenth of the peak.
+pub fn learning_rate(step: usize, steps: usize, peak: f64) -> f64 {
+    let warmup = (steps / 20).max(1);
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    let progress = (step - warmup) as f64 / (steps - warmup).max(1) as f64;
+    peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+}
+
+/// Runs `steps` AdamW steps on the variables of `vs`; `loss` maps a batch `[B, T + 1]` to a
+/// scalar. Returns the mean loss of the last tenth of the steps.
+pub fn optimise(
+    vs: &nn::VarStore,
+    steps: usize,
+    peak_lr: f64,
+    windows: &mut Windows<'_>,
+    progress: &mut dyn Progress,
+    mut loss: impl FnMut(&Tensor) -> Result<Tensor>,
+) -> Result<f64> {
+    let mut opt = nn::AdamW { wd: 0.1, beta2: 0.95, ..Default::default() }.build(vs, peak_lr)?;
+    let started = Instant::now();
+    let tokens_per_step = (windows.batch * windows.len) as f64;
+    let tail_from = steps - (steps / 10).max(1).min(steps);
+    let (mut tail_sum, mut tail_n) = (0.0, 0usize);
+    for step in 0..steps {
+        opt.set_lr(learning_rate(step, steps, peak_lr));
+        let batch = windows.next_batch()?.f_to_device(vs.device())?;
+        let l = loss(&batch)?;
+        opt.zero_grad();
+        l.f_backward()?;
+        opt.clip_grad_norm(1.0);
+        opt.step();
+        let value = l.f_double_value(&[])?;
+        if step >= tail_from {
+            tail_sum += value;
+            tail_n += 1;
+        }
+        let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+        progress.step(step + 1, value, tokens_per_step * (step + 1) as f64 / elapsed);
+    }
+    Ok(tail_sum / tail_n.max(1) as f64)
+}
+
+/// Mean next-token cross-entropy of `logits` `[B, T, V]` against `labels` `[B, T]`.
+pub fn next_token_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let v = logits.size()[2];
+    Ok(logits.f_view([-1, v])?.f_cross_entropy_loss(
+        &labels.f_reshape([-1])?,
+        None::<Tensor>,
+        tch::Reduction::Mean,
+        -100,
+        0.0,
+    )?)
+}
+
+/// Mean cross-entropy of the student's logits against the teacher's distributions, i.e.
+/// KL(p_teacher ‖ q_student) plus the teacher's entropy: minimising it makes q imitate p,
+/// which is what acceptance Σ min(p, q) rewards.
+pub fn distillation_loss(student: &Tensor, teacher: &Tensor) -> Result<Tensor> {
+    let p = teacher.f_softmax(-1, Kind::Float)?;
+    let log_q = student.f_log_softmax(-1, Kind::Float)?;
+    Ok(p.f_mul(&log_q)?.f_sum_dim_intlist(-1, false, Kind::Float)?.f_mean(Kind::Float)?.f_neg()?)
+}
