@@ -104,6 +104,8 @@ struct Stats {
     bytes_received: u64,
     draft_fallbacks: u64,
     target_failovers: u64,
+    acceptance_sum: f64,
+    evaluated_positions: u64,
 }
 
 impl Stats {
@@ -123,6 +125,8 @@ impl Stats {
         self.wall_ns += report.wall_ns;
         self.bytes_sent += report.bytes_sent;
         self.bytes_received += report.bytes_received;
+        self.acceptance_sum += report.outcome.expected_acceptance.iter().sum::<f64>();
+        self.evaluated_positions += report.outcome.expected_acceptance.len() as u64;
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -139,6 +143,8 @@ impl Stats {
             wire_bytes_received: self.bytes_received,
             draft_fallbacks: self.draft_fallbacks,
             target_failovers: self.target_failovers,
+            acceptance_sum: self.acceptance_sum,
+            evaluated_positions: self.evaluated_positions,
         }
     }
 }
