@@ -3,8 +3,10 @@
 //! Subcommands live in their own modules:
 //! - [`serve`]: `up`, `target`, `draft`, `coordinator`: the roles as gRPC servers;
 //! - [`generate`]: a client of the public Generation API;
+//! - [`bench`]: speculative against target-only decoding, with the analytic bound;
 //! - [`audit`]: a two-sample χ² check of the output law against a running cluster;
 //! - [`logits`]: score tokens with a model;
+//! - [`models`]: build the demo model pair;
 //! - [`rule`]: the exact acceptance/residual rule on one position, with the naive counterexample;
 //! - [`cost`]: the cost model (tokens per round, speedup, best draft length).
 //!
@@ -21,12 +23,14 @@ macro_rules! outln {
 }
 
 mod audit;
+mod bench;
 mod cli_error;
 mod client_args;
 mod cost;
 mod distribution_arg;
 mod generate;
 mod logits;
+mod models;
 mod rule;
 mod serve;
 
@@ -53,7 +57,9 @@ enum Command {
     Coordinator(serve::CoordinatorArgs),
     Generate(generate::GenerateArgs),
     Audit(audit::AuditArgs),
+    Bench(bench::BenchArgs),
     Logits(logits::LogitsArgs),
+    Models(models::ModelsArgs),
     Rule(rule::RuleArgs),
     Cost(cost::CostArgs),
 }
@@ -68,6 +74,8 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Audit(args) => audit::run(&args),
         Command::Logits(args) => logits::run(&args),
+        Command::Models(args) => models::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Rule(args) => rule::run(&args),
         Command::Cost(args) => cost::run(&args),
     };
