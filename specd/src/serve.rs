@@ -38,7 +38,7 @@ pub enum GammaFlag {
     Fixed(u32),
 }
 
-fn parse_gamma(s: &str) -> Result<GammaFlag, String> {
+pub(crate) fn parse_gamma(s: &str) -> Result<GammaFlag, String> {
     if s == "auto" {
         return Ok(GammaFlag::Auto);
     }
@@ -330,7 +330,7 @@ impl NodeOptions {
         self.kv_budget_mib.map(|m| m * 1024 * 1024)
     }
 
-    fn config(&self, model: PathBuf) -> anyhow::Result<NodeConfig> {
+    pub(crate) fn config(&self, model: PathBuf) -> anyhow::Result<NodeConfig> {
         let forward_delay = Duration::try_from_secs_f64(self.forward_delay_ms / 1e3)
             .ok()
             .filter(|d| *d <= Duration::from_secs(60))
@@ -354,7 +354,17 @@ impl NodeOptions {
 }
 
 impl PolicyOptions {
-    fn config(&self, targets: Vec<String>, drafts: Vec<String>) -> anyhow::Result<CoordinatorConfig> {
+    /// The defaults `specd coordinator` starts with (and the `SPECD_*` variables set).
+    pub(crate) fn defaults() -> anyhow::Result<Self> {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            policy: PolicyOptions,
+        }
+        Ok(<Only as clap::Parser>::try_parse_from(["specd"])?.policy)
+    }
+
+    pub(crate) fn config(&self, targets: Vec<String>, drafts: Vec<String>) -> anyhow::Result<CoordinatorConfig> {
         if self.max_new_tokens == 0 {
             return Err(invalid("--max-new-tokens must be at least 1"));
         }
@@ -433,7 +443,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
 }
 
@@ -490,28 +500,59 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         let public = bind(args.listen).await?;
         let metrics = args.metrics.start().await?;
         (target_config.metrics, draft_config.metrics) = (metrics.clone(), metrics.clone());
+        let nodes = LoopbackNodes::start(target_config, draft_config).await?;
+        let mut config = args.policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
+        config.metrics = metrics;
+        let service = specd_coordinator::connect(&config).await?;
+        announce(&public)?;
+        let result = serve_until_signal(grace, |stop| specd_coordinator::serve(public, service, stop)).await;
+        // The coordinator has drained (or run out of grace): now the nodes.
+        nodes.stop(grace).await;
+        result
+    })
+}
+
+/// A target and a draft node serving on free loopback ports in this process (`specd up`,
+/// `specd bench --embedded`).
+#[derive(Debug)]
+pub struct LoopbackNodes {
+    pub target_url: String,
+    pub draft_url: String,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), specd_proto::transport::ServeError>>>,
+}
+
+impl LoopbackNodes {
+    /// Loads both models (concurrently) and starts serving them.
+    pub async fn start(target_config: NodeConfig, draft_config: NodeConfig) -> anyhow::Result<Self> {
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);
         let target_url = format!("http://{}", target_listener.local_addr()?);
         let draft_url = format!("http://{}", draft_listener.local_addr()?);
         let (target, draft) = tokio::join!(TargetNode::load(target_config), DraftNode::load(draft_config));
         let (target, draft) = (target?, draft?);
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let target_task = tokio::spawn(specd_target_node::serve(target_listener, target, stopped(stop_rx.clone())));
-        let draft_task = tokio::spawn(specd_draft_node::serve(draft_listener, draft, stopped(stop_rx.clone())));
-        let mut config = args.policy.config(vec![target_url], vec![draft_url])?;
-        config.metrics = metrics;
-        let service = specd_coordinator::connect(&config).await?;
-        announce(&public)?;
-        let result = serve_until_signal(grace, |stop| specd_coordinator::serve(public, service, stop)).await;
-        // The coordinator has drained (or run out of grace): now the nodes.
-        let _ = stop_tx.send(true);
-        if tokio::time::timeout(grace, async { tokio::join!(target_task, draft_task) }).await.is_err() {
+        let tasks = vec![
+            tokio::spawn(specd_target_node::serve(target_listener, target, stopped(stop_rx.clone()))),
+            tokio::spawn(specd_draft_node::serve(draft_listener, draft, stopped(stop_rx))),
+        ];
+        Ok(Self { target_url, draft_url, stop, tasks })
+    }
+
+    /// Stops both nodes, waiting up to `grace` for them to drain.
+    pub async fn stop(self, grace: Duration) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(grace, futures_join_all(self.tasks)).await.is_err() {
             tracing::warn!("nodes still draining after the grace period: exiting");
         }
-        result
-    })
+    }
+}
+
+async fn futures_join_all<T>(tasks: Vec<tokio::task::JoinHandle<T>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
 }

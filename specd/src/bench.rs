@@ -1,0 +1,412 @@
+//! `specd bench`: speculative against target-only decoding on the same prompts, interleaved
+//! (A B A B …) so that both see the same machine state, with the analytic bound next to the
+//! measured speedup.
+//!
+//! Every request sets `ignore_eos`, so both modes generate exactly `--max-new-tokens`
+//! tokens per prompt and tokens/s compare like with like.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::generation_client::GenerationClient;
+use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, SpeculationStats, StoppingCriteria};
+use tonic::transport::Channel;
+
+use crate::cli_error::{RpcFailure, invalid};
+use crate::serve::{GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma};
+
+/// The default prompts: beginnings of Python code, written for this benchmark.
+const DEFAULT_PROMPTS: &str = include_str!("../bench/prompts.txt");
+/// Separates prompts in a prompts file (a line of its own).
+const PROMPT_SEPARATOR: &str = "---";
+
+/// Measure speculative decoding against target-only decoding on the same prompts.
+///
+/// For each repeat and prompt it runs one target-only request (γ = 0) and one speculative
+/// request, alternating which goes first, and reports tokens/s of both, the speedup (median,
+/// min, max over repeats), the acceptance α, tokens per round, the draft step and verify
+/// pass times, and the analytic bound (1 − α^(γ+1)) / ((1 − α)(γc + 1)) of Leviathan et al.
+/// (2023) with c = draft step ÷ target-only pass.
+///
+/// Examples:
+///   specd bench --embedded --temperature 0 --json
+///   specd bench --endpoint http://127.0.0.1:50051 --gamma 4 --repeat 5
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct BenchArgs {
+    /// A running coordinator to measure.
+    #[arg(long, env = "SPECD_ENDPOINT", required_unless_present = "embedded", conflicts_with = "embedded")]
+    endpoint: Option<String>,
+    /// Start the three roles in this process on loopback with the demo pair.
+    #[arg(long, env = "SPECD_BENCH_EMBEDDED")]
+    embedded: bool,
+    /// The demo pair's directory (`specd models demo --out`), for --embedded.
+    #[arg(long, env = "SPECD_DEMO_DIR", default_value = "models/demo")]
+    demo_dir: PathBuf,
+    /// Bearer token, for a coordinator started with --api-token.
+    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+    /// Prompts file: prompts separated by lines holding only `---` (default: built-in code
+    /// prompts).
+    #[arg(long, env = "SPECD_BENCH_PROMPTS")]
+    prompts: Option<PathBuf>,
+    /// Draft length of the speculative runs: a number, or `auto` (the coordinator's policy).
+    #[arg(long, env = "SPECD_GAMMA", default_value = "auto", value_parser = parse_gamma)]
+    gamma: GammaFlag,
+    /// Sampling temperature of both modes; 0 is greedy.
+    #[arg(long, env = "SPECD_TEMPERATURE", default_value_t = 0.8)]
+    temperature: f64,
+    /// Tokens generated per request.
+    #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 128)]
+    max_new_tokens: u32,
+    /// Passes over the prompts; the speedup's median, min and max are over these.
+    #[arg(long, env = "SPECD_BENCH_REPEAT", default_value_t = 3)]
+    repeat: usize,
+    /// Base seed; request i of a pass uses seed + i in both modes.
+    #[arg(long, env = "SPECD_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long, env = "SPECD_JSON")]
+    json: bool,
+    #[command(flatten)]
+    node: NodeOptions,
+}
+
+/// One request's outcome.
+#[derive(Debug, Default, Clone)]
+struct Sample {
+    tokens: u64,
+    wall: Duration,
+    stats: SpeculationStats,
+}
+
+/// The sums of one mode over a pass (or all passes).
+#[derive(Debug, Default, Clone)]
+struct Totals {
+    tokens: u64,
+    wall: Duration,
+    rounds: u64,
+    draft_tokens: u64,
+    draft_ns: u64,
+    verify_ns: u64,
+    acceptance_sum: f64,
+    evaluated: u64,
+    wire_bytes: u64,
+}
+
+impl Totals {
+    fn add(&mut self, s: &Sample) {
+        self.tokens += s.tokens;
+        self.wall += s.wall;
+        self.rounds += s.stats.rounds;
+        self.draft_tokens += s.stats.draft_tokens;
+        self.draft_ns += s.stats.draft_ns;
+        self.verify_ns += s.stats.verify_ns;
+        self.acceptance_sum += s.stats.acceptance_sum;
+        self.evaluated += s.stats.evaluated_positions;
+        self.wire_bytes += s.stats.wire_bytes_sent + s.stats.wire_bytes_received;
+    }
+
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    fn per_round(&self, x: f64) -> f64 {
+        if self.rounds == 0 { 0.0 } else { x / self.rounds as f64 }
+    }
+}
+
+fn load_prompts(path: Option<&Path>) -> anyhow::Result<Vec<String>> {
+    let text = match path {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| invalid(format!("--prompts {}: {e}", p.display())))?,
+        None => DEFAULT_PROMPTS.to_owned(),
+    };
+    let mut prompts = Vec::new();
+    let mut current = String::new();
+    for line in text.split_inclusive('\n') {
+        if line.trim_end() == PROMPT_SEPARATOR {
+            prompts.push(std::mem::take(&mut current));
+        } else {
+            current.push_str(line);
+        }
+    }
+    prompts.push(current);
+    // The separator's own newline ends the previous prompt; a prompt keeps its trailing
+    // newline only when it is followed by an empty line.
+    let prompts: Vec<String> = prompts
+        .into_iter()
+        .map(|p| p.strip_suffix('\n').map(str::to_owned).unwrap_or(p))
+        .filter(|p| !p.trim().is_empty())
+        .collect();
+    if prompts.is_empty() {
+        return Err(invalid("the prompts file holds no prompt"));
+    }
+    Ok(prompts)
+}
+
+impl BenchArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.repeat == 0 {
+            return Err(invalid("--repeat must be at least 1"));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(invalid("--max-new-tokens must be at least 1"));
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(invalid(format!("--temperature {} must be ≥ 0", self.temperature)));
+        }
+        if self.embedded && !self.demo_dir.join("target/config.json").is_file() {
+            return Err(invalid(format!(
+                "no demo pair in {} (build it with `specd models demo --out {}`, or `make demo`)",
+                self.demo_dir.display(),
+                self.demo_dir.display()
+            )));
+        }
+        Ok(())
+    }
+
+    fn request(&self, prompt: &str, gamma: Option<u32>, seed: u64) -> tonic::Request<GenerateRequest> {
+        let message = GenerateRequest {
+            request_id: String::new(),
+            prompt: Some(Prompt::Text(prompt.to_owned())),
+            sampling: Some(SamplingParams {
+                temperature: Some(self.temperature),
+                seed: Some(seed),
+                ..Default::default()
+            }),
+            stopping: Some(StoppingCriteria {
+                max_new_tokens: Some(self.max_new_tokens),
+                ignore_eos: true,
+                ..Default::default()
+            }),
+            speculation: Some(Speculation { gamma, dense: false }),
+        };
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.api_token
+            && let Ok(value) = format!("Bearer {token}").parse()
+        {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+}
+
+async fn run_one(
+    client: &mut GenerationClient<Channel>,
+    request: tonic::Request<GenerateRequest>,
+) -> anyhow::Result<Sample> {
+    let started = Instant::now();
+    let response = client.generate(request).await.map_err(RpcFailure)?.into_inner();
+    let wall = started.elapsed();
+    let tokens = response.usage.map_or(response.token_ids.len() as u64, |u| u64::from(u.completion_tokens));
+    Ok(Sample { tokens, wall, stats: response.stats.unwrap_or_default() })
+}
+
+/// (1 − α^(γ+1)) / ((1 − α)(γc + 1)), Leviathan et al. (2023) Theorem 3.8, for a real γ
+/// (the mean of an adaptive schedule); γ + 1 at α = 1.
+fn analytic_bound(alpha: f64, gamma: f64, c: f64) -> f64 {
+    let tokens = if alpha >= 1.0 { gamma + 1.0 } else { (1.0 - alpha.powf(gamma + 1.0)) / (1.0 - alpha) };
+    tokens / (gamma * c + 1.0)
+}
+
+/// Median of a non-empty list.
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyhow::Result<serde_json::Value> {
+    let mut client = GenerationClient::connect(endpoint.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {endpoint}: {e}"))?;
+    let spec_gamma = match args.gamma {
+        GammaFlag::Fixed(g) => Some(g),
+        GammaFlag::Auto => None,
+    };
+    // One unmeasured pair first: connections, allocator, the models' first passes.
+    run_one(&mut client, args.request(&prompts[0], Some(0), args.seed)).await?;
+    run_one(&mut client, args.request(&prompts[0], spec_gamma, args.seed)).await?;
+    let (mut base_all, mut spec_all) = (Totals::default(), Totals::default());
+    let mut runs = Vec::new();
+    for r in 0..args.repeat {
+        let (mut base, mut spec) = (Totals::default(), Totals::default());
+        for (i, prompt) in prompts.iter().enumerate() {
+            let seed = args.seed.wrapping_add(i as u64);
+            let base_first = (r + i) % 2 == 0;
+            for turn in 0..2 {
+                if (turn == 0) == base_first {
+                    base.add(&run_one(&mut client, args.request(prompt, Some(0), seed)).await?);
+                } else {
+                    spec.add(&run_one(&mut client, args.request(prompt, spec_gamma, seed)).await?);
+                }
+            }
+        }
+        let ratio = spec.tokens_per_s() / base.tokens_per_s();
+        if !args.json {
+            eprintln!(
+                "pass {}/{}: target-only {:.1} tok/s, speculative {:.1} tok/s, speedup {ratio:.2}×",
+                r + 1,
+                args.repeat,
+                base.tokens_per_s(),
+                spec.tokens_per_s()
+            );
+        }
+        runs.push(json!({
+            "target_only_tokens_per_s": base.tokens_per_s(),
+            "speculative_tokens_per_s": spec.tokens_per_s(),
+            "speedup": ratio,
+        }));
+        for (all, one) in [(&mut base_all, &base), (&mut spec_all, &spec)] {
+            all.tokens += one.tokens;
+            all.wall += one.wall;
+            all.rounds += one.rounds;
+            all.draft_tokens += one.draft_tokens;
+            all.draft_ns += one.draft_ns;
+            all.verify_ns += one.verify_ns;
+            all.acceptance_sum += one.acceptance_sum;
+            all.evaluated += one.evaluated;
+            all.wire_bytes += one.wire_bytes;
+        }
+    }
+    let ratios: Vec<f64> = runs.iter().filter_map(|r| r["speedup"].as_f64()).collect();
+    let alpha = if spec_all.evaluated == 0 { 0.0 } else { spec_all.acceptance_sum / spec_all.evaluated as f64 };
+    let mean_gamma = spec_all.per_round(spec_all.draft_tokens as f64);
+    let draft_step_ms =
+        if spec_all.draft_tokens == 0 { 0.0 } else { spec_all.draft_ns as f64 / spec_all.draft_tokens as f64 / 1e6 };
+    let target_pass_ms = base_all.per_round(base_all.verify_ns as f64) / 1e6;
+    let verify_pass_ms = spec_all.per_round(spec_all.verify_ns as f64) / 1e6;
+    let c = if target_pass_ms > 0.0 { draft_step_ms / target_pass_ms } else { 0.0 };
+    let bound = analytic_bound(alpha, mean_gamma, c);
+    let speedup_median = median(&ratios);
+    Ok(json!({
+        "endpoint": endpoint,
+        "prompts": prompts.len(),
+        "repeat": args.repeat,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "gamma": match args.gamma { GammaFlag::Fixed(g) => json!(g), GammaFlag::Auto => json!("auto") },
+        "mean_gamma": mean_gamma,
+        "target_only_tokens_per_s": base_all.tokens_per_s(),
+        "speculative_tokens_per_s": spec_all.tokens_per_s(),
+        "speedup": {
+            "median": speedup_median,
+            "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            "max": ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            "overall": spec_all.tokens_per_s() / base_all.tokens_per_s(),
+        },
+        "alpha": alpha,
+        "mean_tokens_per_round": spec_all.per_round(spec_all.tokens as f64),
+        "draft_step_ms": draft_step_ms,
+        "verify_pass_ms": verify_pass_ms,
+        "target_only_pass_ms": target_pass_ms,
+        "c": c,
+        "bound": bound,
+        "efficiency": if bound > 0.0 { speedup_median / bound } else { 0.0 },
+        "wire_bytes_per_round": spec_all.per_round(spec_all.wire_bytes as f64),
+        "runs": runs,
+    }))
+}
+
+fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
+    let f = |key: &str| report[key].as_f64().unwrap_or(f64::NAN);
+    let s = &report["speedup"];
+    let g = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+    outln!(
+        "{} prompts × {} passes, {} new tokens each, T = {}, γ = {} (mean {:.2})",
+        report["prompts"],
+        report["repeat"],
+        report["max_new_tokens"],
+        report["temperature"],
+        report["gamma"],
+        f("mean_gamma")
+    );
+    outln!(
+        "target-only   {:>8.1} tokens/s  ({:.2} ms per pass)",
+        f("target_only_tokens_per_s"),
+        f("target_only_pass_ms")
+    );
+    outln!(
+        "speculative   {:>8.1} tokens/s  ({:.2} tokens per round, verify pass {:.2} ms, draft step {:.2} ms)",
+        f("speculative_tokens_per_s"),
+        f("mean_tokens_per_round"),
+        f("verify_pass_ms"),
+        f("draft_step_ms")
+    );
+    outln!("speedup       {:.2}× median ({:.2}–{:.2})", g("median"), g("min"), g("max"));
+    outln!(
+        "acceptance α  {:.3};  bound (1−α^(γ+1))/((1−α)(γc+1)) = {:.2}× with c = {:.3};  measured / bound = {:.2}",
+        f("alpha"),
+        f("bound"),
+        f("c"),
+        f("efficiency")
+    );
+    Ok(())
+}
+
+/// Runs the subcommand.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    let prompts = load_prompts(args.prompts.as_deref())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(async {
+        match &args.endpoint {
+            Some(endpoint) => measure(args, endpoint.clone(), &prompts).await,
+            None => {
+                let target = args.node.config(args.demo_dir.join("target"))?;
+                let draft = args.node.config(args.demo_dir.join("draft"))?;
+                let nodes = LoopbackNodes::start(target, draft).await?;
+                let policy = PolicyOptions::defaults()?;
+                let config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
+                let service = specd_coordinator::connect(&config).await?;
+                let listener = bind("127.0.0.1:0".parse()?).await?;
+                let endpoint = format!("http://{}", listener.local_addr()?);
+                let (stop, mut stopped) = tokio::sync::watch::channel(false);
+                let server = tokio::spawn(specd_coordinator::serve(listener, service, async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                }));
+                let report = measure(args, endpoint, &prompts).await;
+                let _ = stop.send(true);
+                let _ = server.await;
+                nodes.stop(Duration::from_secs(5)).await;
+                report
+            }
+        }
+    })?;
+    if args.json {
+        outln!("{report}");
+        return Ok(());
+    }
+    Ok(print_table(&report)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_split_on_separator_lines_and_keep_their_indentation() {
+        let p = load_prompts(None).unwrap();
+        assert!(p.len() >= 6);
+        assert!(p[0].starts_with("def fibonacci(n):\n    \"\"\""));
+        assert!(!p[0].ends_with('\n'));
+        assert!(p.iter().all(|x| !x.contains("\n---\n")));
+    }
+
+    #[test]
+    fn bound_matches_the_papers_closed_form() {
+        // α = 0.8, γ = 4, c = 0.05: (1 − 0.8⁵) / (0.2 · 1.2) = 2.8.
+        assert!((analytic_bound(0.8, 4.0, 0.05) - 2.8).abs() < 1e-12);
+        assert_eq!(analytic_bound(0.5, 0.0, 0.3), 1.0);
+    }
+
+    #[test]
+    fn median_of_even_and_odd_lists() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
