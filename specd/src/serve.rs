@@ -242,10 +242,17 @@ where
 /// Where traces go; every role has these.
 #[derive(Debug, Clone, Args)]
 pub struct TelemetryArgs {
-    /// OTLP/gRPC collector to export traces to, e.g. http://127.0.0.1:4317. Unset: the standard
-    /// OTEL_EXPORTER_OTLP_ENDPOINT decides, and without it no traces are exported.
+    /// OTLP/gRPC collector to export traces to, e.g. http://127.0.0.1:4317. Unset or empty: the
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT decides, and without it no traces are exported.
     #[arg(long, env = "SPECD_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+}
+
+impl TelemetryArgs {
+    /// `--otlp-endpoint`; empty is the same as unset (a ConfigMap can carry it switched off).
+    fn endpoint(&self) -> Option<String> {
+        self.otlp_endpoint.clone().filter(|e| !e.is_empty())
+    }
 }
 
 /// Options of the coordinator's policy.
@@ -427,8 +434,7 @@ where
     F: Future<Output = anyhow::Result<()>>,
 {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let options =
-        TelemetryOptions { service_name: service_name.to_owned(), otlp_endpoint: telemetry.otlp_endpoint.clone() };
+    let options = TelemetryOptions { service_name: service_name.to_owned(), otlp_endpoint: telemetry.endpoint() };
     // The OTLP client is a tonic channel: it is made inside the runtime.
     let guard = {
         let _entered = runtime.enter();
@@ -625,7 +631,7 @@ fn check_model(path: &Path) -> anyhow::Result<String> {
 /// Where traces go, for `--check-config`; an endpoint that is not an http(s) URL is invalid.
 fn traces_summary(telemetry: &TelemetryArgs) -> anyhow::Result<String> {
     let from_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
-    let Some(endpoint) = telemetry.otlp_endpoint.clone().or(from_env) else { return Ok(String::new()) };
+    let Some(endpoint) = telemetry.endpoint().or(from_env) else { return Ok(String::new()) };
     let uri: tonic::transport::Uri =
         endpoint.parse().map_err(|e| invalid(format!("OTLP endpoint {endpoint:?} is not a URL: {e}")))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
