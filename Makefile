@@ -9,7 +9,7 @@ VENV        := $(CURDIR)/.venv
 PYTHON      := $(VENV)/bin/python
 TORCH_VER   := 2.11.0
 TORCH_STAMP := $(VENV)/.torch-$(TORCH_VER)
-PY_STAMP    := $(VENV)/.pydeps-2
+PY_STAMP    := $(VENV)/.pydeps-3
 
 # tch finds libtorch through the Python interpreter that has torch installed.
 export LIBTORCH_USE_PYTORCH := 1
@@ -24,7 +24,7 @@ export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
 
 CARGO ?= cargo
 
-.PHONY: all build test lint fmt demo bench torch pydeps clean help
+.PHONY: all build test lint fmt demo bench torch pydeps deploy-check clean help
 
 all: build
 
@@ -33,6 +33,7 @@ help:
 	@echo "make test   - install what is missing, then lint and run every test"
 	@echo "make build  - build target/release/specd"
 	@echo "make bench  - run the criterion benchmarks (sampling round, model verify vs decode)"
+	@echo "make deploy-check - render and validate deploy/k8s, specd --check-config on every container"
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -47,11 +48,15 @@ torch: $(TORCH_STAMP)
 # transformers (PyPI, with torch) makes the model tests' tiny random checkpoints and
 # reference logits under target/fixtures; nothing is downloaded from a model hub.
 # grpcio and grpcio-tools run the Python client test (stubs generated from proto/).
+# kubernetes-validate checks the rendered Kubernetes manifests offline (its schemas are in
+# the wheel).
 TRANSFORMERS_VER := 5.24.0
 GRPCIO_VER := 1.76.0
+KUBERNETES_VALIDATE_VER := 1.37.0
 $(PY_STAMP): $(TORCH_STAMP)
 	$(PYTHON) -m pip install --disable-pip-version-check -q "transformers==$(TRANSFORMERS_VER)" \
-		"grpcio==$(GRPCIO_VER)" "grpcio-tools==$(GRPCIO_VER)"
+		"grpcio==$(GRPCIO_VER)" "grpcio-tools==$(GRPCIO_VER)" \
+		"kubernetes-validate==$(KUBERNETES_VALIDATE_VER)"
 	touch $@
 
 pydeps: $(PY_STAMP)
@@ -66,6 +71,11 @@ lint: torch
 # Release: the whole-system law tests draw 200 000 generations per check through gRPC.
 test: lint pydeps
 	$(CARGO) test --workspace --release --locked
+
+# The Kubernetes manifests alone (part of `make test`, which skips them loudly without kubectl;
+# here kubectl is required): kustomize, kubernetes-validate --strict, specd --check-config.
+deploy-check: torch pydeps
+	SPECD_REQUIRE_KUBECTL=1 $(CARGO) test --release --locked -p specd --test deploy_manifests
 
 bench: torch
 	$(CARGO) bench -p specd-sampling --bench round

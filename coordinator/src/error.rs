@@ -21,7 +21,8 @@ pub enum CoordinatorError {
     /// A node sent something the rule cannot use: a protocol violation.
     #[error("protocol: {0}")]
     Protocol(String),
-    #[error("no {0} node is configured")]
+    /// No replica of this role is configured, or none is left behind its `dns:///` name.
+    #[error("no {0} node is available")]
     NoNode(&'static str),
     /// The coordinator's own configuration cannot work (a TLS file missing, say).
     #[error("{0}")]

@@ -11,6 +11,7 @@
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
 //!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
+//! - [`discovery`]: `dns:///` node addresses, re-resolved, one watcher actor per role;
 //! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
 //! - [`metrics`]: what the session actor records into `specd-telemetry`;
@@ -18,6 +19,7 @@
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
 pub mod admission;
+pub mod discovery;
 pub mod draft_link;
 pub mod error;
 pub mod metrics;
@@ -40,6 +42,7 @@ use tonic::server::NamedService;
 use tonic::service::Routes;
 
 pub use admission::Admission;
+pub use discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
 pub use request::{Defaults, GammaChoice, RuleVariant};
@@ -59,10 +62,13 @@ pub struct CoordinatorTls {
 /// How to run a coordinator.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
-    /// Target node URLs (`http://host:port`); new sessions go round-robin over them.
+    /// Target nodes: URLs (`http://host:port`) or `dns:///host:port` names standing for
+    /// every replica they resolve to; new sessions go round-robin over them.
     pub targets: Vec<String>,
-    /// Draft node URLs; none means target-only decoding.
+    /// Draft nodes, the same way; none means target-only decoding.
     pub drafts: Vec<String>,
+    /// How `dns:///` names are resolved, and how often again.
+    pub discovery: Discovery,
     /// How γ is chosen when a request leaves it unset.
     pub default_gamma: GammaChoice,
     pub default_max_new_tokens: u32,
@@ -92,7 +98,9 @@ pub async fn run(
 
 /// Connects to every node and checks they can work together.
 pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, CoordinatorError> {
-    let pool = NodePool::connect(&config.targets, &config.drafts, config.node_timeout, &config.tls.nodes).await?;
+    let pool =
+        NodePool::connect(&config.targets, &config.drafts, config.node_timeout, &config.tls.nodes, &config.discovery)
+            .await?;
     let defaults = Defaults {
         gamma: config.default_gamma,
         max_new_tokens: config.default_max_new_tokens,

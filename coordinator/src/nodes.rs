@@ -1,6 +1,7 @@
 //! Typed clients of the draft and target nodes, and the pool the coordinator balances over.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use tonic::{Request, Status, Streaming};
 
 use specd_proto::tls::ClientTls;
 
+use crate::discovery::{Discovery, NodeAddress, Reference, Replica, Replicas, Watcher};
 use crate::error::CoordinatorError;
 use crate::round_stream::{RoundStream, node_error};
 use specd_telemetry::propagation::inject_into_metadata;
@@ -165,50 +167,56 @@ pub struct ModelFacts {
     pub has_tokenizer: bool,
 }
 
-/// Every node the coordinator uses; new sessions go round-robin over the replicas.
+/// Every node the coordinator uses; new sessions go round-robin over the replicas of each
+/// role as discovered now ([`crate::discovery`]).
 #[derive(Debug)]
 pub struct NodePool {
-    targets: Vec<TargetClient>,
-    drafts: Vec<DraftClient>,
+    targets: Replicas<TargetClient>,
+    drafts: Replicas<DraftClient>,
     next: AtomicUsize,
     pub facts: ModelFacts,
 }
 
 impl NodePool {
     /// Connects to every node and refuses a cluster whose vocabularies or tokenizers differ,
-    /// naming both sides.
+    /// naming both sides. `dns:///` addresses stand for every replica their name resolves
+    /// to, re-resolved every `discovery.interval`; the pool waits until at least one target
+    /// answers, while drafts may come later (sessions decode target-only until then).
     pub async fn connect(
         targets: &[String],
         drafts: &[String],
         timeout: Duration,
         tls: &ClientTls,
+        discovery: &Discovery,
     ) -> Result<Self, CoordinatorError> {
         if targets.is_empty() {
             return Err(CoordinatorError::NoNode("target"));
         }
-        let mut target_clients = Vec::new();
-        let mut target_infos = Vec::new();
-        for address in targets {
-            let client = TargetClient::connect(address, timeout, tls).await?;
-            target_infos.push((address.clone(), client.info().await?));
-            target_clients.push(client);
-        }
-        let mut draft_clients = Vec::new();
-        let mut draft_infos = Vec::new();
-        for address in drafts {
-            let client = DraftClient::connect(address, timeout, tls).await?;
-            draft_infos.push((address.clone(), client.info().await?));
-            draft_clients.push(client);
-        }
-        let (first_address, first) = &target_infos[0];
-        for (role, (address, info)) in
-            target_infos.iter().skip(1).map(|i| ("target", i)).chain(draft_infos.iter().map(|i| ("draft", i)))
-        {
-            check_compatible(first_address, first, role, address, info)?;
-        }
+        let (target_addresses, draft_addresses) = (NodeAddress::parse_all(targets)?, NodeAddress::parse_all(drafts)?);
+        let reference = Arc::new(Reference::default());
+        let (targets, target_infos) = Watcher::<TargetClient>::start(
+            &target_addresses,
+            true,
+            Arc::clone(&reference),
+            discovery.clone(),
+            timeout,
+            tls.clone(),
+        )
+        .await?;
+        let (drafts, draft_infos) = Watcher::<DraftClient>::start(
+            &draft_addresses,
+            false,
+            Arc::clone(&reference),
+            discovery.clone(),
+            timeout,
+            tls.clone(),
+        )
+        .await?;
+        let (_, first) = &target_infos[0];
         // A session lives on a target and a draft: it may only grow as long as the shorter allows.
         let context_length =
             target_infos.iter().chain(&draft_infos).map(|(_, i)| i.context_length as usize).min().unwrap_or(0);
+        reference.fix_context_length(context_length);
         let facts = ModelFacts {
             vocab_size: first.vocab_size as usize,
             context_length,
@@ -218,26 +226,76 @@ impl NodePool {
             draft_model: draft_infos.first().map(|(_, i)| i.model_id.clone()),
             has_tokenizer: first.has_tokenizer,
         };
-        Ok(Self { targets: target_clients, drafts: draft_clients, next: AtomicUsize::new(0), facts })
+        Ok(Self { targets, drafts, next: AtomicUsize::new(0), facts })
     }
 
-    /// The replicas a new session will use (and keep: they hold its KV caches).
+    /// The target replicas new sessions may use now.
+    pub fn targets(&self) -> Replicas<TargetClient> {
+        self.targets.clone()
+    }
+
+    /// The draft replicas new sessions may use now.
+    pub fn drafts(&self) -> Replicas<DraftClient> {
+        self.drafts.clone()
+    }
+
     /// The other target replicas, in the order a session falls back to them.
     pub fn spare_targets(&self, chosen: &TargetClient) -> Vec<TargetClient> {
-        let at = self.targets.iter().position(|t| t.address == chosen.address).unwrap_or(0);
-        let n = self.targets.len();
-        (1..n).map(|i| self.targets[(at + i) % n].clone()).collect()
+        let targets = self.targets.current();
+        let n = targets.len();
+        match targets.iter().position(|t| t.address == chosen.address) {
+            Some(at) => (1..n).map(|i| targets[(at + i) % n].clone()).collect(),
+            None => targets.to_vec(),
+        }
     }
 
-    pub fn pick(&self) -> (TargetClient, Option<DraftClient>) {
+    /// The replicas a new session will use (and keep: they hold its KV caches), round-robin
+    /// over the replicas known now; UNAVAILABLE when no target is left.
+    pub fn pick(&self) -> Result<(TargetClient, Option<DraftClient>), CoordinatorError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let target = self.targets[n % self.targets.len()].clone();
-        let draft = (!self.drafts.is_empty()).then(|| self.drafts[n % self.drafts.len()].clone());
-        (target, draft)
+        let (targets, drafts) = (self.targets.current(), self.drafts.current());
+        if targets.is_empty() {
+            return Err(CoordinatorError::NoNode("target"));
+        }
+        let target = targets[n % targets.len()].clone();
+        let draft = (!drafts.is_empty()).then(|| drafts[n % drafts.len()].clone());
+        Ok((target, draft))
     }
 }
 
-fn check_compatible(
+impl Replica for TargetClient {
+    const ROLE: &'static str = "target";
+
+    async fn dial(url: String, timeout: Duration, tls: ClientTls) -> Result<Self, CoordinatorError> {
+        TargetClient::connect(&url, timeout, &tls).await
+    }
+
+    async fn node_info(&self) -> Result<NodeInfo, CoordinatorError> {
+        self.info().await
+    }
+
+    fn url(&self) -> &str {
+        &self.address
+    }
+}
+
+impl Replica for DraftClient {
+    const ROLE: &'static str = "draft";
+
+    async fn dial(url: String, timeout: Duration, tls: ClientTls) -> Result<Self, CoordinatorError> {
+        DraftClient::connect(&url, timeout, &tls).await
+    }
+
+    async fn node_info(&self) -> Result<NodeInfo, CoordinatorError> {
+        self.info().await
+    }
+
+    fn url(&self) -> &str {
+        &self.address
+    }
+}
+
+pub(crate) fn check_compatible(
     target_address: &str,
     target: &NodeInfo,
     role: &str,

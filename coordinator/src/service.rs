@@ -109,7 +109,7 @@ impl GenerationService {
         self.admission.admit(self.active.len())?;
         let deadline = deadline(metadata, Instant::now());
         let metrics = self.metrics.as_ref().map(CoordinatorMetrics::request_started);
-        let (target, draft) = self.pool.pick();
+        let (target, draft) = self.pool.pick()?;
         let prompt = match &request.prompt {
             Some(Prompt::TokenIds(ids)) => ids.ids.clone(),
             Some(Prompt::Text(_)) if !self.pool.facts.has_tokenizer => {
@@ -202,7 +202,7 @@ impl Generation for GenerationService {
     ) -> Result<Response<NextTokenLawResponse>, Status> {
         self.admission.authorize(request.metadata())?;
         let law_request = validate_law_request(request.get_ref(), &self.pool.facts)?;
-        let (target, _) = self.pool.pick();
+        let (target, _) = self.pool.pick()?;
         let law = target.target_law(law_request).await?;
         Ok(Response::new(NextTokenLawResponse { token_ids: law.token_ids, probs: law.probs }))
     }

@@ -210,7 +210,18 @@ impl SessionActor {
             }
         };
         let (target_rounds, mut draft_link) = tokio::join!(target_side, draft_side);
-        let mut target_rounds = target_rounds?;
+        let mut target_rounds = match target_rounds {
+            Ok(rounds) => rounds,
+            // The replica picked went away before the session started (it was draining, or
+            // discovery has not caught up yet): start on a spare instead.
+            Err(err) if err.is_node_loss() && !self.spare_targets.is_empty() => {
+                let (next, rounds) = self.fail_over(err, &mut spares, &open, &spec.prompt).await?;
+                guard.move_to(next.clone());
+                target = next;
+                rounds
+            }
+            Err(err) => return Err(err),
+        };
         let mut target_cursor = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
         let mut committed = spec.prompt.clone();
         let mut output: Vec<u32> = Vec::new();
@@ -340,7 +351,7 @@ impl SessionActor {
         open: &OpenSessionRequest,
         committed: &[u32],
     ) -> Result<(TargetClient, TargetRounds), CoordinatorError> {
-        tracing::warn!(%lost, "target lost mid-generation");
+        tracing::warn!(%lost, "target lost");
         for next in spares.by_ref() {
             let request = OpenSessionRequest { prompt_token_ids: committed.to_vec(), ..open.clone() };
             let opened = async {

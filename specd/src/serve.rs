@@ -6,14 +6,16 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use specd_coordinator::{Admission, CoordinatorConfig, CoordinatorTls, GammaChoice, RuleVariant};
+use specd_coordinator::{
+    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, NodeAddress, RuleVariant,
+};
 use specd_draft_node::DraftNode;
-use specd_model::{DType, DeviceSpec, ModelError};
+use specd_model::{DType, DeviceSpec, LlamaConfig, ModelError, TableModel};
 use specd_node::NodeConfig;
 use specd_proto::tls::{ClientTls, ServerTls};
 use specd_sampling::{MAX_GAMMA, Truncation};
@@ -78,6 +80,17 @@ pub struct MetricsOptions {
     metrics_listen: Option<SocketAddr>,
 }
 
+/// `--check-config`: validate and exit. Deliberately without an environment variable: a
+/// stray `SPECD_CHECK_CONFIG` in a ConfigMap would stop every pod at once.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Validate every flag and environment variable (addresses, numbers, TLS files, the
+    /// model's config.json or table file; the weights are not loaded), print one line and
+    /// exit: 0 when valid, 2 with the problem otherwise. Starts nothing.
+    #[arg(long)]
+    check_config: bool,
+}
+
 /// What every server role has: traces, draining, its TLS identity, metrics.
 #[derive(Debug, Args)]
 pub struct ServiceArgs {
@@ -104,6 +117,8 @@ pub struct TargetArgs {
     node: NodeOptions,
     #[command(flatten)]
     service: ServiceArgs,
+    #[command(flatten)]
+    check: CheckArgs,
 }
 
 /// Run a draft node: the cheap model, proposing blocks with their distributions.
@@ -119,6 +134,8 @@ pub struct DraftArgs {
     node: NodeOptions,
     #[command(flatten)]
     service: ServiceArgs,
+    #[command(flatten)]
+    check: CheckArgs,
 }
 
 /// The TLS identity a role serves with, and whom it lets in.
@@ -225,10 +242,17 @@ where
 /// Where traces go; every role has these.
 #[derive(Debug, Clone, Args)]
 pub struct TelemetryArgs {
-    /// OTLP/gRPC collector to export traces to, e.g. http://127.0.0.1:4317. Unset: the standard
-    /// OTEL_EXPORTER_OTLP_ENDPOINT decides, and without it no traces are exported.
+    /// OTLP/gRPC collector to export traces to, e.g. http://127.0.0.1:4317. Unset or empty: the
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT decides, and without it no traces are exported.
     #[arg(long, env = "SPECD_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+}
+
+impl TelemetryArgs {
+    /// `--otlp-endpoint`; empty is the same as unset (a ConfigMap can carry it switched off).
+    fn endpoint(&self) -> Option<String> {
+        self.otlp_endpoint.clone().filter(|e| !e.is_empty())
+    }
 }
 
 /// Options of the coordinator's policy.
@@ -268,18 +292,27 @@ pub struct CoordinatorArgs {
     /// Address to serve clients on.
     #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
-    /// Target node URLs, comma-separated (http://host:port).
+    /// Target nodes, comma-separated: http://HOST:PORT (https:// with --node-tls-ca) for one
+    /// replica, or dns:///HOST:PORT for every address HOST resolves to (all A and AAAA
+    /// records, e.g. a Kubernetes headless Service), re-resolved every
+    /// --discovery-interval-s. New sessions go round-robin over the replicas.
     #[arg(long, env = "SPECD_TARGET", value_delimiter = ',', required = true)]
     target: Vec<String>,
-    /// Draft node URLs, comma-separated; none means target-only decoding.
+    /// Draft nodes, the same way; none means target-only decoding.
     #[arg(long, env = "SPECD_DRAFT", value_delimiter = ',')]
     draft: Vec<String>,
+    /// Seconds between two resolutions of the dns:/// node addresses: new replicas are added,
+    /// vanished ones get no new sessions (running sessions stay where their KV cache is).
+    #[arg(long, env = "SPECD_DISCOVERY_INTERVAL_S", default_value_t = 10.0)]
+    discovery_interval_s: f64,
     #[command(flatten)]
     policy: PolicyOptions,
     #[command(flatten)]
     node_tls: NodeTlsArgs,
     #[command(flatten)]
     service: ServiceArgs,
+    #[command(flatten)]
+    check: CheckArgs,
 }
 
 /// Run all three roles on loopback: a target node, a draft node and the coordinator, each a
@@ -305,6 +338,8 @@ pub struct UpArgs {
     drain: DrainArgs,
     #[command(flatten)]
     metrics: MetricsOptions,
+    #[command(flatten)]
+    check: CheckArgs,
 }
 
 impl MetricsOptions {
@@ -397,6 +432,7 @@ impl PolicyOptions {
                 max_generations: (self.max_generations > 0).then_some(self.max_generations),
             },
             metrics: None,
+            discovery: Discovery::default(),
         })
     }
 }
@@ -408,8 +444,7 @@ where
     F: Future<Output = anyhow::Result<()>>,
 {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let options =
-        TelemetryOptions { service_name: service_name.to_owned(), otlp_endpoint: telemetry.otlp_endpoint.clone() };
+    let options = TelemetryOptions { service_name: service_name.to_owned(), otlp_endpoint: telemetry.endpoint() };
     // The OTLP client is a tonic channel: it is made inside the runtime.
     let guard = {
         let _entered = runtime.enter();
@@ -456,6 +491,9 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
     config.tls = args.service.tls.tls()?;
     let grace = args.service.drain.grace()?;
+    if args.check.check_config {
+        return check_node("target", args.listen, &config, &args.service);
+    }
     run_role("specd-target", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.service.metrics.start().await?;
@@ -469,6 +507,9 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
     let mut config = args.node.config(args.model.clone())?;
     config.tls = args.service.tls.tls()?;
     let grace = args.service.drain.grace()?;
+    if args.check.check_config {
+        return check_node("draft", args.listen, &config, &args.service);
+    }
     run_role("specd-draft", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.service.metrics.start().await?;
@@ -482,6 +523,28 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = args.policy.config(args.target.clone(), args.draft.clone())?;
     config.tls = CoordinatorTls { server: args.service.tls.tls()?, nodes: args.node_tls.tls()? };
     let grace = args.service.drain.grace()?;
+    let (targets, drafts) = (node_addresses("--target", &args.target)?, node_addresses("--draft", &args.draft)?);
+    config.discovery.interval = Duration::try_from_secs_f64(args.discovery_interval_s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| invalid(format!("--discovery-interval-s {} must be positive", args.discovery_interval_s)))?;
+    if args.check.check_config {
+        let traces = traces_summary(&args.service.telemetry)?;
+        let dns = targets.iter().chain(&drafts).any(|a| matches!(a, NodeAddress::Dns { .. }));
+        let every = if dns { format!(" (re-resolved every {:?})", config.discovery.interval) } else { String::new() };
+        outln!(
+            "config ok: coordinator on {}, targets {}, drafts {}{every}, gamma {}{}{traces}",
+            args.listen,
+            list(&targets),
+            if drafts.is_empty() { "none (target-only)".to_owned() } else { list(&drafts) },
+            match config.default_gamma {
+                GammaChoice::Fixed(g) => g.to_string(),
+                GammaChoice::Adaptive { max } => format!("auto (max {max})"),
+            },
+            metrics_summary(&args.service.metrics),
+        );
+        return Ok(());
+    }
     run_role("specd-coordinator", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.service.metrics.start().await?;
@@ -495,6 +558,19 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let mut target_config = args.node.config(args.target_model.clone())?;
     let mut draft_config = args.node.config(args.draft_model.clone())?;
     let grace = args.drain.grace()?;
+    if args.check.check_config {
+        args.policy.config(Vec::new(), Vec::new())?;
+        let (target, draft) = (check_model(&target_config.model)?, check_model(&draft_config.model)?);
+        let traces = traces_summary(&args.telemetry)?;
+        outln!(
+            "config ok: up on {}, target {target}, draft {draft}, {} {}{}{traces}",
+            args.listen,
+            target_config.device,
+            target_config.dtype,
+            metrics_summary(&args.metrics),
+        );
+        return Ok(());
+    }
     // One process, one exporter: all three roles' spans carry the service name `specd`.
     run_role("specd", &args.telemetry, async {
         let public = bind(args.listen).await?;
@@ -555,4 +631,76 @@ async fn futures_join_all<T>(tasks: Vec<tokio::task::JoinHandle<T>>) {
     for task in tasks {
         let _ = task.await;
     }
+}
+
+/// The node addresses of `flag`, parsed (no network access).
+fn node_addresses(flag: &str, addresses: &[String]) -> anyhow::Result<Vec<NodeAddress>> {
+    NodeAddress::parse_all(addresses).map_err(|e| invalid(format!("{flag}: {e}")))
+}
+
+fn list(addresses: &[NodeAddress]) -> String {
+    addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// What `--check-config` says about a model path: a checkpoint directory whose config.json
+/// parses and names a supported architecture, with weights beside it; or a table-model
+/// file that loads. The weights themselves are not read.
+fn check_model(path: &Path) -> anyhow::Result<String> {
+    let bad = |why: String| invalid(format!("model {}: {why}", path.display()));
+    if path.is_dir() {
+        let config = LlamaConfig::from_dir(path).map_err(|e| bad(e.to_string()))?;
+        let weights = ["model.safetensors", "model.safetensors.index.json"];
+        if !weights.iter().any(|w| path.join(w).is_file()) {
+            return Err(bad(format!("neither {} nor {} is there", weights[0], weights[1])));
+        }
+        let tokenizer = if path.join("tokenizer.json").is_file() { "" } else { ", no tokenizer.json" };
+        Ok(format!(
+            "{} ({:?}, vocabulary {}, context {}{tokenizer})",
+            path.display(),
+            config.architecture,
+            config.vocab_size,
+            config.max_position_embeddings
+        ))
+    } else if path.is_file() {
+        TableModel::load(path, None).map_err(|e| bad(e.to_string()))?;
+        Ok(format!("{} (table model)", path.display()))
+    } else {
+        Err(bad("no such file or directory (a checkpoint directory or a table-model .json)".into()))
+    }
+}
+
+/// Where traces go, for `--check-config`; an endpoint that is not an http(s) URL is invalid.
+fn traces_summary(telemetry: &TelemetryArgs) -> anyhow::Result<String> {
+    let from_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
+    let Some(endpoint) = telemetry.endpoint().or(from_env) else { return Ok(String::new()) };
+    let uri: tonic::transport::Uri =
+        endpoint.parse().map_err(|e| invalid(format!("OTLP endpoint {endpoint:?} is not a URL: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(invalid(format!("OTLP endpoint {endpoint:?}: expected http://HOST:PORT or https://HOST:PORT")));
+    }
+    Ok(format!(", traces to {endpoint}"))
+}
+
+fn metrics_summary(metrics: &MetricsOptions) -> String {
+    metrics.metrics_listen.map(|a| format!(", metrics on {a}")).unwrap_or_default()
+}
+
+/// `--check-config` of a node role: everything but loading the weights.
+fn check_node(role: &str, listen: SocketAddr, config: &NodeConfig, service: &ServiceArgs) -> anyhow::Result<()> {
+    let model = check_model(&config.model)?;
+    let traces = traces_summary(&service.telemetry)?;
+    let tls = if service.tls.tls_client_ca.is_some() {
+        ", mutual TLS"
+    } else if service.tls.tls_cert.is_some() {
+        ", TLS"
+    } else {
+        ""
+    };
+    outln!(
+        "config ok: {role} on {listen}{tls}, model {model}, {} {}{}{traces}",
+        config.device,
+        config.dtype,
+        metrics_summary(&service.metrics)
+    );
+    Ok(())
 }

@@ -128,6 +128,7 @@ impl Cluster {
             metrics: options.metrics.clone(),
             tls: Default::default(),
             admission: Default::default(),
+            discovery: Default::default(),
         };
         let service = specd_coordinator::connect(&config).await?;
         let rx = stop_rx.clone();

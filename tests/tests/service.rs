@@ -163,6 +163,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),
+        discovery: Default::default(),
     };
     let err = specd_coordinator::connect(&config).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
