@@ -1,51 +1,40 @@
 #!/usr/bin/env bash
-# The demo behind `make demo`, until the trained demo model pair lands (issue #5): the exact
-# rule and the cost model on the design's numbers, then all three roles as real gRPC servers
-# on loopback (`specd up`) driven by two small *table* models whose p and q are written out
-# in JSON, a streamed generation, and a statistical audit of the output law.
+# The demo behind `make demo`: the demo model pair (built offline on first use, then cached in
+# models/demo), all three roles as real gRPC servers on loopback (`specd up`), a streamed
+# completion of a code prompt, then the speedup over target-only decoding on that prompt.
 set -euo pipefail
 specd=${SPECD_BIN:-./target/release/specd}
-dir=target/demo
-mkdir -p "$dir"
+models=${SPECD_DEMO_DIR:-models/demo}
+work=target/demo
+mkdir -p "$work"
 
-echo "== 1. The exact rule on the design's worked example (200 000 simulated rounds) =="
-"$specd" rule --target 0.6,0.3,0.1 --draft 0.5,0.25,0.25 --simulate 200000 --seed 7
-echo
-echo "== 2. When does drafting pay? =="
-"$specd" cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
+echo "== 1. The demo pair (a Llama target trained on Python sources, a draft distilled from it) =="
+"$specd" models demo --out "$models"
 echo
 
-# A 4-word language: the target prefers some continuations, the draft guesses roughly.
-cat > "$dir/target.json" <<'JSON'
-{"vocab_size": 4, "tokens": ["the", "draft", "target", "agrees"],
- "default": [0.4, 0.3, 0.2, 0.1],
- "rules": [{"suffix": [0], "probs": [0.05, 0.5, 0.4, 0.05]},
-           {"suffix": [1], "probs": [0.1, 0.1, 0.2, 0.6]},
-           {"suffix": [2], "probs": [0.1, 0.1, 0.1, 0.7]},
-           {"suffix": [3], "probs": [0.7, 0.1, 0.1, 0.1]}]}
-JSON
-cat > "$dir/draft.json" <<'JSON'
-{"vocab_size": 4, "tokens": ["the", "draft", "target", "agrees"],
- "default": [0.25, 0.25, 0.25, 0.25],
- "rules": [{"suffix": [0], "probs": [0.1, 0.45, 0.35, 0.1]},
-           {"suffix": [3], "probs": [0.55, 0.15, 0.15, 0.15]}]}
-JSON
-
-echo "== 3. specd up: target node, draft node and coordinator over gRPC on loopback =="
-"$specd" up --target-model "$dir/target.json" --draft-model "$dir/draft.json" --listen 127.0.0.1:0 \
-  >"$dir/up.out" 2>"$dir/up.log" &
+echo "== 2. specd up: target node, draft node and coordinator over gRPC on loopback =="
+"$specd" up --target-model "$models/target" --draft-model "$models/draft" --listen 127.0.0.1:0 \
+  >"$work/up.out" 2>"$work/up.log" &
 up=$!
 trap 'kill $up 2>/dev/null || true; wait $up 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  grep -q '^listening on ' "$dir/up.out" 2>/dev/null && break
-  kill -0 $up 2>/dev/null || { cat "$dir/up.log"; exit 1; }
+for _ in $(seq 600); do
+  grep -q '^listening on ' "$work/up.out" 2>/dev/null && break
+  kill -0 $up 2>/dev/null || { cat "$work/up.log"; exit 1; }
   sleep 0.1
 done
-addr=$(sed -n 's/^listening on //p' "$dir/up.out")
-echo "coordinator listening on $addr (node logs in $dir/up.log)"
+addr=$(sed -n 's/^listening on //p' "$work/up.out")
+[ -n "$addr" ] || { echo "specd up did not start in time; see $work/up.log"; exit 1; }
+echo "coordinator listening on $addr (logs in $work/up.log)"
 echo
-echo "== 4. A streamed generation (γ = 4, T = 1, seed 3) =="
-"$specd" generate --endpoint "http://$addr" --prompt "the" --max-new-tokens 24 --gamma 4 --seed 3 --stream
+
+prompt='def parse_header(line):
+    """Split an HTTP header line into its name and value."""
+'
+printf '%s' "$prompt" >"$work/prompt.txt"
+echo "== 3. A streamed completion (T = 0.8, draft length chosen by the adaptive policy) =="
+printf '%s' "$prompt"
+"$specd" generate --endpoint "http://$addr" --prompt "$prompt" --max-new-tokens 128 --temperature 0.8 --seed 1 --stream
 echo
-echo "== 5. Audit: 5 000 speculative vs 5 000 target-only 3-token continuations =="
-"$specd" audit --endpoint "http://$addr" --prompt "the" --tokens 3 --samples 5000
+
+echo "== 4. Speedup over target-only decoding on the same prompt (3 passes, interleaved) =="
+"$specd" bench --endpoint "http://$addr" --prompts "$work/prompt.txt" --temperature 0.8 --max-new-tokens 128 --repeat 3

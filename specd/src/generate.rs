@@ -169,6 +169,8 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()
                 "wire_bytes_received": stats.wire_bytes_received,
                 "draft_fallbacks": stats.draft_fallbacks,
                 "target_failovers": stats.target_failovers,
+                "acceptance_sum": stats.acceptance_sum,
+                "evaluated_positions": stats.evaluated_positions,
             },
         });
         outln!("{out}");
@@ -184,8 +186,13 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()
     }
     let rate = if stats.draft_tokens > 0 { stats.accepted_tokens as f64 / stats.draft_tokens as f64 } else { 0.0 };
     let per_round = if stats.rounds > 0 { usage.completion_tokens as f64 / stats.rounds as f64 } else { 0.0 };
+    let alpha = if stats.evaluated_positions > 0 {
+        format!("; α = {:.3}", stats.acceptance_sum / stats.evaluated_positions as f64)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "finish: {}; {} tokens in {} rounds ({per_round:.2} per round); accepted {}/{} drafted ({:.1}%)",
+        "finish: {}; {} tokens in {} rounds ({per_round:.2} per round); accepted {}/{} drafted ({:.1}%){alpha}",
         finish_name(r.finish_reason),
         usage.completion_tokens,
         stats.rounds,

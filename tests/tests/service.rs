@@ -124,6 +124,11 @@ async fn bad_input_is_invalid_argument_with_a_reason() {
     let cluster = start("bad-input", &suffix_table(1), &suffix_table(2)).await;
     let mut client = cluster.client().await.unwrap();
     let sampling = |s: SamplingParams| GenerateRequest { sampling: Some(s), ..request(vec![1], 4, 1.0, None) };
+    let stopping = |s: StoppingCriteria| GenerateRequest {
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(4), ..s }),
+        ..request(vec![1], 4, 1.0, None)
+    };
+    // Every field a client can get wrong, each named in the message.
     let cases = [
         (request(vec![], 4, 1.0, None), "prompt is empty"),
         (GenerateRequest { prompt: None, ..request(vec![1], 4, 1.0, None) }, "prompt is empty"),
@@ -135,7 +140,13 @@ async fn bad_input_is_invalid_argument_with_a_reason() {
         (sampling(SamplingParams { top_p: Some(1.5), ..Default::default() }), "top_p 1.5"),
         (sampling(SamplingParams { top_k: Some(-1), ..Default::default() }), "top_k -1 is negative"),
         (request(vec![1], 4, 1.0, Some(1000)), "gamma 1000 is above the maximum"),
-        (request(vec![99], 4, 1.0, None), "outside the vocabulary"),
+        (request(vec![99], 4, 1.0, None), "prompt token 99 is outside the vocabulary"),
+        (sampling(SamplingParams { min_p: Some(1.5), ..Default::default() }), "min_p 1.5"),
+        (sampling(SamplingParams { repetition_penalty: Some(0.0), ..Default::default() }), "repetition_penalty 0"),
+        (sampling(SamplingParams { presence_penalty: Some(3.0), ..Default::default() }), "presence_penalty 3"),
+        (sampling(SamplingParams { frequency_penalty: Some(-2.5), ..Default::default() }), "frequency_penalty -2.5"),
+        (stopping(StoppingCriteria { stop_token_ids: vec![99], ..Default::default() }), "stop token 99"),
+        (stopping(StoppingCriteria { stop_strings: vec![String::new()], ..Default::default() }), "stop_strings"),
     ];
     for (req, needle) in cases {
         let status = client.generate(req.clone()).await.unwrap_err();

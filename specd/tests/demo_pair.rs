@@ -1,0 +1,197 @@
+//! `specd models demo` and `specd bench` on the `tiny` preset (seconds to build): the pair
+//! loads in transformers with the same tokenizer and logits as specd's, builds are
+//! deterministic for a seed and cached, `--minutes` produces a loadable pair, and the bench
+//! JSON is complete and consistent.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+const TOL: f64 = 1e-4;
+
+fn specd(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_specd")).args(args).output().expect("specd runs")
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("specd/ has a parent").to_path_buf()
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("SPECD_PYTHON").map_or_else(|| workspace_root().join(".venv/bin/python"), PathBuf::from)
+}
+
+/// Builds the tiny pair with `seed` into a fresh temporary directory.
+fn build(seed: u64, extra: &[&str]) -> (PathBuf, Value) {
+    let out = std::env::temp_dir().join(format!("specd-demo-{}-{seed}-{}", std::process::id(), extra.len()));
+    let _ = std::fs::remove_dir_all(&out);
+    let seed = seed.to_string();
+    let mut args = vec!["models", "demo", "--preset", "tiny", "--out", out.to_str().unwrap(), "--seed", &seed, "--json"];
+    args.extend_from_slice(extra);
+    let output = specd(&args);
+    assert!(output.status.success(), "specd models demo failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    (out, report)
+}
+
+/// The pair every test here shares (seed 7).
+fn shared_pair() -> &'static Path {
+    static PAIR: OnceLock<PathBuf> = OnceLock::new();
+    PAIR.get_or_init(|| build(7, &[]).0)
+}
+
+/// What transformers computes for `text` with the checkpoint in `dir`.
+fn transformers_reference(dir: &Path, text: &str) -> Value {
+    let output = Command::new(python())
+        .arg(workspace_root().join("scripts/demo_pair_reference.py"))
+        .arg(dir)
+        .arg(text)
+        .output()
+        .expect("python runs");
+    assert!(output.status.success(), "transformers failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("reference JSON")
+}
+
+fn rows(v: &Value) -> Vec<Vec<f64>> {
+    v.as_array().expect("rows").iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
+}
+
+#[test]
+fn the_pair_loads_in_transformers_with_specds_tokens_and_logits() {
+    let text = "def add(a, b):\n    return a + b\n";
+    for model in ["target", "draft"] {
+        let dir = shared_pair().join(model);
+        let reference = transformers_reference(&dir, text);
+        assert_eq!(reference["architecture"], "LlamaForCausalLM");
+        assert_eq!(reference["decoded"], text, "{model}: the tokenizer round-trips the text");
+        let out = specd(&["logits", "--model", dir.to_str().unwrap(), "--text", text, "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let ours: Value = serde_json::from_slice(&out.stdout).expect("logits JSON");
+        assert_eq!(ours["tokens"], reference["ids"], "{model}: same token ids as transformers' tokenizer");
+        let (a, b) = (rows(&ours["logits"]), rows(&reference["logits"]));
+        assert_eq!(a.len(), b.len());
+        let diff = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        eprintln!("{model}: {} positions, max |Δlogit| = {diff:e}", a.len());
+        assert!(diff <= TOL, "{model}: max |Δlogit| {diff} > {TOL}");
+        // Not vacuous: the model's rows differ from position to position.
+        let spread = a[0].iter().zip(&a[1]).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(spread > 1e-3, "{model}: logits do not depend on the input ({spread})");
+    }
+}
+
+#[test]
+fn builds_are_deterministic_for_a_seed_and_cached() {
+    let weights = |dir: &Path, model: &str| std::fs::read(dir.join(model).join("model.safetensors")).unwrap();
+    let first = shared_pair();
+    let (again, report) = build(7, &["--target-steps", "12"]);
+    assert_eq!(report["cached"], false);
+    for model in ["target", "draft"] {
+        assert!(weights(first, model) == weights(&again, model), "{model}: same seed, different bytes");
+    }
+    let tokenizer = |dir: &Path| std::fs::read(dir.join("tokenizer/tokenizer.json")).unwrap();
+    assert_eq!(tokenizer(first), tokenizer(&again));
+    // Another seed gives other weights (the comparison above can fail).
+    let (other, _) = build(8, &[]);
+    assert!(weights(first, "target") != weights(&other, "target"));
+    // Running again over a finished build uses every stage from the cache.
+    let out = specd(&["models", "demo", "--preset", "tiny", "--out", again.to_str().unwrap(), "--seed", "7", "--json"]);
+    let cached: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(cached["cached"], true);
+    assert_eq!(cached["report"], report["report"], "a cached build reports the same figures");
+    // A changed step count retrains the draft only: the target's stage key still matches.
+    let out = specd(&[
+        "models", "demo", "--preset", "tiny", "--out", again.to_str().unwrap(), "--seed", "7", "--draft-steps", "5",
+    ]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("target: cached") && !log.contains("draft: cached"), "{log}");
+    for dir in [again, other] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn a_minutes_budget_builds_a_pair_transformers_loads() {
+    let (dir, report) = build(3, &["--minutes", "0.1"]);
+    assert!(report["report"]["alpha_t1"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));
+    let reference = transformers_reference(&dir.join("draft"), "import os");
+    assert!(!rows(&reference["logits"]).is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_arguments_are_refused_with_exit_code_2() {
+    for args in [
+        &["models", "demo", "--preset", "huge"][..],
+        &["models", "demo", "--preset", "tiny", "--minutes", "0"],
+        &["models", "demo", "--preset", "tiny", "--corpus", "/nonexistent/dir"],
+        &["models", "demo", "--preset", "tiny", "--target-steps", "0"],
+        &["bench", "--embedded", "--demo-dir", "/nonexistent/dir"],
+        &["bench", "--embedded", "--repeat", "0"],
+    ] {
+        let out = specd(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn bench_json_is_complete_and_consistent() {
+    let prompts = std::env::temp_dir().join(format!("specd-bench-prompts-{}", std::process::id()));
+    std::fs::write(&prompts, "def f(x):\n---\nimport os\n").unwrap();
+    let out = specd(&[
+        "bench",
+        "--embedded",
+        "--demo-dir",
+        shared_pair().to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--max-new-tokens",
+        "12",
+        "--repeat",
+        "3",
+        "--gamma",
+        "3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    let f = |v: &Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+    for key in [
+        "target_only_tokens_per_s",
+        "speculative_tokens_per_s",
+        "alpha",
+        "mean_tokens_per_round",
+        "bound",
+        "efficiency",
+        "draft_step_ms",
+        "verify_pass_ms",
+        "wire_bytes_per_round",
+    ] {
+        assert!(f(&r[key]).is_finite() && f(&r[key]) >= 0.0, "{key}: {}", r[key]);
+    }
+    assert_eq!(r["gamma"], 3);
+    assert_eq!(r["prompts"], 2);
+    let s = &r["speedup"];
+    assert!(close(f(&s["overall"]), f(&r["speculative_tokens_per_s"]) / f(&r["target_only_tokens_per_s"])));
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    let mut ratios = Vec::new();
+    for run in runs {
+        let ratio = f(&run["speculative_tokens_per_s"]) / f(&run["target_only_tokens_per_s"]);
+        assert!(close(f(&run["speedup"]), ratio), "{run}");
+        ratios.push(ratio);
+    }
+    ratios.sort_by(f64::total_cmp);
+    assert!(close(f(&s["min"]), ratios[0]) && close(f(&s["max"]), ratios[2]) && close(f(&s["median"]), ratios[1]));
+    assert!(close(f(&r["efficiency"]), f(&s["median"]) / f(&r["bound"])));
+    let alpha = f(&r["alpha"]);
+    assert!((0.0..=1.0).contains(&alpha));
+    // With γ = 3 a round commits between 1 and 4 tokens.
+    assert!((1.0..=4.0).contains(&f(&r["mean_tokens_per_round"])), "{}", r["mean_tokens_per_round"]);
+    let _ = std::fs::remove_file(prompts);
+}
