@@ -49,7 +49,7 @@ fn device() -> DeviceSpec {
 fn setup() -> (LlamaModel, SessionId) {
     let device = device();
     let dtype: DType = std::env::var("SPECD_BENCH_DTYPE").ok().and_then(|d| d.parse().ok()).unwrap_or_default();
-    let opts = LoadOptions { device, dtype, memory_budget: None };
+    let opts = LoadOptions { device, dtype, memory_budget: None, threads: None };
     let mut m = LlamaModel::random(config(), 7, &opts).expect("random model");
     let s = m.open_session(Some(1024)).expect("session");
     let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| (i * 7919) % 32_000).collect();

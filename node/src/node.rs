@@ -36,6 +36,8 @@ pub struct NodeConfig {
     /// Where to show `specd_active_sessions` and `specd_kv_cache_bytes` (`role` label:
     /// this node's role), sampled when Prometheus scrapes.
     pub metrics: Option<Metrics>,
+    /// libtorch intra-op threads of the model's thread (`None`: one per core).
+    pub threads: Option<usize>,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -69,7 +71,12 @@ pub struct Node {
 impl Node {
     /// Loads the model on its own worker thread; blocks until it is ready.
     pub fn load(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
-        let options = LoadOptions { device: config.device, dtype: config.dtype, memory_budget: config.kv_budget_bytes };
+        let options = LoadOptions {
+            device: config.device,
+            dtype: config.dtype,
+            memory_budget: config.kv_budget_bytes,
+            threads: config.threads,
+        };
         let thread = format!("specd-{role}-model");
         let model = NodeModel::load(&thread, &config.model, options, config.max_sessions, config.forward_delay)?;
         if let Some(metrics) = &config.metrics {

@@ -73,6 +73,9 @@ pub struct BenchArgs {
     json: bool,
     #[command(flatten)]
     node: NodeOptions,
+    /// libtorch threads of the draft model, for --embedded (see `specd up --help`).
+    #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
+    draft_threads: usize,
 }
 
 /// One request's outcome.
@@ -358,7 +361,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             Some(endpoint) => measure(args, endpoint.clone(), &prompts).await,
             None => {
                 let target = args.node.config(args.demo_dir.join("target"))?;
-                let draft = args.node.config(args.demo_dir.join("draft"))?;
+                let mut draft = args.node.config(args.demo_dir.join("draft"))?;
+                draft.threads = Some(args.draft_threads);
                 let nodes = LoopbackNodes::start(target, draft).await?;
                 let policy = PolicyOptions::defaults()?;
                 let config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;

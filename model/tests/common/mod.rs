@@ -63,7 +63,7 @@ pub fn reference(name: &str) -> Result<Reference> {
 }
 
 pub fn cpu_f32() -> LoadOptions {
-    LoadOptions { device: DeviceSpec::Cpu, dtype: DType::F32, memory_budget: None }
+    LoadOptions { device: DeviceSpec::Cpu, dtype: DType::F32, memory_budget: None, threads: None }
 }
 
 pub fn load(name: &str) -> Result<LlamaModel> {
