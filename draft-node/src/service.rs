@@ -2,7 +2,6 @@
 
 use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
-use specd_proto::convert::{dense_proposal, sparse_proposal};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
     InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse, ReleaseRequest,
@@ -15,7 +14,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::DraftNode;
-use crate::propose::{ProposalDist, ProposeJob, propose};
+use crate::propose::{Proposal, ProposeJob, draft_ahead_step, propose};
 
 #[tonic::async_trait]
 impl DraftService for DraftNode {
@@ -84,16 +83,38 @@ impl DraftNode {
             pending: req.pending_token_ids,
             gamma: req.gamma as usize,
             truncation,
+            optimistic: req.optimistic,
         };
+        let round = job.round;
         let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?;
-        let positions = proposal
-            .candidates
-            .iter()
-            .map(|(token, dist)| match dist {
-                ProposalDist::Sparse(q) => sparse_proposal(*token, q),
-                ProposalDist::Dense(q) => dense_proposal(*token, q),
-            })
-            .collect();
-        Ok(ProposeResponse { positions, draft_ns: proposal.draft_ns })
+        if proposal.draft_ahead {
+            self.draft_ahead(req.session_id, round.wrapping_add(1));
+        }
+        let Proposal { positions, draft_ns, optimistic_hit, .. } = proposal;
+        Ok(ProposeResponse { positions, draft_ns, optimistic_hit })
+    }
+
+    /// Drafts the block of round `round` ahead, one forward pass per model job, in the
+    /// background: a Propose that comes meanwhile waits for one pass at most (the session's
+    /// lock is fair), then takes or drops what is done.
+    fn draft_ahead(&self, session_id: String, round: u32) {
+        let (node, purpose) = (self.node.clone(), self.lookahead_purpose);
+        let span = tracing::debug_span!("draft_ahead", session = %session_id, round);
+        let work = async move {
+            loop {
+                let step = node.run(&session_id, move |m, state| draft_ahead_step(m, state, round, purpose));
+                match step.await {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    // The session is gone, or the step failed and the session dropped its
+                    // lookahead: the next Propose drafts as if there had been none.
+                    Err(err) => {
+                        tracing::debug!(%err, "drafting ahead stopped");
+                        break;
+                    }
+                }
+            }
+        };
+        tokio::spawn(work.instrument(span));
     }
 }
