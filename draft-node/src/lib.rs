@@ -15,7 +15,10 @@
 pub mod propose;
 pub mod service;
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use specd_node::{Node, NodeConfig, NodeError, NodeServeError};
 use specd_proto::transport::ServeError;
@@ -31,12 +34,17 @@ pub struct DraftNode {
     node: Node,
     /// Randomness of the blocks drafted ahead: always [`Purpose::Draft`] in service.
     lookahead_purpose: Purpose,
+    /// The stop flag of each session's drafting ahead while it runs.
+    interrupts: Interrupts,
 }
+
+type Interrupts = Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>;
 
 impl DraftNode {
     /// Loads the model on its own worker thread.
     pub async fn load(config: NodeConfig) -> Result<Self, NodeError> {
-        Ok(Self { node: Node::load_async("draft", config).await?, lookahead_purpose: Purpose::Draft })
+        let node = Node::load_async("draft", config).await?;
+        Ok(Self { node, lookahead_purpose: Purpose::Draft, interrupts: Interrupts::default() })
     }
 
     /// Draws the candidates of blocks drafted ahead from the streams of `purpose` instead of

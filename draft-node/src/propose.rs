@@ -3,11 +3,12 @@
 //! channel round trip however long it is.
 //!
 //! Optimistic drafting (DESIGN.md §2): a Propose that asks for it leaves a [`Lookahead`] in
-//! the session, and [`draft_ahead_step`] then drafts the next block one forward pass per job,
-//! as if every candidate were accepted and the bonus token were the draft's own guess. The
-//! next Propose takes that block when it is the request the lookahead expects, finishing it if
-//! it is not complete yet, and otherwise drops it: the history follows the rollback point like
-//! any rejected suffix, and the KV cache is truncated in O(1).
+//! the session, and [`draft_ahead`] then drafts the next block in one more model job, as if
+//! every candidate were accepted and the bonus token were the draft's own guess. The next
+//! Propose interrupts that job (it stops before its next forward pass), then takes the block
+//! when it is the request the lookahead expects, finishing it if it is not complete yet, and
+//! otherwise drops it: the history follows the rollback point like any rejected suffix, and
+//! the KV cache is truncated in O(1).
 //!
 //! Why this is exact: a candidate is drawn with the key (seed, round, position, Draft) from q
 //! given the history, whichever job draws it. A block drafted ahead and taken by a matching
@@ -16,6 +17,7 @@
 //! several). The guess only decides whether the work is used; the coordinator's acceptance
 //! draws (purposes Accept, Residual) never enter the draft.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use specd_model::{LanguageModel, Logits};
@@ -44,7 +46,7 @@ pub struct Proposal {
     pub draft_ns: u64,
     /// The block was drafted ahead (see the module docs).
     pub optimistic_hit: bool,
-    /// A lookahead was left in the session: [`draft_ahead_step`] should run.
+    /// A lookahead was left in the session: [`draft_ahead`] should run.
     pub draft_ahead: bool,
 }
 
@@ -103,6 +105,19 @@ fn serves(ahead: &Lookahead, job: &ProposeJob) -> bool {
         && ahead.rollback_to == job.rollback_to
         && ahead.gamma == job.gamma
         && ahead.truncation == job.truncation
+}
+
+/// Drafts the lookahead of round `round` until it is complete or `stop` is set (checked
+/// before each forward pass); see [`draft_ahead_step`].
+pub fn draft_ahead(
+    model: &mut dyn LanguageModel,
+    state: &mut SessionState,
+    round: u32,
+    purpose: Purpose,
+    stop: &AtomicBool,
+) -> Result<(), NodeError> {
+    while !stop.load(Ordering::Acquire) && draft_ahead_step(model, state, round, purpose)? {}
+    Ok(())
 }
 
 /// One forward pass of drafting ahead for the lookahead of round `round`: first the guess of

@@ -1,5 +1,8 @@
 //! The `DraftService` gRPC implementation over a [`DraftNode`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
 use specd_proto::v1::draft_service_server::DraftService;
@@ -14,7 +17,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::DraftNode;
-use crate::propose::{Proposal, ProposeJob, draft_ahead_step, propose};
+use crate::propose::{Proposal, ProposeJob, draft_ahead, propose};
 
 #[tonic::async_trait]
 impl DraftService for DraftNode {
@@ -67,6 +70,7 @@ impl DraftNode {
     }
 
     async fn propose_in_span(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
+        self.interrupt(&req.session_id);
         if req.gamma > MAX_GAMMA {
             let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
             return Err(NodeError::InvalidRequest(message));
@@ -94,27 +98,35 @@ impl DraftNode {
         Ok(ProposeResponse { positions, draft_ns, optimistic_hit })
     }
 
-    /// Drafts the block of round `round` ahead, one forward pass per model job, in the
-    /// background: a Propose that comes meanwhile waits for one pass at most (the session's
-    /// lock is fair), then takes or drops what is done.
+    /// Drafts the block of round `round` ahead in one model job, in the background. Its stop
+    /// flag is registered before the reply goes out, so the next Propose of the session
+    /// always finds it: that Propose waits for one forward pass at most, then takes or drops
+    /// what is done.
     fn draft_ahead(&self, session_id: String, round: u32) {
-        let (node, purpose) = (self.node.clone(), self.lookahead_purpose);
+        let (node, purpose, interrupts) = (self.node.clone(), self.lookahead_purpose, self.interrupts.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        interrupts.lock().expect("interrupts lock").insert(session_id.clone(), Arc::clone(&stop));
         let span = tracing::debug_span!("draft_ahead", session = %session_id, round);
         let work = async move {
-            loop {
-                let step = node.run(&session_id, move |m, state| draft_ahead_step(m, state, round, purpose));
-                match step.await {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    // The session is gone, or the step failed and the session dropped its
-                    // lookahead: the next Propose drafts as if there had been none.
-                    Err(err) => {
-                        tracing::debug!(%err, "drafting ahead stopped");
-                        break;
-                    }
-                }
+            let flag = Arc::clone(&stop);
+            let result = node.run(&session_id, move |m, state| draft_ahead(m, state, round, purpose, &flag)).await;
+            let mut interrupts = interrupts.lock().expect("interrupts lock");
+            if interrupts.get(&session_id).is_some_and(|f| Arc::ptr_eq(f, &stop)) {
+                interrupts.remove(&session_id);
+            }
+            // The session is gone, or the job failed and the session dropped its lookahead:
+            // the next Propose drafts as if there had been none.
+            if let Err(err) = result {
+                tracing::debug!(%err, "drafting ahead stopped");
             }
         };
         tokio::spawn(work.instrument(span));
+    }
+
+    /// Stops the session's drafting ahead before its next forward pass, if it is running.
+    fn interrupt(&self, session_id: &str) {
+        if let Some(stop) = self.interrupts.lock().expect("interrupts lock").get(session_id) {
+            stop.store(true, Ordering::Release);
+        }
     }
 }

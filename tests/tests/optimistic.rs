@@ -260,7 +260,8 @@ async fn lookahead_reusing_the_acceptance_draws_is_caught() {
 
 /// Not a test: tokens per second with optimistic drafting on and off on loopback, with
 /// forward passes slowed to stand in for real models (`SPECD_MEASURE_DRAFT_MS`, default 5;
-/// `SPECD_MEASURE_TARGET_MS`, default 20; γ = `SPECD_MEASURE_GAMMA`, default 4). Run with
+/// `SPECD_MEASURE_TARGET_MS`, default 20; γ = `SPECD_MEASURE_GAMMA`, default 4; 128 tokens
+/// for each of `SPECD_MEASURE_SEEDS` seeds, default 8). Run with
 /// `cargo test --release -p specd-e2e --test optimistic -- --ignored --nocapture measure`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a test"]
@@ -268,6 +269,7 @@ async fn measure_optimistic_drafting_on_loopback() {
     let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default);
     let (draft_ms, target_ms, gamma) =
         (env("SPECD_MEASURE_DRAFT_MS", 5), env("SPECD_MEASURE_TARGET_MS", 20), env("SPECD_MEASURE_GAMMA", 4) as u32);
+    let seeds = env("SPECD_MEASURE_SEEDS", 8);
     let dir = scratch_dir("optimistic-measure");
     // One distribution at every position: α = Σ min(p, q) = 0.9, and q's mode is p's.
     let target = Table { vocab_size: 5, default: vec![0.6, 0.2, 0.1, 0.05, 0.05], rules: Vec::new() };
@@ -286,7 +288,7 @@ async fn measure_optimistic_drafting_on_loopback() {
             let mut client = cluster.client().await.unwrap();
             let started = std::time::Instant::now();
             let (mut tokens, mut total) = (0, SpeculationStats::default());
-            for seed in 0..8 {
+            for seed in 0..seeds {
                 let (out, stats) = generate(&mut client, request(&PROMPT, 1.0, seed, 128, None)).await;
                 tokens += out.len();
                 total.rounds += stats.rounds;
