@@ -22,6 +22,8 @@ pub struct DraftSession {
     pub session_id: String,
     pub rounds: DraftRounds,
     pub cursor: Cursor,
+    /// The last Propose asked the draft to draft the next block ahead.
+    pub drafting_ahead: bool,
 }
 
 #[derive(Debug)]
@@ -110,8 +112,12 @@ impl DraftLink {
         self.opened.push(session_id.clone());
         self.client.open_session(request).await?;
         let rounds = self.client.open_rounds().await?;
-        self.state =
-            State::Up(Box::new(DraftSession { session_id, rounds, cursor: Cursor { valid, pending: Vec::new() } }));
+        self.state = State::Up(Box::new(DraftSession {
+            session_id,
+            rounds,
+            cursor: Cursor { valid, pending: Vec::new() },
+            drafting_ahead: false,
+        }));
         Ok(())
     }
 

@@ -79,6 +79,10 @@ pub struct CoordinatorConfig {
     /// Always [`RuleVariant::Exact`] in service; the wrong variant exists so that the law
     /// tests can show they catch it.
     pub rule: RuleVariant,
+    /// Optimistic drafting (DESIGN.md §2): the draft drafts each next block while the target
+    /// verifies this one, guessing that every candidate is accepted and which bonus token
+    /// comes; a right guess saves the next round its draft time. Exact either way.
+    pub optimistic: bool,
     /// Where to record rounds, tokens, latencies and finish reasons (`specd-telemetry`).
     pub metrics: Option<specd_telemetry::Metrics>,
     pub tls: CoordinatorTls,
@@ -106,6 +110,7 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
         max_new_tokens: config.default_max_new_tokens,
         truncation: config.truncation,
         rule: config.rule,
+        optimistic: config.optimistic,
     };
     let service = GenerationService::new(pool, defaults)
         .with_server_tls(config.tls.server.clone())

@@ -15,6 +15,8 @@ pub fn round(metrics: Option<&RequestMetrics>, report: &RoundReport, emitted: us
             draft_ns: report.draft_ns,
             verify_ns: report.verify_ns,
             wall_ns: report.wall_ns,
+            optimistic_attempt: report.optimistic_attempt,
+            optimistic_hit: report.optimistic_hit,
         };
         metrics.round(&sample, emitted);
     }

@@ -189,6 +189,8 @@ mod tests {
             wall_ns: ns(draft_ms + verify_ms + overhead_ms),
             bytes_sent: 0,
             bytes_received: 0,
+            optimistic_attempt: false,
+            optimistic_hit: false,
         }
     }
 

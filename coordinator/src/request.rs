@@ -55,6 +55,8 @@ pub struct Defaults {
     pub max_new_tokens: u32,
     pub truncation: Truncation,
     pub rule: RuleVariant,
+    /// Ask the draft to draft each next block ahead (optimistic drafting).
+    pub optimistic: bool,
 }
 
 /// A validated generation.
@@ -71,6 +73,8 @@ pub struct GenerationSpec {
     pub gamma: GammaChoice,
     pub wire: Wire,
     pub rule: RuleVariant,
+    /// Ask the draft to draft each next block ahead (optimistic drafting, DESIGN.md §2).
+    pub optimistic: bool,
     /// Decode the output to text (the target has a tokenizer).
     pub detokenize: bool,
 }
@@ -154,6 +158,7 @@ pub fn validate(
             Wire::Sparse(defaults.truncation)
         },
         rule: defaults.rule,
+        optimistic: defaults.optimistic,
         detokenize: facts.has_tokenizer,
     })
 }
@@ -226,6 +231,7 @@ mod tests {
             max_new_tokens: 100,
             truncation: Truncation::new(0.0, 8).unwrap(),
             rule: RuleVariant::Exact,
+            optimistic: true,
         }
     }
 

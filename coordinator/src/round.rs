@@ -56,6 +56,10 @@ pub struct RoundReport {
     /// Encoded protobuf bytes of the round's requests and replies.
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// The Propose followed one that asked the draft to draft ahead.
+    pub optimistic_attempt: bool,
+    /// The draft answered from the block it had drafted ahead.
+    pub optimistic_hit: bool,
 }
 
 enum Proposals {
@@ -95,8 +99,7 @@ fn record(span: &tracing::Span, round: u32, report: &RoundReport) {
     ] {
         span.set_attribute(key, value);
     }
-    // No optimistic drafting yet (issue #6): never a hit.
-    span.set_attribute(attributes::ROUND_OPTIMISTIC_HIT, false);
+    span.set_attribute(attributes::ROUND_OPTIMISTIC_HIT, report.optimistic_hit);
 }
 
 async fn run_round_in(
@@ -112,6 +115,7 @@ async fn run_round_in(
     // Both nodes' spans of this round hang under the same round span.
     let trace_context = context_map(span);
     let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
+    let (mut optimistic_attempt, mut optimistic_hit) = (false, false);
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -119,9 +123,11 @@ async fn run_round_in(
     if let Some((draft, gamma)) = draft.filter(|d| d.1 > 0) {
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
-        let (bytes, draft_time, parsed) = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
+        optimistic_attempt = draft.drafting_ahead;
+        let (bytes, draft_time, parsed, hit) = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
+        optimistic_hit = hit;
         bytes_sent += bytes.0;
         bytes_received += bytes.1;
         draft_ns = draft_time;
@@ -178,10 +184,13 @@ async fn run_round_in(
         wall_ns: started.elapsed().as_nanos() as u64,
         bytes_sent,
         bytes_received,
+        optimistic_attempt,
+        optimistic_hit,
     })
 }
 
-/// The draft's part of a round: its bytes (sent, received), model time and proposals.
+/// The draft's part of a round: its bytes (sent, received), model time, proposals and
+/// whether they were drafted ahead.
 async fn propose(
     spec: &GenerationSpec,
     draft: &mut DraftSession,
@@ -189,7 +198,7 @@ async fn propose(
     gamma: u32,
     vocab_size: usize,
     trace_context: HashMap<String, String>,
-) -> Result<((u64, u64), u64, Proposals), CoordinatorError> {
+) -> Result<((u64, u64), u64, Proposals, bool), CoordinatorError> {
     let (truncation, dense) = match spec.wire {
         Wire::Sparse(t) => (Some(t.into()), false),
         Wire::Dense => (None, true),
@@ -203,9 +212,13 @@ async fn propose(
         truncation,
         dense,
         trace_context,
+        optimistic: spec.optimistic,
     };
     let sent = request.encoded_len() as u64;
+    // Whatever happens to the call, the draft's lookahead (if any) follows this request now.
+    draft.drafting_ahead = false;
     let reply = draft.rounds.call(request).await?;
+    draft.drafting_ahead = spec.optimistic;
     let received = reply.encoded_len() as u64;
     if reply.positions.len() != gamma as usize {
         return Err(CoordinatorError::Protocol(format!(
@@ -221,5 +234,5 @@ async fn propose(
             reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
         ),
     };
-    Ok(((sent, received), reply.draft_ns, proposals))
+    Ok(((sent, received), reply.draft_ns, proposals, reply.optimistic_hit))
 }

@@ -106,6 +106,8 @@ struct Stats {
     target_failovers: u64,
     acceptance_sum: f64,
     evaluated_positions: u64,
+    optimistic_attempts: u64,
+    optimistic_hits: u64,
 }
 
 impl Stats {
@@ -127,6 +129,8 @@ impl Stats {
         self.bytes_received += report.bytes_received;
         self.acceptance_sum += report.outcome.expected_acceptance.iter().sum::<f64>();
         self.evaluated_positions += report.outcome.expected_acceptance.len() as u64;
+        self.optimistic_attempts += u64::from(report.optimistic_attempt);
+        self.optimistic_hits += u64::from(report.optimistic_hit);
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -145,6 +149,8 @@ impl Stats {
             target_failovers: self.target_failovers,
             acceptance_sum: self.acceptance_sum,
             evaluated_positions: self.evaluated_positions,
+            optimistic_attempts: self.optimistic_attempts,
+            optimistic_hits: self.optimistic_hits,
         }
     }
 }

@@ -112,6 +112,7 @@ proptest! {
             max_new_tokens: 16,
             truncation: Truncation::new(1e-4, 8).unwrap(),
             rule: RuleVariant::Exact,
+            optimistic: true,
         };
         if let Ok(spec) = validate(&request, prompt.clone(), &facts(), &defaults, || 7) {
             prop_assert!(!prompt.is_empty() && prompt.iter().all(|t| (*t as usize) < VOCAB));

@@ -3,9 +3,11 @@
 //! For each round the coordinator sends a rollback point, the committed tokens the node has
 //! not seen, and γ; the node catches its KV cache up, samples γ candidates one step at a
 //! time, each from its effective q (truncated to a sparse support unless the dense wire
-//! format is asked for), and returns them with exactly the q they were drawn from.
+//! format is asked for), and returns them with exactly the q they were drawn from. Asked to
+//! (optimistic drafting), it then drafts the next block ahead while the coordinator verifies
+//! this one, and answers the next round at once when its guess was right.
 //!
-//! - [`propose`]: one block, run on the model thread;
+//! - [`propose`]: one block, run on the model thread, and the block drafted ahead;
 //! - [`service`]: the `specd.v1.DraftService` implementation;
 //! - [`run`] / [`serve`]: the server; sessions, errors and configuration come from
 //!   `specd-node`.
@@ -13,11 +15,15 @@
 pub mod propose;
 pub mod service;
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use specd_node::{Node, NodeConfig, NodeError, NodeServeError};
 use specd_proto::transport::ServeError;
 use specd_proto::v1::draft_service_server::DraftServiceServer;
+use specd_sampling::Purpose;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -26,12 +32,28 @@ use tonic::service::Routes;
 #[derive(Debug, Clone)]
 pub struct DraftNode {
     node: Node,
+    /// Randomness of the blocks drafted ahead: always [`Purpose::Draft`] in service.
+    lookahead_purpose: Purpose,
+    /// The stop flag of each session's drafting ahead while it runs.
+    interrupts: Interrupts,
 }
+
+type Interrupts = Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>;
 
 impl DraftNode {
     /// Loads the model on its own worker thread.
     pub async fn load(config: NodeConfig) -> Result<Self, NodeError> {
-        Ok(Self { node: Node::load_async("draft", config).await? })
+        let node = Node::load_async("draft", config).await?;
+        Ok(Self { node, lookahead_purpose: Purpose::Draft, interrupts: Interrupts::default() })
+    }
+
+    /// Draws the candidates of blocks drafted ahead from the streams of `purpose` instead of
+    /// [`Purpose::Draft`]. Wrong for anything but [`Purpose::Draft`] (with
+    /// [`Purpose::Accept`] a candidate and the coordinator's uniform for accepting it are
+    /// one draw): it exists so that the law tests can show they catch such a draft.
+    pub fn with_lookahead_purpose(mut self, purpose: Purpose) -> Self {
+        self.lookahead_purpose = purpose;
+        self
     }
 }
 

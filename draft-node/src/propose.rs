@@ -1,19 +1,30 @@
 //! One Propose: catch up with the rollback point, then sample γ candidates, each from the
 //! (truncated) q it is sent with. Runs on the model thread in one job, so a block costs one
 //! channel round trip however long it is.
+//!
+//! Optimistic drafting (DESIGN.md §2): a Propose that asks for it leaves a [`Lookahead`] in
+//! the session, and [`draft_ahead`] then drafts the next block in one more model job, as if
+//! every candidate were accepted and the bonus token were the draft's own guess. The next
+//! Propose interrupts that job (it stops before its next forward pass), then takes the block
+//! when it is the request the lookahead expects, finishing it if it is not complete yet, and
+//! otherwise drops it: the history follows the rollback point like any rejected suffix, and
+//! the KV cache is truncated in O(1).
+//!
+//! Why this is exact: a candidate is drawn with the key (seed, round, position, Draft) from q
+//! given the history, whichever job draws it. A block drafted ahead and taken by a matching
+//! request is therefore the very block that request would have drafted: the same history,
+//! the same draws (bit for bit where the model scores one token at a time as it scores
+//! several). The guess only decides whether the work is used; the coordinator's acceptance
+//! draws (purposes Accept, Residual) never enter the draft.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use specd_model::LanguageModel;
-use specd_node::{NodeError, SessionState};
-use specd_sampling::{DenseDist, Purpose, SparseDist, StreamKey, TokenHistory, Truncation, effective_distribution};
-
-/// The distribution a candidate was drawn from, in the wire format asked for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProposalDist {
-    Sparse(SparseDist),
-    Dense(DenseDist),
-}
+use specd_model::{LanguageModel, Logits};
+use specd_node::{Lookahead, NodeError, SessionState};
+use specd_proto::convert::{dense_proposal, sparse_proposal};
+use specd_proto::v1::ProposedPosition;
+use specd_sampling::{Purpose, StreamKey, TokenHistory, Truncation, effective_distribution};
 
 /// What a Propose asks for.
 #[derive(Debug, Clone)]
@@ -24,13 +35,19 @@ pub struct ProposeJob {
     pub gamma: usize,
     /// `None`: dense wire format.
     pub truncation: Option<Truncation>,
+    /// Draft the next block ahead after this one.
+    pub optimistic: bool,
 }
 
 /// The block and how long the model work took.
 #[derive(Debug)]
 pub struct Proposal {
-    pub candidates: Vec<(u32, ProposalDist)>,
+    pub positions: Vec<ProposedPosition>,
     pub draft_ns: u64,
+    /// The block was drafted ahead (see the module docs).
+    pub optimistic_hit: bool,
+    /// A lookahead was left in the session: [`draft_ahead`] should run.
+    pub draft_ahead: bool,
 }
 
 /// Runs on the model thread, through [`specd_node::Node::run`]: if it fails half-way, the
@@ -41,36 +58,268 @@ pub fn propose(
     job: &ProposeJob,
 ) -> Result<Proposal, NodeError> {
     let started = Instant::now();
-    let history = &mut state.history;
-    let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
-    let mut candidates = Vec::with_capacity(job.gamma);
-    if job.gamma > 0 {
-        model.truncate(state.model_session, catch_up.keep)?;
-        let mut logits = model.forward(state.model_session, &catch_up.feed)?;
-        history.mark_cached();
+    let lookahead = state.lookahead.take();
+    let optimistic_hit = lookahead.as_ref().is_some_and(|ahead| serves(ahead, job));
+    let mut positions = Vec::with_capacity(job.gamma);
+    if optimistic_hit {
+        // The history already holds the guess and the candidates drafted after it.
+        positions = lookahead.map(|ahead| ahead.positions).unwrap_or_default();
+        while positions.len() < job.gamma {
+            let logits = forward_rest(model, state)?;
+            positions.push(draw_candidate(
+                &logits,
+                state,
+                job.round,
+                positions.len() + 1,
+                job.truncation,
+                Purpose::Draft,
+            )?);
+        }
+    } else if job.gamma > 0 {
+        state.history.catch_up(job.rollback_to, &job.pending)?;
         for position in 1..=job.gamma {
-            let row = logits.row(logits.rows() - 1).expect("forward returns a row per token");
-            let q = effective_distribution(
-                row,
-                &state.params,
-                TokenHistory { prompt: history.prompt(), generated: history.generated() },
-            )?;
-            let u = StreamKey::new(state.seed, job.round, position as u32, Purpose::Draft).uniform();
-            let (token, dist) = match job.truncation {
-                Some(t) => {
-                    let sparse = q.truncate(t);
-                    (sparse.sample(u), ProposalDist::Sparse(sparse))
-                }
-                None => (q.sample(u), ProposalDist::Dense(q)),
+            let logits = forward_rest(model, state)?;
+            positions.push(draw_candidate(&logits, state, job.round, position, job.truncation, Purpose::Draft)?);
+        }
+    } else {
+        state.history.catch_up(job.rollback_to, &job.pending)?;
+    }
+    let draft_ahead = job.optimistic && job.gamma > 0;
+    if draft_ahead {
+        state.lookahead = Some(Lookahead {
+            round: job.round.wrapping_add(1),
+            rollback_to: state.history.len(),
+            gamma: job.gamma,
+            truncation: job.truncation,
+            guess: None,
+            positions: Vec::with_capacity(job.gamma),
+        });
+    }
+    Ok(Proposal { positions, draft_ns: started.elapsed().as_nanos() as u64, optimistic_hit, draft_ahead })
+}
+
+/// Whether `job` is the request `ahead` was drafted for.
+fn serves(ahead: &Lookahead, job: &ProposeJob) -> bool {
+    ahead.guess.is_some_and(|guess| job.pending == [guess])
+        && ahead.round == job.round
+        && ahead.rollback_to == job.rollback_to
+        && ahead.gamma == job.gamma
+        && ahead.truncation == job.truncation
+}
+
+/// Drafts the lookahead of round `round` until it is complete or `stop` is set (checked
+/// before each forward pass); see [`draft_ahead_step`].
+pub fn draft_ahead(
+    model: &mut dyn LanguageModel,
+    state: &mut SessionState,
+    round: u32,
+    purpose: Purpose,
+    stop: &AtomicBool,
+) -> Result<(), NodeError> {
+    while !stop.load(Ordering::Acquire) && draft_ahead_step(model, state, round, purpose)? {}
+    Ok(())
+}
+
+/// One forward pass of drafting ahead for the lookahead of round `round`: first the guess of
+/// the bonus token (the mode of q after the last block, lowest id on ties), then one
+/// candidate per call. Returns whether there is more to do; `false` also when the session
+/// has moved on (a Propose came first and took or dropped the lookahead). `purpose` is
+/// [`Purpose::Draft`] in service: the same draws the next Propose would make.
+pub fn draft_ahead_step(
+    model: &mut dyn LanguageModel,
+    state: &mut SessionState,
+    round: u32,
+    purpose: Purpose,
+) -> Result<bool, NodeError> {
+    let Some(ahead) = state.lookahead.as_ref().filter(|a| a.round == round && a.positions.len() < a.gamma) else {
+        return Ok(false);
+    };
+    let (guessed, position, truncation) = (ahead.guess.is_some(), ahead.positions.len() + 1, ahead.truncation);
+    // Drafting ahead never fails for want of room: the request it expects would.
+    if state.history.len() > model.info().context_length {
+        return Ok(false);
+    }
+    let logits = forward_rest(model, state)?;
+    if guessed {
+        let candidate = draw_candidate(&logits, state, round, position, truncation, purpose)?;
+        let ahead = state.lookahead.as_mut().expect("checked above");
+        ahead.positions.push(candidate);
+        Ok(ahead.positions.len() < ahead.gamma)
+    } else {
+        let q = effective_q(&logits, state)?;
+        let guess = q.probs().iter().enumerate().fold(0, |best, (t, p)| if *p > q.probs()[best] { t } else { best });
+        state.history.push_unforwarded(guess as u32);
+        state.lookahead.as_mut().expect("checked above").guess = Some(guess as u32);
+        Ok(true)
+    }
+}
+
+/// Forwards what the cache lacks of the history (after a candidate: that candidate alone)
+/// and returns its logits, the last row scoring the next token.
+fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Result<Logits, NodeError> {
+    let history = &mut state.history;
+    // Never an empty feed: the last token is re-fed when the cache already covers it.
+    let keep = history.cached().min(history.len() - 1);
+    model.truncate(state.model_session, keep)?;
+    let logits = model.forward(state.model_session, &history.tokens()[keep..])?;
+    history.mark_cached();
+    Ok(logits)
+}
+
+/// The effective q after the history, from the last row of `logits`.
+fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::DenseDist, NodeError> {
+    let row = logits.row(logits.rows() - 1).expect("forward returns a row per token");
+    let history = &state.history;
+    Ok(effective_distribution(
+        row,
+        &state.params,
+        TokenHistory { prompt: history.prompt(), generated: history.generated() },
+    )?)
+}
+
+/// Draws the candidate at block `position` of `round` from q after the history and appends
+/// it to the history, not forwarded yet.
+fn draw_candidate(
+    logits: &Logits,
+    state: &mut SessionState,
+    round: u32,
+    position: usize,
+    truncation: Option<Truncation>,
+    purpose: Purpose,
+) -> Result<ProposedPosition, NodeError> {
+    let q = effective_q(logits, state)?;
+    let u = StreamKey::new(state.seed, round, position as u32, purpose).uniform();
+    let (token, wire) = match truncation {
+        Some(t) => {
+            let sparse = q.truncate(t);
+            let token = sparse.sample(u);
+            (token, sparse_proposal(token, &sparse))
+        }
+        None => {
+            let token = q.sample(u);
+            (token, dense_proposal(token, &q))
+        }
+    };
+    state.history.push_unforwarded(token);
+    Ok(wire)
+}
+
+#[cfg(test)]
+mod tests {
+    use specd_model::TableModel;
+    use specd_node::SessionHistory;
+    use specd_sampling::SamplingParams;
+
+    use super::*;
+
+    const VOCAB: u32 = 5;
+    const GAMMA: usize = 3;
+
+    /// A draft whose q depends on the last two tokens, so that a wrong history shows.
+    fn model() -> TableModel {
+        let mut rules = Vec::new();
+        for a in 0..VOCAB {
+            for b in 0..VOCAB {
+                let w: Vec<f64> = (0..VOCAB).map(|t| f64::from(1 + (a * 7 + b * 3 + t * 5) % 11)).collect();
+                let total: f64 = w.iter().sum();
+                let probs: Vec<f64> = w.iter().map(|x| x / total).collect();
+                rules.push(serde_json::json!({"suffix": [a, b], "probs": probs}));
+            }
+        }
+        let file = serde_json::json!({"vocab_size": VOCAB, "default": vec![0.2; VOCAB as usize], "rules": rules});
+        TableModel::from_json("draft", file, None).unwrap()
+    }
+
+    fn session(model: &mut TableModel, seed: u64) -> SessionState {
+        SessionState {
+            model_session: model.open_session(None).unwrap(),
+            history: SessionHistory::new(vec![1, 2]).unwrap(),
+            params: SamplingParams::default(),
+            seed,
+            lookahead: None,
+        }
+    }
+
+    fn job(round: u32, rollback_to: usize, pending: Vec<u32>, optimistic: bool) -> ProposeJob {
+        let truncation = Some(Truncation::new(0.05, 3).unwrap());
+        ProposeJob { round, rollback_to, pending, gamma: GAMMA, truncation, optimistic }
+    }
+
+    /// Round 0 optimistic, then `steps` steps of drafting ahead (at most what there is).
+    fn after_round_zero(model: &mut TableModel, seed: u64, steps: usize) -> SessionState {
+        let mut state = session(model, seed);
+        let first = propose(model, &mut state, &job(0, 2, vec![], true)).unwrap();
+        assert!(first.draft_ahead && !first.optimistic_hit);
+        for _ in 0..steps {
+            if !draft_ahead_step(model, &mut state, 1, Purpose::Draft).unwrap() {
+                break;
+            }
+        }
+        state
+    }
+
+    #[test]
+    fn a_block_drafted_ahead_is_the_block_its_request_would_draft() {
+        let mut model = model();
+        let mut hits = 0;
+        for seed in 0..200u64 {
+            let steps = (seed % (GAMMA as u64 + 3)) as usize;
+            let mut ahead = after_round_zero(&mut model, seed, steps);
+            let Some(guess) = ahead.lookahead.as_ref().and_then(|a| a.guess) else {
+                assert_eq!(steps, 0);
+                continue;
             };
-            candidates.push((token, dist));
-            if position < job.gamma {
-                logits = model.forward(state.model_session, &[token])?;
-                history.push_forwarded(&[token]);
-            } else {
-                history.push_unforwarded(token);
+            let next = job(1, 2 + GAMMA, vec![guess], false);
+            let served = propose(&mut model, &mut ahead, &next).unwrap();
+            assert!(served.optimistic_hit, "seed {seed}");
+            hits += 1;
+            // The same request to a draft that never drafted ahead.
+            let mut plain = session(&mut model, seed);
+            propose(&mut model, &mut plain, &job(0, 2, vec![], false)).unwrap();
+            let drafted = propose(&mut model, &mut plain, &next).unwrap();
+            assert!(!drafted.optimistic_hit);
+            assert_eq!(served.positions, drafted.positions, "seed {seed}, {steps} steps ahead");
+            assert_eq!(ahead.history, plain.history);
+            assert!(ahead.lookahead.is_none() && !served.draft_ahead);
+        }
+        assert!(hits > 100);
+    }
+
+    #[test]
+    fn a_wrong_guess_or_another_request_drops_the_block_drafted_ahead() {
+        let mut model = model();
+        for seed in 0..50u64 {
+            let guess = after_round_zero(&mut model, seed, GAMMA + 1).lookahead.and_then(|a| a.guess).unwrap();
+            let misses = [
+                job(1, 2 + GAMMA, vec![(guess + 1) % VOCAB], true),
+                job(1, 2 + GAMMA - 1, vec![guess], true),
+                job(2, 2 + GAMMA, vec![guess], true),
+                ProposeJob { gamma: GAMMA - 1, ..job(1, 2 + GAMMA, vec![guess], true) },
+                ProposeJob { truncation: None, ..job(1, 2 + GAMMA, vec![guess], true) },
+            ];
+            for next in misses {
+                // A session of its own each time: clones of a state share its model session.
+                let mut state = after_round_zero(&mut model, seed, GAMMA + 1);
+                let got = propose(&mut model, &mut state, &next).unwrap();
+                assert!(!got.optimistic_hit, "seed {seed}: {next:?}");
+                let mut plain = session(&mut model, seed);
+                propose(&mut model, &mut plain, &job(0, 2, vec![], false)).unwrap();
+                let want = propose(&mut model, &mut plain, &next).unwrap();
+                assert_eq!(got.positions, want.positions, "seed {seed}: {next:?}");
+                assert_eq!(state.history, plain.history);
+                // Asked again: the lookahead is for the round after this one.
+                assert_eq!(state.lookahead.as_ref().map(|a| a.round), Some(next.round + 1));
             }
         }
     }
-    Ok(Proposal { candidates, draft_ns: started.elapsed().as_nanos() as u64 })
+
+    #[test]
+    fn drafting_ahead_stops_when_a_request_came_first() {
+        let mut model = model();
+        let mut state = after_round_zero(&mut model, 3, 1);
+        // The next round is asked before the lookahead has a candidate: a miss on another token.
+        propose(&mut model, &mut state, &job(1, 2, vec![4], false)).unwrap();
+        assert!(state.lookahead.is_none());
+        assert!(!draft_ahead_step(&mut model, &mut state, 1, Purpose::Draft).unwrap());
+    }
 }

@@ -1,8 +1,10 @@
 //! The `DraftService` gRPC implementation over a [`DraftNode`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
-use specd_proto::convert::{dense_proposal, sparse_proposal};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
     InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse, ReleaseRequest,
@@ -15,7 +17,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::DraftNode;
-use crate::propose::{ProposalDist, ProposeJob, propose};
+use crate::propose::{Proposal, ProposeJob, draft_ahead, propose};
 
 #[tonic::async_trait]
 impl DraftService for DraftNode {
@@ -68,6 +70,7 @@ impl DraftNode {
     }
 
     async fn propose_in_span(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
+        self.interrupt(&req.session_id);
         if req.gamma > MAX_GAMMA {
             let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
             return Err(NodeError::InvalidRequest(message));
@@ -84,16 +87,46 @@ impl DraftNode {
             pending: req.pending_token_ids,
             gamma: req.gamma as usize,
             truncation,
+            optimistic: req.optimistic,
         };
+        let round = job.round;
         let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?;
-        let positions = proposal
-            .candidates
-            .iter()
-            .map(|(token, dist)| match dist {
-                ProposalDist::Sparse(q) => sparse_proposal(*token, q),
-                ProposalDist::Dense(q) => dense_proposal(*token, q),
-            })
-            .collect();
-        Ok(ProposeResponse { positions, draft_ns: proposal.draft_ns })
+        if proposal.draft_ahead {
+            self.draft_ahead(req.session_id, round.wrapping_add(1));
+        }
+        let Proposal { positions, draft_ns, optimistic_hit, .. } = proposal;
+        Ok(ProposeResponse { positions, draft_ns, optimistic_hit })
+    }
+
+    /// Drafts the block of round `round` ahead in one model job, in the background. Its stop
+    /// flag is registered before the reply goes out, so the next Propose of the session
+    /// always finds it: that Propose waits for one forward pass at most, then takes or drops
+    /// what is done.
+    fn draft_ahead(&self, session_id: String, round: u32) {
+        let (node, purpose, interrupts) = (self.node.clone(), self.lookahead_purpose, self.interrupts.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        interrupts.lock().expect("interrupts lock").insert(session_id.clone(), Arc::clone(&stop));
+        let span = tracing::debug_span!("draft_ahead", session = %session_id, round);
+        let work = async move {
+            let flag = Arc::clone(&stop);
+            let result = node.run(&session_id, move |m, state| draft_ahead(m, state, round, purpose, &flag)).await;
+            let mut interrupts = interrupts.lock().expect("interrupts lock");
+            if interrupts.get(&session_id).is_some_and(|f| Arc::ptr_eq(f, &stop)) {
+                interrupts.remove(&session_id);
+            }
+            // The session is gone, or the job failed and the session dropped its lookahead:
+            // the next Propose drafts as if there had been none.
+            if let Err(err) = result {
+                tracing::debug!(%err, "drafting ahead stopped");
+            }
+        };
+        tokio::spawn(work.instrument(span));
+    }
+
+    /// Stops the session's drafting ahead before its next forward pass, if it is running.
+    fn interrupt(&self, session_id: &str) {
+        if let Some(stop) = self.interrupts.lock().expect("interrupts lock").get(session_id) {
+            stop.store(true, Ordering::Release);
+        }
     }
 }

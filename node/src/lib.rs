@@ -2,7 +2,8 @@
 //! its own round work (`propose` or `verify`) and its service.
 //!
 //! - [`node`]: [`Node`] (a model on its worker thread, the open sessions, `NodeInfo`),
-//!   [`NodeConfig`] (with the metrics the node samples) and the per-session [`SessionState`];
+//!   [`NodeConfig`] (with the metrics the node samples) and the per-session [`SessionState`]
+//!   (with the draft's [`Lookahead`], its block drafted ahead);
 //! - [`node_model`]: a model handle with a registry of sessions of any state type, and the
 //!   snapshot/run/store pattern that keeps a failed job from corrupting a session;
 //! - [`registry`]: the open sessions by the coordinator's session id;
@@ -22,7 +23,7 @@ pub mod spans;
 
 pub use error::{NodeError, NodeServeError};
 pub use history::{CatchUp, SessionHistory};
-pub use node::{Node, NodeConfig, SessionState};
+pub use node::{Lookahead, Node, NodeConfig, SessionState};
 pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};
 pub use registry::{RegistryError, SessionRegistry};
 pub use round_stream::{ReplyStream, serve_rounds};

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use specd_model::{DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
 use specd_proto::tls::ServerTls;
-use specd_proto::v1::{NodeInfo, OpenSessionRequest};
-use specd_sampling::SamplingParams;
+use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
+use specd_sampling::{SamplingParams, Truncation};
 use specd_telemetry::Metrics;
 
 use crate::error::NodeError;
@@ -48,6 +48,27 @@ pub struct SessionState {
     pub params: SamplingParams,
     /// Every draw is keyed by (seed, round, position, purpose).
     pub seed: u64,
+    /// The draft's block drafted ahead of its request (optimistic drafting); always `None`
+    /// on a target.
+    pub lookahead: Option<Lookahead>,
+}
+
+/// A block a draft drafts before it is asked for (optimistic drafting, DESIGN.md §2): the
+/// history is extended past the block it last returned by a guessed bonus token and the
+/// candidates drafted after it, each as the request it expects would draft it. The request
+/// it expects is round `round` with `rollback_to` (every candidate of the last block
+/// accepted), pending `[guess]`, the same γ and the same wire format.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lookahead {
+    pub round: u32,
+    pub rollback_to: usize,
+    pub gamma: usize,
+    /// `None`: dense wire format.
+    pub truncation: Option<Truncation>,
+    /// The guessed bonus token, once the draft has scored the position after the last block.
+    pub guess: Option<u32>,
+    /// The candidates drafted so far (at most `gamma`), in the wire format.
+    pub positions: Vec<ProposedPosition>,
 }
 
 impl NodeSessionState for SessionState {
@@ -57,6 +78,8 @@ impl NodeSessionState for SessionState {
 
     fn forget_cache(&mut self) {
         self.history.forget_cache();
+        // Drafted ahead on a cache that can no longer be trusted.
+        self.lookahead = None;
     }
 }
 
@@ -127,7 +150,8 @@ impl Node {
         let sampling = request.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
         let params = SamplingParams::try_from(&sampling)?;
         let seed = request.seed;
-        let build = move |model_session, history| SessionState { model_session, history, params, seed };
+        let build =
+            move |model_session, history| SessionState { model_session, history, params, seed, lookahead: None };
         Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
     }
 

@@ -289,6 +289,20 @@ pub struct PolicyOptions {
     /// Deadline of each call to a node, and of connecting to one, in seconds.
     #[arg(long, env = "SPECD_NODE_TIMEOUT_S", default_value_t = 30.0)]
     node_timeout_s: f64,
+    /// Optimistic drafting: `on` asks the draft to draft each next block while the target
+    /// verifies this one (guessing every candidate accepted and the bonus token); a right
+    /// guess saves the next round its draft time. Exact either way.
+    #[arg(long, env = "SPECD_OPTIMISTIC", default_value = "on", value_parser = parse_on_off)]
+    optimistic: bool,
+}
+
+/// `on` or `off`.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        other => Err(format!("{other:?}: expected on or off")),
+    }
 }
 
 /// Run a coordinator: the public Generation API in front of target and draft nodes.
@@ -436,6 +450,7 @@ impl PolicyOptions {
             truncation,
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),
             rule: RuleVariant::Exact,
+            optimistic: self.optimistic,
             tls: CoordinatorTls::default(),
             admission: Admission {
                 api_token: self.api_token.clone().filter(|t| !t.is_empty()),

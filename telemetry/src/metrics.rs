@@ -188,6 +188,10 @@ pub struct RoundSample {
     pub verify_ns: u64,
     /// The round's wall time at the coordinator.
     pub wall_ns: u64,
+    /// The round's Propose followed one that asked the draft to draft ahead, and the draft
+    /// answered from the block it had drafted ahead (optimistic drafting).
+    pub optimistic_attempt: bool,
+    pub optimistic_hit: bool,
 }
 
 /// The coordinator's counters, histograms and its `specd_active_sessions` series.
@@ -197,6 +201,8 @@ pub struct CoordinatorMetrics {
     draft_tokens: Counter,
     accepted_tokens: Counter,
     accepted_per_position: Family<PositionLabel, Counter>,
+    optimistic_attempts: Counter,
+    optimistic_hits: Counter,
     emitted_tokens: Counter,
     requests: Family<FinishLabel, Counter>,
     round_draft: Histogram,
@@ -221,6 +227,8 @@ impl CoordinatorMetrics {
             draft_tokens: Counter::default(),
             accepted_tokens: Counter::default(),
             accepted_per_position: Family::default(),
+            optimistic_attempts: Counter::default(),
+            optimistic_hits: Counter::default(),
             emitted_tokens: Counter::default(),
             requests: Family::default(),
             round_draft: phase(),
@@ -243,6 +251,16 @@ impl CoordinatorMetrics {
             "specd_accepted_tokens_per_pos",
             "Draft tokens accepted at each position 1..γ of a block",
             this.accepted_per_position.clone(),
+        );
+        registry.register(
+            "specd_optimistic_attempts",
+            "Speculative rounds after one that asked the draft to draft ahead",
+            this.optimistic_attempts.clone(),
+        );
+        registry.register(
+            "specd_optimistic_hits",
+            "Rounds the draft answered from the block it had drafted ahead",
+            this.optimistic_hits.clone(),
         );
         registry.register(
             "specd_emitted_tokens",
@@ -290,6 +308,8 @@ impl CoordinatorMetrics {
         self.rounds.inc();
         self.draft_tokens.inc_by(round.gamma as u64);
         self.accepted_tokens.inc_by(round.accepted as u64);
+        self.optimistic_attempts.inc_by(u64::from(round.optimistic_attempt));
+        self.optimistic_hits.inc_by(u64::from(round.optimistic_hit));
         for position in 1..=round.accepted as u64 {
             self.accepted_per_position.get_or_create(&PositionLabel { position }).inc();
         }
@@ -356,8 +376,15 @@ mod tests {
         let metrics = Metrics::new();
         let coordinator = metrics.coordinator();
         let request = coordinator.request_started();
-        let round =
-            RoundSample { gamma: 4, accepted: 2, draft_ns: 1_000_000, verify_ns: 2_000_000, wall_ns: 4_000_000 };
+        let round = RoundSample {
+            gamma: 4,
+            accepted: 2,
+            draft_ns: 1_000_000,
+            verify_ns: 2_000_000,
+            wall_ns: 4_000_000,
+            optimistic_attempt: true,
+            optimistic_hit: true,
+        };
         request.round(&round, 3);
         let text = metrics.encode().await.unwrap();
         assert_eq!(value(&text, "specd_active_sessions{role=\"coordinator\"}"), Some(1.0), "{text}");
@@ -369,6 +396,8 @@ mod tests {
             ("specd_rounds_total", 1.0),
             ("specd_draft_tokens_total", 4.0),
             ("specd_accepted_tokens_total", 2.0),
+            ("specd_optimistic_attempts_total", 1.0),
+            ("specd_optimistic_hits_total", 1.0),
             ("specd_accepted_tokens_per_pos_total{position=\"1\"}", 1.0),
             ("specd_accepted_tokens_per_pos_total{position=\"2\"}", 1.0),
             ("specd_emitted_tokens_total", 3.0),

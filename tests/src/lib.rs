@@ -17,7 +17,7 @@ use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{InfoRequest, NodeInfo};
-use specd_sampling::Truncation;
+use specd_sampling::{Purpose, Truncation};
 use specd_target_node::TargetNode;
 use specd_telemetry::Metrics;
 use tokio::net::TcpListener;
@@ -40,6 +40,13 @@ pub struct ClusterOptions {
     /// The coordinator reaches the draft through a [`ChaosProxy`] cutting its connections
     /// after lifetimes of this mean.
     pub draft_chaos: Option<Duration>,
+    /// Optimistic drafting (the coordinator's `--optimistic`).
+    pub optimistic: bool,
+    /// The draft draws the candidates of blocks drafted ahead from these streams
+    /// ([`DraftNode::with_lookahead_purpose`]): `Purpose::Draft` unless a test breaks it.
+    pub lookahead_purpose: Purpose,
+    /// Added to every forward pass of the target and of the draft.
+    pub forward_delays: (Duration, Duration),
 }
 
 impl Default for ClusterOptions {
@@ -52,6 +59,9 @@ impl Default for ClusterOptions {
             metrics: None,
             session_ttl: None,
             draft_chaos: None,
+            optimistic: true,
+            lookahead_purpose: Purpose::Draft,
+            forward_delays: (Duration::ZERO, Duration::ZERO),
         }
     }
 }
@@ -77,19 +87,21 @@ async fn loopback() -> anyhow::Result<(TcpListener, String)> {
 
 impl Cluster {
     pub async fn start(target_model: &Path, draft_model: &Path, options: &ClusterOptions) -> anyhow::Result<Self> {
-        let config = |model: &Path| NodeConfig {
+        let config = |model: &Path, forward_delay| NodeConfig {
             model: model.to_owned(),
             device: DeviceSpec::Cpu,
             dtype: options.dtype,
             max_sessions: 1024,
             kv_budget_bytes: None,
-            forward_delay: Duration::ZERO,
+            forward_delay,
             session_ttl: options.session_ttl,
             tls: Default::default(),
             metrics: options.metrics.clone(),
         };
-        let target = TargetNode::load(config(target_model)).await?;
-        let draft = DraftNode::load(config(draft_model)).await?;
+        let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
+        let draft = DraftNode::load(config(draft_model, options.forward_delays.1))
+            .await?
+            .with_lookahead_purpose(options.lookahead_purpose);
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -125,6 +137,7 @@ impl Cluster {
             truncation: options.truncation,
             node_timeout: Duration::from_secs(30),
             rule: options.rule,
+            optimistic: options.optimistic,
             metrics: options.metrics.clone(),
             tls: Default::default(),
             admission: Default::default(),

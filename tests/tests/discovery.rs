@@ -106,6 +106,7 @@ async fn coordinator(
         truncation: Truncation::new(0.0, 8).unwrap(),
         node_timeout: Duration::from_secs(10),
         rule: RuleVariant::Exact,
+        optimistic: true,
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),

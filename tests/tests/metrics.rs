@@ -106,6 +106,8 @@ async fn metrics_agree_with_the_generation_stats() {
     assert_eq!(value(&text, "specd_rounds_total"), stats.rounds as f64, "{text}");
     assert_eq!(value(&text, "specd_draft_tokens_total"), stats.draft_tokens as f64);
     assert_eq!(value(&text, "specd_accepted_tokens_total"), stats.accepted_tokens as f64);
+    assert_eq!(value(&text, "specd_optimistic_attempts_total"), stats.optimistic_attempts as f64);
+    assert_eq!(value(&text, "specd_optimistic_hits_total"), stats.optimistic_hits as f64);
     assert_eq!(sum(&text, "specd_accepted_tokens_per_pos_total"), stats.accepted_tokens as f64);
     for (position, &accepted) in stats.accepted_per_position.iter().enumerate().filter(|(_, n)| **n > 0) {
         let series = format!("specd_accepted_tokens_per_pos_total{{position=\"{}\"}}", position + 1);
