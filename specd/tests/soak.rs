@@ -1,5 +1,5 @@
 //! Soak, short: 32 concurrent streams against `specd up` for `SPECD_SOAK_SECONDS` (default
-//! 10): zero errors, no session left on any role afterwards (from `/metrics`), and resident
+//! 10), on table models or on the pair in `SPECD_SOAK_MODELS`: zero errors, no session left on any role afterwards (from `/metrics`), and resident
 //! memory that
 //! does not keep growing (printed; RELIABILITY.md records a run).
 
@@ -37,11 +37,21 @@ async fn scrape(address: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_streams_without_errors_or_leaks() {
     let seconds: u64 = std::env::var("SPECD_SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/soak");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (target, draft) = (dir.join("target.json"), dir.join("draft.json"));
-    std::fs::write(&target, r#"{"vocab_size": 8, "default": [0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05]}"#).unwrap();
-    std::fs::write(&draft, r#"{"vocab_size": 8, "default": [0.25, 0.2, 0.15, 0.1, 0.1, 0.1, 0.05, 0.05]}"#).unwrap();
+    // SPECD_SOAK_MODELS=DIR soaks a real pair (DIR/target, DIR/draft: `specd models demo`);
+    // by default two table models keep the CI version fast.
+    let (target, draft) = match std::env::var_os("SPECD_SOAK_MODELS") {
+        Some(pair) => (Path::new(&pair).join("target"), Path::new(&pair).join("draft")),
+        None => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/soak");
+            std::fs::create_dir_all(&dir).unwrap();
+            let (target, draft) = (dir.join("target.json"), dir.join("draft.json"));
+            std::fs::write(&target, r#"{"vocab_size": 8, "default": [0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05]}"#)
+                .unwrap();
+            std::fs::write(&draft, r#"{"vocab_size": 8, "default": [0.25, 0.2, 0.15, 0.1, 0.1, 0.1, 0.05, 0.05]}"#)
+                .unwrap();
+            (target, draft)
+        }
+    };
     let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let args =
         ["up", "--listen", "127.0.0.1:0", "--target-model", target.to_str().unwrap(), "--metrics-listen", &metrics];

@@ -97,6 +97,7 @@ impl Cluster {
             session_ttl: options.session_ttl,
             tls: Default::default(),
             metrics: options.metrics.clone(),
+            threads: None,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
         let draft = DraftNode::load(config(draft_model, options.forward_delays.1))
