@@ -291,8 +291,10 @@ pub struct PolicyOptions {
     node_timeout_s: f64,
     /// Optimistic drafting: `on` asks the draft to draft each next block while the target
     /// verifies this one (guessing every candidate accepted and the bonus token); a right
-    /// guess saves the next round its draft time. Exact either way.
-    #[arg(long, env = "SPECD_OPTIMISTIC", default_value = "on", value_parser = parse_on_off)]
+    /// guess saves the next round its draft time. Exact either way. Off by default: it pays
+    /// when the draft has cores of its own (another machine or pod); when draft and target
+    /// share cores (`specd up` on a small machine) the work drafted ahead slows the verify.
+    #[arg(long, env = "SPECD_OPTIMISTIC", default_value = "off", value_parser = parse_on_off)]
     optimistic: bool,
 }
 
