@@ -4,6 +4,7 @@
 //! in front of the draft.
 
 pub mod chaos;
+pub mod law_tables;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

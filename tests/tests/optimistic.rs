@@ -15,6 +15,7 @@
 //! exact; only acceptance drops (and the draft's history would go wrong).
 
 use specd_coordinator::GammaChoice;
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, hf_fixture, scratch_dir};
 use specd_model::DType;
 use specd_proto::v1::generate_request::Prompt;
@@ -22,75 +23,16 @@ use specd_proto::v1::{
     GenerateRequest, SamplingParams as WireSampling, Speculation, SpeculationStats, StoppingCriteria, TokenIds,
 };
 use specd_sampling::chi2::chi_square_test;
-use specd_sampling::law::{PrefixModel, target_sequence_law};
-use specd_sampling::{DenseDist, Purpose, SamplingParams, StreamKey, TokenHistory, Truncation, effective_distribution};
+use specd_sampling::law::target_sequence_law;
+use specd_sampling::{Purpose, SamplingParams, StreamKey, Truncation};
 use tokio_stream::StreamExt;
 
 const FALSE_FAILURE: f64 = 1e-3;
-const VOCAB: usize = 3;
 const LENGTH: usize = 4;
-const PROMPT: [u32; 1] = [0];
 const CLIENTS: u64 = 8;
 
 fn samples() -> u64 {
     std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000)
-}
-
-/// Prefix-dependent tables up to `LENGTH` tokens: DESIGN.md's p and q after the prompt,
-/// pseudo-random ones (with zeros and one-hot rows) after that, uniform past them.
-fn tables() -> (Table, Table) {
-    let mut target = Table { vocab_size: VOCAB, default: vec![1.0 / 3.0; VOCAB], rules: Vec::new() };
-    let mut draft = target.clone();
-    target.rules.push((PROMPT.to_vec(), vec![0.6, 0.3, 0.1]));
-    draft.rules.push((PROMPT.to_vec(), vec![0.5, 0.25, 0.25]));
-    let mut prefixes = vec![PROMPT.to_vec()];
-    for _ in 1..LENGTH {
-        prefixes =
-            prefixes.iter().flat_map(|p| (0..VOCAB as u32).map(move |t| [p.clone(), vec![t]].concat())).collect();
-        for (i, prefix) in prefixes.iter().enumerate() {
-            target.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 1)));
-            draft.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 2)));
-        }
-    }
-    (target, draft)
-}
-
-fn row(i: u64, depth: u32, salt: u32) -> Vec<f64> {
-    let mut rng = StreamKey::new(i, depth, salt, Purpose::Plain).stream();
-    if rng.next_uniform() < 0.15 {
-        let mut one_hot = vec![0.0; VOCAB];
-        one_hot[(rng.next_u32() as usize) % VOCAB] = 1.0;
-        return one_hot;
-    }
-    let w: Vec<f64> =
-        (0..VOCAB).map(|_| if rng.next_uniform() < 0.2 { 0.0 } else { 0.05 + rng.next_uniform() }).collect();
-    let total: f64 = w.iter().sum();
-    if total == 0.0 {
-        return vec![1.0 / VOCAB as f64; VOCAB];
-    }
-    w.iter().map(|x| x / total).collect()
-}
-
-/// The target's effective distributions, computed as the target node does (logits ln p).
-struct EffectiveTarget {
-    table: Table,
-    params: SamplingParams,
-}
-
-impl PrefixModel for EffectiveTarget {
-    fn target(&self, prefix: &[u32]) -> DenseDist {
-        let logits: Vec<f32> =
-            self.table.probs(prefix).iter().map(|&p| if p > 0.0 { p.ln() as f32 } else { -1e30 }).collect();
-        let history = TokenHistory { prompt: &prefix[..PROMPT.len()], generated: &prefix[PROMPT.len()..] };
-        effective_distribution(&logits, &self.params, history).unwrap()
-    }
-    fn draft(&self, prefix: &[u32]) -> DenseDist {
-        self.target(prefix)
-    }
-}
-
-fn cell(seq: &[u32]) -> usize {
-    seq.iter().fold(0, |acc, &t| acc * VOCAB + t as usize)
 }
 
 fn request(prompt: &[u32], temperature: f64, seed: u64, tokens: usize, gamma: Option<u32>) -> GenerateRequest {
@@ -136,7 +78,7 @@ async fn generate(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_seed_same_tokens_with_and_without_optimistic_drafting() {
     let dir = scratch_dir("optimistic-same-seed");
-    let (target_table, draft_table) = tables();
+    let (target_table, draft_table) = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let on = Cluster::start(&target, &draft, &options(2, true)).await.unwrap();
@@ -198,7 +140,7 @@ async fn greedy_with_optimistic_drafting_equals_target_only_on_hf_models() {
 /// law, and the optimistic hits on the way.
 async fn law_check(options: ClusterOptions, n: u64) -> (f64, u64) {
     let dir = scratch_dir(&format!("optimistic-law-{:?}", options.lookahead_purpose));
-    let (target_table, draft_table) = tables();
+    let (target_table, draft_table) = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let cluster = Cluster::start(&target, &draft, &options).await.unwrap();

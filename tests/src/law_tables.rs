@@ -1,0 +1,70 @@
+//! The tables of the whole-system law tests (`law_through_cluster`, `optimistic`): a
+//! 3-token vocabulary, DESIGN.md's p and q after the prompt, and pseudo-random
+//! prefix-dependent rows (with zeros and one-hot rows) after that, uniform past `length`
+//! tokens; plus the target's exact effective law computed as the target node computes it.
+
+use specd_sampling::law::PrefixModel;
+use specd_sampling::{DenseDist, Purpose, SamplingParams, StreamKey, TokenHistory, effective_distribution};
+
+use crate::Table;
+
+pub const VOCAB: usize = 3;
+pub const PROMPT: [u32; 1] = [0];
+
+/// Target and draft tables for continuations of up to `length` tokens after [`PROMPT`].
+pub fn tables(length: usize) -> (Table, Table) {
+    let mut target = Table { vocab_size: VOCAB, default: vec![1.0 / 3.0; VOCAB], rules: Vec::new() };
+    let mut draft = target.clone();
+    target.rules.push((PROMPT.to_vec(), vec![0.6, 0.3, 0.1]));
+    draft.rules.push((PROMPT.to_vec(), vec![0.5, 0.25, 0.25]));
+    let mut prefixes = vec![PROMPT.to_vec()];
+    for _ in 1..length {
+        prefixes =
+            prefixes.iter().flat_map(|p| (0..VOCAB as u32).map(move |t| [p.clone(), vec![t]].concat())).collect();
+        for (i, prefix) in prefixes.iter().enumerate() {
+            target.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 1)));
+            draft.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 2)));
+        }
+    }
+    (target, draft)
+}
+
+fn row(i: u64, depth: u32, salt: u32) -> Vec<f64> {
+    let mut rng = StreamKey::new(i, depth, salt, Purpose::Plain).stream();
+    if rng.next_uniform() < 0.15 {
+        let mut one_hot = vec![0.0; VOCAB];
+        one_hot[(rng.next_u32() as usize) % VOCAB] = 1.0;
+        return one_hot;
+    }
+    let w: Vec<f64> =
+        (0..VOCAB).map(|_| if rng.next_uniform() < 0.2 { 0.0 } else { 0.05 + rng.next_uniform() }).collect();
+    let total: f64 = w.iter().sum();
+    if total == 0.0 {
+        return vec![1.0 / VOCAB as f64; VOCAB];
+    }
+    w.iter().map(|x| x / total).collect()
+}
+
+/// The target's effective distributions, computed as the target node does (logits ln p).
+#[derive(Debug)]
+pub struct EffectiveTarget {
+    pub table: Table,
+    pub params: SamplingParams,
+}
+
+impl PrefixModel for EffectiveTarget {
+    fn target(&self, prefix: &[u32]) -> DenseDist {
+        let logits: Vec<f32> =
+            self.table.probs(prefix).iter().map(|&p| if p > 0.0 { p.ln() as f32 } else { -1e30 }).collect();
+        let history = TokenHistory { prompt: &prefix[..PROMPT.len()], generated: &prefix[PROMPT.len()..] };
+        effective_distribution(&logits, &self.params, history).unwrap()
+    }
+    fn draft(&self, prefix: &[u32]) -> DenseDist {
+        self.target(prefix)
+    }
+}
+
+/// The index of a continuation among the `VOCAB^length` cells.
+pub fn cell(seq: &[u32]) -> usize {
+    seq.iter().fold(0, |acc, &t| acc * VOCAB + t as usize)
+}
