@@ -9,7 +9,7 @@ use specd_model::demo::{self, BuildOptions, DemoSpec, Preset, Progress};
 
 use crate::cli_error::invalid;
 
-/// Build models.
+/// Build models: `specd models demo` builds the demo pair offline.
 #[derive(Debug, clap::Args)]
 pub struct ModelsArgs {
     #[command(subcommand)]
@@ -37,6 +37,7 @@ pub struct DemoArgs {
     /// Directory of .py files to train on (default: Python's standard library).
     #[arg(long, env = "SPECD_DEMO_CORPUS")]
     pub corpus: Option<PathBuf>,
+    /// Seed of the initial weights and of the order training windows are drawn in.
     #[arg(long, env = "SPECD_DEMO_SEED", default_value_t = 1)]
     pub seed: u64,
     /// `demo` (what make demo serves) or `tiny` (seconds; for tests).
