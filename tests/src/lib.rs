@@ -87,6 +87,7 @@ impl Cluster {
             session_ttl: options.session_ttl,
             tls: Default::default(),
             metrics: options.metrics.clone(),
+            threads: None,
         };
         let target = TargetNode::load(config(target_model)).await?;
         let draft = DraftNode::load(config(draft_model)).await?;

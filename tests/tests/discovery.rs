@@ -62,6 +62,7 @@ impl Node {
             session_ttl: None,
             tls: Default::default(),
             metrics: Some(metrics.clone()),
+            threads: None,
         };
         let address = listener.local_addr().unwrap();
         let (stop, mut rx) = watch::channel(false);
