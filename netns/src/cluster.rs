@@ -16,9 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::NetnsError;
 use crate::delay_proxy::Delay;
 use crate::topology::Topology;
-use crate::NetnsError;
 
 /// What to run and how the links behave.
 #[derive(Debug, Clone)]
@@ -114,7 +114,13 @@ impl NetnsCluster {
 
     /// `node` as the coordinator reaches it: directly, or through a delay proxy in the
     /// coordinator's namespace.
-    fn through(&mut self, spec: &ClusterSpec, role: &str, node: SocketAddr, delay: Delay) -> Result<SocketAddr, NetnsError> {
+    fn through(
+        &mut self,
+        spec: &ClusterSpec,
+        role: &str,
+        node: SocketAddr,
+        delay: Delay,
+    ) -> Result<SocketAddr, NetnsError> {
         if delay.is_zero() {
             return Ok(node);
         }
@@ -161,13 +167,15 @@ impl NetnsCluster {
             let _ = tx.send(line);
         });
         let logs = spec.log_dir.as_ref().map(|d| format!(" (see {})", d.join(format!("{role}.log")).display()));
-        let line = rx
-            .recv_timeout(spec.startup_timeout)
-            .map_err(|_| failed(format!("not listening after {:?}{}", spec.startup_timeout, logs.clone().unwrap_or_default())))?;
-        line.trim()
-            .strip_prefix("listening on ")
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| failed(format!("exited or printed {line:?} instead of `listening on HOST:PORT`{}", logs.unwrap_or_default())))
+        let line = rx.recv_timeout(spec.startup_timeout).map_err(|_| {
+            failed(format!("not listening after {:?}{}", spec.startup_timeout, logs.clone().unwrap_or_default()))
+        })?;
+        line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()).ok_or_else(|| {
+            failed(format!(
+                "exited or printed {line:?} instead of `listening on HOST:PORT`{}",
+                logs.unwrap_or_default()
+            ))
+        })
     }
 }
 

@@ -36,9 +36,7 @@ impl Delay {
     /// A delay of `one_way_ms` (and `jitter_ms`) milliseconds; `None` unless both are finite
     /// and in [0, 60 000].
     pub fn from_ms(one_way_ms: f64, jitter_ms: f64) -> Option<Self> {
-        let ms = |x: f64| {
-            (x.is_finite() && (0.0..=60_000.0).contains(&x)).then(|| Duration::from_secs_f64(x / 1e3))
-        };
+        let ms = |x: f64| (x.is_finite() && (0.0..=60_000.0).contains(&x)).then(|| Duration::from_secs_f64(x / 1e3));
         Some(Self { one_way: ms(one_way_ms)?, jitter: ms(jitter_ms)? })
     }
 

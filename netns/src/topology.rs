@@ -67,7 +67,8 @@ impl Names {
     /// The harness's namespaces still listed by `ip netns list`, and its veths still in the
     /// root namespace; empty after a clean teardown.
     pub fn leftovers(&self) -> Result<Vec<String>, NetnsError> {
-        let mut found: Vec<String> = namespaces()?.into_iter().filter(|n| n.starts_with(&self.namespace_prefix)).collect();
+        let mut found: Vec<String> =
+            namespaces()?.into_iter().filter(|n| n.starts_with(&self.namespace_prefix)).collect();
         found.extend(root_links()?.into_iter().filter(|l| l.starts_with(&self.veth_prefix)));
         Ok(found)
     }
@@ -149,7 +150,14 @@ impl Topology {
         }
         let (coordinator, draft, target) = (&topology.coordinator, &topology.draft, &topology.target);
         for (link, node_ns) in [(&topology.draft_link, draft), (&topology.target_link, target)] {
-            connect(coordinator, &link.coordinator_veth, link.coordinator_address, node_ns, &link.node_veth, link.node_address)?;
+            connect(
+                coordinator,
+                &link.coordinator_veth,
+                link.coordinator_address,
+                node_ns,
+                &link.node_veth,
+                link.node_address,
+            )?;
         }
         Ok(topology)
     }
