@@ -30,7 +30,8 @@ fn build(seed: u64, extra: &[&str]) -> (PathBuf, Value) {
     let out = std::env::temp_dir().join(format!("specd-demo-{}-{seed}-{}", std::process::id(), extra.len()));
     let _ = std::fs::remove_dir_all(&out);
     let seed = seed.to_string();
-    let mut args = vec!["models", "demo", "--preset", "tiny", "--out", out.to_str().unwrap(), "--seed", &seed, "--json"];
+    let mut args =
+        vec!["models", "demo", "--preset", "tiny", "--out", out.to_str().unwrap(), "--seed", &seed, "--json"];
     args.extend_from_slice(extra);
     let output = specd(&args);
     assert!(output.status.success(), "specd models demo failed: {}", String::from_utf8_lossy(&output.stderr));
@@ -57,7 +58,11 @@ fn transformers_reference(dir: &Path, text: &str) -> Value {
 }
 
 fn rows(v: &Value) -> Vec<Vec<f64>> {
-    v.as_array().expect("rows").iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
+    v.as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .collect()
 }
 
 #[test]
@@ -104,7 +109,16 @@ fn builds_are_deterministic_for_a_seed_and_cached() {
     assert_eq!(cached["report"], report["report"], "a cached build reports the same figures");
     // A changed step count retrains the draft only: the target's stage key still matches.
     let out = specd(&[
-        "models", "demo", "--preset", "tiny", "--out", again.to_str().unwrap(), "--seed", "7", "--draft-steps", "5",
+        "models",
+        "demo",
+        "--preset",
+        "tiny",
+        "--out",
+        again.to_str().unwrap(),
+        "--seed",
+        "7",
+        "--draft-steps",
+        "5",
     ]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
