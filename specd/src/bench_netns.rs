@@ -51,6 +51,11 @@ impl NetnsOptions {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        // clap's `requires` ignores flags left at their defaults, and an explicit 0 is one.
+        let network_set = self.rtt_ms != 0.0 || self.target_rtt_ms != 0.0 || self.jitter_ms != 0.0;
+        if !self.netns && (network_set || !self.coordinator_arg.is_empty()) {
+            return Err(invalid("--rtt-ms, --target-rtt-ms, --jitter-ms and --coordinator-arg need --netns"));
+        }
         self.links().map(|_| ())
     }
 
