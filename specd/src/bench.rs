@@ -15,6 +15,7 @@ use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, SpeculationStats, StoppingCriteria};
 use tonic::transport::Channel;
 
+use crate::bench_netns::{NetnsOptions, draft_delay};
 use crate::cli_error::{RpcFailure, invalid};
 use crate::serve::{GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma};
 
@@ -34,16 +35,24 @@ const PROMPT_SEPARATOR: &str = "---";
 /// Examples:
 ///   specd bench --embedded --temperature 0 --json
 ///   specd bench --endpoint http://127.0.0.1:50051 --gamma 4 --repeat 5
+///   specd bench --netns --rtt-ms 20 --demo-dir models/demo --json     (as root)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
     /// A running coordinator to measure.
-    #[arg(long, env = "SPECD_ENDPOINT", required_unless_present = "embedded", conflicts_with = "embedded")]
+    #[arg(
+        long,
+        env = "SPECD_ENDPOINT",
+        required_unless_present_any = ["embedded", "netns"],
+        conflicts_with_all = ["embedded", "netns"]
+    )]
     endpoint: Option<String>,
     /// Start the three roles in this process on loopback with the demo pair.
-    #[arg(long, env = "SPECD_BENCH_EMBEDDED")]
+    #[arg(long, env = "SPECD_BENCH_EMBEDDED", conflicts_with = "netns")]
     embedded: bool,
-    /// The demo pair's directory (`specd models demo --out`), for --embedded.
+    #[command(flatten)]
+    netns: NetnsOptions,
+    /// The demo pair's directory (`specd models demo --out`), for --embedded and --netns.
     #[arg(long, env = "SPECD_DEMO_DIR", default_value = "models/demo")]
     demo_dir: PathBuf,
     /// Bearer token, for a coordinator started with --api-token.
@@ -76,6 +85,10 @@ pub struct BenchArgs {
     /// libtorch threads of the draft model, for --embedded (see `specd up --help`).
     #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
     draft_threads: usize,
+    /// Milliseconds added to every forward pass of the draft model only (a deliberately slow
+    /// draft), for --embedded and --netns; overrides --forward-delay-ms for the draft.
+    #[arg(long, env = "SPECD_DRAFT_DELAY_MS")]
+    draft_delay_ms: Option<f64>,
 }
 
 /// One request's outcome.
@@ -161,7 +174,9 @@ impl BenchArgs {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(invalid(format!("--temperature {} must be ≥ 0", self.temperature)));
         }
-        if self.embedded && !self.demo_dir.join("target/config.json").is_file() {
+        self.netns.validate()?;
+        draft_delay(self.draft_delay_ms)?;
+        if (self.embedded || self.netns.netns) && !self.demo_dir.join("target/config.json").is_file() {
             return Err(invalid(format!(
                 "no demo pair in {} (build it with `specd models demo --out {}`, or `make demo`)",
                 self.demo_dir.display(),
@@ -349,6 +364,14 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         f("draft_step_ms")
     );
     outln!("speedup       {:.2}× median ({:.2}–{:.2})", g("median"), g("min"), g("max"));
+    if report["network"] == "netns" {
+        outln!(
+            "network       namespaces, RTT draft ↔ coordinator {} ms, coordinator ↔ target {} ms;  {:.0} wire bytes per round",
+            f("rtt_ms"),
+            f("target_rtt_ms"),
+            f("wire_bytes_per_round")
+        );
+    }
     outln!(
         "acceptance α  {:.3};  bound (1−α^(γ+1))/((1−α)(γc+1)) = {:.2}× with c = {:.3};  measured / bound = {:.2}",
         f("alpha"),
@@ -368,14 +391,27 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
     let prompts = load_prompts(args.prompts.as_deref())?;
+    if args.netns.netns && args.netns.netns_child.is_none() {
+        let target = args.node.to_args(None, None);
+        let draft = args.node.to_args(args.draft_delay_ms, Some(args.draft_threads));
+        return crate::bench_netns::run(&args.netns, &args.demo_dir, target, draft, args.json);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(async {
+        if let Some(endpoint) = &args.netns.netns_child {
+            let mut report = measure(args, endpoint.clone(), &prompts).await?;
+            args.netns.annotate(&mut report, args.draft_delay_ms);
+            return Ok(report);
+        }
         match &args.endpoint {
             Some(endpoint) => measure(args, endpoint.clone(), &prompts).await,
             None => {
                 let target = args.node.config(args.demo_dir.join("target"))?;
                 let mut draft = args.node.config(args.demo_dir.join("draft"))?;
                 draft.threads = Some(args.draft_threads);
+                if let Some(delay) = draft_delay(args.draft_delay_ms)? {
+                    draft.forward_delay = delay;
+                }
                 let nodes = LoopbackNodes::start(target, draft).await?;
                 let policy = PolicyOptions::defaults()?;
                 let config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;

@@ -4,6 +4,8 @@
 //! - [`serve`]: `up`, `target`, `draft`, `coordinator`: the roles as gRPC servers;
 //! - [`generate`]: a client of the public Generation API;
 //! - [`bench`]: speculative against target-only decoding, with the analytic bound;
+//!   [`bench_netns`] runs it with the roles in network namespaces;
+//! - [`delay_proxy`]: the hidden `delay-proxy`, a TCP proxy adding latency (for --netns);
 //! - [`audit`]: a two-sample χ² check of the output law against a running cluster;
 //! - [`logits`]: score tokens with a model;
 //! - [`models`]: build the demo model pair;
@@ -24,9 +26,11 @@ macro_rules! outln {
 
 mod audit;
 mod bench;
+mod bench_netns;
 mod cli_error;
 mod client_args;
 mod cost;
+mod delay_proxy;
 mod distribution_arg;
 mod generate;
 mod logits;
@@ -62,6 +66,8 @@ enum Command {
     Models(models::ModelsArgs),
     Rule(rule::RuleArgs),
     Cost(cost::CostArgs),
+    #[command(hide = true)]
+    DelayProxy(delay_proxy::DelayProxyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -78,6 +84,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Rule(args) => rule::run(&args),
         Command::Cost(args) => cost::run(&args),
+        Command::DelayProxy(args) => delay_proxy::run(&args),
     };
     cli_error::exit_code(result)
 }

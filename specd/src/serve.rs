@@ -390,6 +390,21 @@ impl NodeOptions {
         self.kv_budget_mib.map(|m| m * 1024 * 1024)
     }
 
+    /// The flags that give a `specd target` or `specd draft` process these options
+    /// (`specd bench --netns`), with the forward delay and threads replaced where given.
+    pub(crate) fn to_args(&self, forward_delay_ms: Option<f64>, threads: Option<usize>) -> Vec<String> {
+        let mut args = vec![
+            format!("--device={}", self.device),
+            format!("--dtype={}", self.dtype),
+            format!("--max-sessions={}", self.max_sessions),
+            format!("--forward-delay-ms={}", forward_delay_ms.unwrap_or(self.forward_delay_ms)),
+            format!("--session-ttl-s={}", self.session_ttl_s),
+        ];
+        args.extend(self.kv_budget_mib.map(|m| format!("--kv-budget-mib={m}")));
+        args.extend(threads.or(self.threads).map(|t| format!("--threads={t}")));
+        args
+    }
+
     pub(crate) fn config(&self, model: PathBuf) -> anyhow::Result<NodeConfig> {
         let forward_delay = Duration::try_from_secs_f64(self.forward_delay_ms / 1e3)
             .ok()
@@ -484,7 +499,7 @@ where
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
