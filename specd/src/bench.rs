@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 
 use crate::bench_netns::{NetnsOptions, draft_delay};
 use crate::cli_error::{RpcFailure, invalid};
-use crate::serve::{GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma};
+use crate::serve::{GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma, parse_on_off};
 
 /// The default prompts: beginnings of Python code, written for this benchmark.
 const DEFAULT_PROMPTS: &str = include_str!("../bench/prompts.txt");
@@ -82,6 +82,10 @@ pub struct BenchArgs {
     json: bool,
     #[command(flatten)]
     node: NodeOptions,
+    /// Optimistic drafting for --embedded and --netns (`on` or `off`; default: the
+    /// coordinator's default, off). With --endpoint it is the coordinator's setting.
+    #[arg(long, env = "SPECD_BENCH_OPTIMISTIC", value_parser = parse_on_off, conflicts_with = "endpoint")]
+    optimistic: Option<bool>,
     /// libtorch threads of the draft model, for --embedded (see `specd up --help`).
     #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
     draft_threads: usize,
@@ -111,6 +115,8 @@ struct Totals {
     acceptance_sum: f64,
     evaluated: u64,
     wire_bytes: u64,
+    optimistic_attempts: u64,
+    optimistic_hits: u64,
 }
 
 impl Totals {
@@ -124,6 +130,8 @@ impl Totals {
         self.acceptance_sum += s.stats.acceptance_sum;
         self.evaluated += s.stats.evaluated_positions;
         self.wire_bytes += s.stats.wire_bytes_sent + s.stats.wire_bytes_received;
+        self.optimistic_attempts += s.stats.optimistic_attempts;
+        self.optimistic_hits += s.stats.optimistic_hits;
     }
 
     fn tokens_per_s(&self) -> f64 {
@@ -289,6 +297,8 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
             all.acceptance_sum += one.acceptance_sum;
             all.evaluated += one.evaluated;
             all.wire_bytes += one.wire_bytes;
+            all.optimistic_attempts += one.optimistic_attempts;
+            all.optimistic_hits += one.optimistic_hits;
         }
     }
     let ratios: Vec<f64> = runs.iter().filter_map(|r| r["speedup"].as_f64()).collect();
@@ -334,6 +344,12 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         "verify_cost_ratio": if target_pass_ms > 0.0 { verify_pass_ms / target_pass_ms } else { 0.0 },
         "bound_with_measured_verify": bound_measured_verify,
         "wire_bytes_per_round": spec_all.per_round(spec_all.wire_bytes as f64),
+        "optimistic_attempts": spec_all.optimistic_attempts,
+        "optimistic_hit_rate": if spec_all.optimistic_attempts == 0 {
+            0.0
+        } else {
+            spec_all.optimistic_hits as f64 / spec_all.optimistic_attempts as f64
+        },
         "runs": runs,
     }))
 }
@@ -384,6 +400,12 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         f("verify_cost_ratio"),
         f("bound_with_measured_verify")
     );
+    if report["optimistic_attempts"].as_u64().unwrap_or(0) > 0 {
+        outln!(
+            "optimistic drafting: {:.1}% of rounds served from a block drafted ahead",
+            100.0 * f("optimistic_hit_rate")
+        );
+    }
     Ok(())
 }
 
@@ -394,7 +416,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.netns.netns && args.netns.netns_child.is_none() {
         let target = args.node.to_args(None, None);
         let draft = args.node.to_args(args.draft_delay_ms, Some(args.draft_threads));
-        return crate::bench_netns::run(&args.netns, &args.demo_dir, target, draft, args.json);
+        let mut netns = args.netns.clone();
+        if let Some(on) = args.optimistic {
+            netns.coordinator_arg.push(format!("--optimistic={}", if on { "on" } else { "off" }));
+        }
+        return crate::bench_netns::run(&netns, &args.demo_dir, target, draft, args.json);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(async {
@@ -414,7 +440,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 }
                 let nodes = LoopbackNodes::start(target, draft).await?;
                 let policy = PolicyOptions::defaults()?;
-                let config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
+                let mut config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
+                if let Some(on) = args.optimistic {
+                    config.optimistic = on;
+                }
                 let service = specd_coordinator::connect(&config).await?;
                 let listener = bind("127.0.0.1:0".parse()?).await?;
                 let endpoint = format!("http://{}", listener.local_addr()?);

@@ -299,7 +299,7 @@ pub struct PolicyOptions {
 }
 
 /// `on` or `off`.
-fn parse_on_off(s: &str) -> Result<bool, String> {
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" | "true" | "1" => Ok(true),
         "off" | "false" | "0" => Ok(false),
