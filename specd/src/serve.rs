@@ -294,7 +294,7 @@ pub struct PolicyOptions {
     /// guess saves the next round its draft time. Exact either way. Off by default: it pays
     /// when the draft has cores of its own (another machine or pod); when draft and target
     /// share cores (`specd up` on a small machine) the work drafted ahead slows the verify.
-    #[arg(long, env = "SPECD_OPTIMISTIC", default_value = "off", value_parser = parse_on_off)]
+    #[arg(long, env = "SPECD_OPTIMISTIC", default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     optimistic: bool,
 }
 

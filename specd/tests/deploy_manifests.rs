@@ -287,6 +287,14 @@ fn check_config_refuses_what_would_fail_at_startup() {
     let line = String::from_utf8(accepted.stdout).unwrap();
     assert!(line.starts_with("config ok: target on 127.0.0.1:50052") && line.contains("bf16"), "{line}");
     assert_eq!(line.lines().count(), 1, "{line}");
+    // `--optimistic` takes a value, as flag and as variable (the manifests set it).
+    for (args, envs) in [
+        (vec!["coordinator", "--target", "http://t:1", "--optimistic", "on"], env(&[])),
+        (vec!["coordinator", "--target", "http://t:1"], env(&[("SPECD_OPTIMISTIC", "on")])),
+    ] {
+        let output = specd(&[&args[..], &["--check-config"]].concat(), &envs);
+        assert!(output.status.success(), "{args:?} {envs:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
 
     let no_weights = models.join("no-weights").display().to_string();
     let missing = models.join("missing").display().to_string();
@@ -304,6 +312,7 @@ fn check_config_refuses_what_would_fail_at_startup() {
             "--discovery-interval-s",
         ),
         (vec!["coordinator", "--target", "http://t:1", "--gamma", "99"], env(&[]), "above the maximum"),
+        (vec!["coordinator", "--target", "http://t:1", "--optimistic", "maybe"], env(&[]), "expected on or off"),
         (vec!["coordinator", "--target", "http://t:1"], env(&[("SPECD_NODE_TLS_CA", "/nope.pem")]), "/nope.pem"),
     ];
     for (args, envs, needle) in cases {
