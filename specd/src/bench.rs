@@ -481,8 +481,8 @@ mod tests {
 
     #[test]
     fn bound_matches_the_papers_closed_form() {
-        // α = 0.8, γ = 4, c = 0.05: (1 − 0.8⁵) / (0.2 · 1.2) = 2.8.
-        assert!((analytic_bound(0.8, 4.0, 0.05) - 2.8).abs() < 1e-12);
+        // α = 0.8, γ = 4, c = 0.05: expected tokens 1 + α + … + α⁴ = 3.3616, over γc + 1 = 1.2.
+        assert!((analytic_bound(0.8, 4.0, 0.05) - 3.3616 / 1.2).abs() < 1e-12);
         assert_eq!(analytic_bound(0.5, 0.0, 0.3), 1.0);
     }
 
