@@ -265,10 +265,15 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
             let seed = args.seed.wrapping_add(i as u64);
             let base_first = (r + i) % 2 == 0;
             for turn in 0..2 {
+                // Each sample counts towards its pass and towards the totals of all passes.
                 if (turn == 0) == base_first {
-                    base.add(&run_one(&mut client, args.request(prompt, Some(0), seed)).await?);
+                    let sample = run_one(&mut client, args.request(prompt, Some(0), seed)).await?;
+                    base.add(&sample);
+                    base_all.add(&sample);
                 } else {
-                    spec.add(&run_one(&mut client, args.request(prompt, spec_gamma, seed)).await?);
+                    let sample = run_one(&mut client, args.request(prompt, spec_gamma, seed)).await?;
+                    spec.add(&sample);
+                    spec_all.add(&sample);
                 }
             }
         }
@@ -287,19 +292,6 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
             "speculative_tokens_per_s": spec.tokens_per_s(),
             "speedup": ratio,
         }));
-        for (all, one) in [(&mut base_all, &base), (&mut spec_all, &spec)] {
-            all.tokens += one.tokens;
-            all.wall += one.wall;
-            all.rounds += one.rounds;
-            all.draft_tokens += one.draft_tokens;
-            all.draft_ns += one.draft_ns;
-            all.verify_ns += one.verify_ns;
-            all.acceptance_sum += one.acceptance_sum;
-            all.evaluated += one.evaluated;
-            all.wire_bytes += one.wire_bytes;
-            all.optimistic_attempts += one.optimistic_attempts;
-            all.optimistic_hits += one.optimistic_hits;
-        }
     }
     let ratios: Vec<f64> = runs.iter().filter_map(|r| r["speedup"].as_f64()).collect();
     let alpha = if spec_all.evaluated == 0 { 0.0 } else { spec_all.acceptance_sum / spec_all.evaluated as f64 };
