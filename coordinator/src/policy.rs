@@ -191,6 +191,8 @@ mod tests {
             bytes_received: 0,
             optimistic_attempt: false,
             optimistic_hit: false,
+            target_batch: Default::default(),
+            draft_batches: Default::default(),
         }
     }
 

@@ -60,6 +60,25 @@ pub struct RoundReport {
     pub optimistic_attempt: bool,
     /// The draft answered from the block it had drafted ahead.
     pub optimistic_hit: bool,
+    /// The target's forward pass of this round and how many sessions shared it.
+    pub target_batch: BatchSum,
+    /// The draft's forward passes of this round and the sessions that shared them.
+    pub draft_batches: BatchSum,
+}
+
+/// Forward passes and Σ over them of the sequences that shared each (batching across
+/// sessions on a node).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchSum {
+    pub forward_passes: u64,
+    pub batched_sequences: u64,
+}
+
+impl BatchSum {
+    pub fn add(&mut self, other: BatchSum) {
+        self.forward_passes += other.forward_passes;
+        self.batched_sequences += other.batched_sequences;
+    }
 }
 
 enum Proposals {
@@ -116,6 +135,7 @@ async fn run_round_in(
     let trace_context = context_map(span);
     let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
     let (mut optimistic_attempt, mut optimistic_hit) = (false, false);
+    let mut draft_batches = BatchSum::default();
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -124,10 +144,12 @@ async fn run_round_in(
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
-        let (bytes, draft_time, parsed, hit) = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
-            .await
-            .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
+        let (bytes, draft_time, parsed, hit, batches) =
+            propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
+                .await
+                .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
         optimistic_hit = hit;
+        draft_batches = batches;
         bytes_sent += bytes.0;
         bytes_received += bytes.1;
         draft_ns = draft_time;
@@ -186,11 +208,14 @@ async fn run_round_in(
         bytes_received,
         optimistic_attempt,
         optimistic_hit,
+        // Nodes from before batching send 0: they ran every pass alone.
+        target_batch: BatchSum { forward_passes: 1, batched_sequences: u64::from(reply.batch_size.max(1)) },
+        draft_batches,
     })
 }
 
-/// The draft's part of a round: its bytes (sent, received), model time, proposals and
-/// whether they were drafted ahead.
+/// The draft's part of a round: its bytes (sent, received), model time, proposals, whether
+/// they were drafted ahead, and its forward passes.
 async fn propose(
     spec: &GenerationSpec,
     draft: &mut DraftSession,
@@ -198,7 +223,7 @@ async fn propose(
     gamma: u32,
     vocab_size: usize,
     trace_context: HashMap<String, String>,
-) -> Result<((u64, u64), u64, Proposals, bool), CoordinatorError> {
+) -> Result<((u64, u64), u64, Proposals, bool, BatchSum), CoordinatorError> {
     let (truncation, dense) = match spec.wire {
         Wire::Sparse(t) => (Some(t.into()), false),
         Wire::Dense => (None, true),
@@ -234,5 +259,9 @@ async fn propose(
             reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
         ),
     };
-    Ok(((sent, received), reply.draft_ns, proposals, reply.optimistic_hit))
+    let batches = BatchSum {
+        forward_passes: u64::from(reply.forward_passes),
+        batched_sequences: u64::from(reply.batched_sequences),
+    };
+    Ok(((sent, received), reply.draft_ns, proposals, reply.optimistic_hit, batches))
 }

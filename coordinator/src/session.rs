@@ -17,7 +17,7 @@ use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
 use crate::policy::AdaptiveGamma;
 use crate::request::{GammaChoice, GenerationSpec};
-use crate::round::{Cursor, RoundReport, run_round};
+use crate::round::{BatchSum, Cursor, RoundReport, run_round};
 use crate::text::TextOutput;
 
 /// Everything one generation needs.
@@ -108,6 +108,8 @@ struct Stats {
     evaluated_positions: u64,
     optimistic_attempts: u64,
     optimistic_hits: u64,
+    target_batches: BatchSum,
+    draft_batches: BatchSum,
 }
 
 impl Stats {
@@ -131,6 +133,8 @@ impl Stats {
         self.evaluated_positions += report.outcome.expected_acceptance.len() as u64;
         self.optimistic_attempts += u64::from(report.optimistic_attempt);
         self.optimistic_hits += u64::from(report.optimistic_hit);
+        self.target_batches.add(report.target_batch);
+        self.draft_batches.add(report.draft_batches);
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -151,6 +155,10 @@ impl Stats {
             evaluated_positions: self.evaluated_positions,
             optimistic_attempts: self.optimistic_attempts,
             optimistic_hits: self.optimistic_hits,
+            target_forward_passes: self.target_batches.forward_passes,
+            target_batched_sequences: self.target_batches.batched_sequences,
+            draft_forward_passes: self.draft_batches.forward_passes,
+            draft_batched_sequences: self.draft_batches.batched_sequences,
         }
     }
 }

@@ -48,6 +48,22 @@ pub struct Proposal {
     pub optimistic_hit: bool,
     /// A lookahead was left in the session: [`draft_ahead`] should run.
     pub draft_ahead: bool,
+    /// Forward passes run for this request, and the sequences that shared them.
+    pub passes: BatchTally,
+}
+
+/// Forward passes and Σ of their batch sizes (batching across sessions).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchTally {
+    pub forward_passes: u32,
+    pub batched_sequences: u32,
+}
+
+impl BatchTally {
+    fn record(&mut self, model: &dyn LanguageModel) {
+        self.forward_passes += 1;
+        self.batched_sequences += model.last_batch_size() as u32;
+    }
 }
 
 /// Runs on the model thread, through [`specd_node::Node::run`]: if it fails half-way, the
@@ -61,11 +77,13 @@ pub fn propose(
     let lookahead = state.lookahead.take();
     let optimistic_hit = lookahead.as_ref().is_some_and(|ahead| serves(ahead, job));
     let mut positions = Vec::with_capacity(job.gamma);
+    let mut passes = BatchTally::default();
     if optimistic_hit {
         // The history already holds the guess and the candidates drafted after it.
         positions = lookahead.map(|ahead| ahead.positions).unwrap_or_default();
         while positions.len() < job.gamma {
             let logits = forward_rest(model, state)?;
+            passes.record(model);
             positions.push(draw_candidate(
                 &logits,
                 state,
@@ -79,6 +97,7 @@ pub fn propose(
         state.history.catch_up(job.rollback_to, &job.pending)?;
         for position in 1..=job.gamma {
             let logits = forward_rest(model, state)?;
+            passes.record(model);
             positions.push(draw_candidate(&logits, state, job.round, position, job.truncation, Purpose::Draft)?);
         }
     } else {
@@ -95,7 +114,7 @@ pub fn propose(
             positions: Vec::with_capacity(job.gamma),
         });
     }
-    Ok(Proposal { positions, draft_ns: started.elapsed().as_nanos() as u64, optimistic_hit, draft_ahead })
+    Ok(Proposal { positions, draft_ns: started.elapsed().as_nanos() as u64, optimistic_hit, draft_ahead, passes })
 }
 
 /// Whether `job` is the request `ahead` was drafted for.

@@ -94,8 +94,14 @@ impl DraftNode {
         if proposal.draft_ahead {
             self.draft_ahead(req.session_id, round.wrapping_add(1));
         }
-        let Proposal { positions, draft_ns, optimistic_hit, .. } = proposal;
-        Ok(ProposeResponse { positions, draft_ns, optimistic_hit })
+        let Proposal { positions, draft_ns, optimistic_hit, passes, .. } = proposal;
+        Ok(ProposeResponse {
+            positions,
+            draft_ns,
+            optimistic_hit,
+            forward_passes: passes.forward_passes,
+            batched_sequences: passes.batched_sequences,
+        })
     }
 
     /// Drafts the block of round `round` ahead in one model job, in the background. Its stop

@@ -77,6 +77,10 @@ pub enum ModelError {
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 
+    /// The forward pass this request shared with others failed (each shares the message).
+    #[error("batched forward pass: {0}")]
+    BatchFailed(String),
+
     /// The model worker thread is gone or failed while running the request.
     #[error("model worker: {0}")]
     WorkerGone(String),
@@ -121,7 +125,7 @@ impl ModelError {
             | Self::Device(_)
             | Self::Corpus(_) => ErrorClass::FailedPrecondition,
             Self::WorkerGone(_) => ErrorClass::Unavailable,
-            Self::Torch(_) => ErrorClass::Internal,
+            Self::Torch(_) | Self::BatchFailed(_) => ErrorClass::Internal,
         }
     }
 }

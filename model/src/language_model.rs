@@ -102,6 +102,21 @@ pub trait LanguageModel {
     /// On error the session keeps its previous length.
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits>;
 
+    /// Appends each item's tokens to its session in **one** forward pass where the backend
+    /// can (a ragged batch: every sequence's tokens share the projections and the MLP, each
+    /// attends to its own cache), and returns each item's logits as [`Self::forward`] would,
+    /// within floating-point tolerance. Items fail one by one: a bad item does not fail the
+    /// others. Sessions must be distinct. The default runs the items one after another.
+    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+        items.iter().map(|(session, tokens)| self.forward(*session, tokens)).collect()
+    }
+
+    /// How many sequences shared the last forward pass this caller made (1 when forwards
+    /// are not batched); read by nodes to report their mean batch size.
+    fn last_batch_size(&self) -> usize {
+        1
+    }
+
     /// Shrinks the session to its first `len` tokens (O(1); `len` ≤ current length).
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()>;
 
@@ -147,6 +162,12 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     }
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         (**self).forward(session, tokens)
+    }
+    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+        (**self).forward_batch(items)
+    }
+    fn last_batch_size(&self) -> usize {
+        (**self).last_batch_size()
     }
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
         (**self).truncate(session, len)

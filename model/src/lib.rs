@@ -13,7 +13,8 @@
 //!   0.1], "rules": [{"prefix": [0], "probs": [...]}, {"suffix": [1], "probs": [...]}]}`,
 //!   and its logits are `ln p` with [`table::ZERO_PROB_LOGIT`] for `p = 0`.
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
-//! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`].
+//! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`];
+//!   [`batching`]: how that thread runs concurrent sessions' forward passes as one.
 //! - [`device`]: `--device` and `--dtype`; [`load`]: open a model from a path.
 //! - [`demo`]: builds the demo pair offline (tokenizer, target trained on Python sources,
 //!   draft distilled from it), written as Hugging Face directories.
@@ -25,6 +26,7 @@
 //! caches (weights not included), and a session that would exceed it is refused with
 //! [`ModelError::MemoryBudget`].
 
+pub mod batching;
 pub mod config;
 pub mod demo;
 pub mod device;
@@ -41,6 +43,7 @@ pub mod tokenizer;
 mod weights;
 pub mod worker;
 
+pub use batching::{BatchPolicy, BatchTotals};
 pub use config::{Architecture, LlamaConfig, RopeScaling};
 pub use device::{DType, DeviceSpec};
 pub use error::{ErrorClass, ModelError, Result};

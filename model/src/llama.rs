@@ -239,46 +239,67 @@ impl LlamaModel {
         }
     }
 
-    /// The forward pass over `tokens` at positions `past..past + n`; returns `[n, vocab]`
-    /// float32 logits on the model's device.
-    fn forward_tensor(&mut self, session: SessionId, past: usize, tokens: &[u32]) -> Result<Tensor> {
-        let n = tokens.len();
+    /// One forward pass over several sessions' runs of tokens (a ragged batch): the runs are
+    /// concatenated for the embedding, the projections, the MLP and the head, and each run
+    /// attends to its own session's cache. Returns `[Σ n, vocab]` float32 logits on the
+    /// model's device, the runs' rows in order.
+    fn forward_segments(&mut self, segments: &[Segment<'_>]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (heads, kv_heads, hd) =
             (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
-        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+        let ids: Vec<i64> = segments.iter().flat_map(|s| s.tokens.iter().map(|&t| i64::from(t))).collect();
+        let total = ids.len() as i64;
         let ids = Tensor::from_slice(&ids).f_to_device(self.device)?;
         let mut x = self.embed.f_index_select(0, &ids)?.f_unsqueeze(0)?;
-        let (cos, sin) = self.rope.cos_sin(past, n, self.kind)?;
-        let mask = attention_mask(past, n, cfg.sliding_window, self.device)?;
+        let mut cos = Vec::with_capacity(segments.len());
+        let mut sin = Vec::with_capacity(segments.len());
+        let mut masks = Vec::with_capacity(segments.len());
+        for s in segments {
+            let (c, n) = self.rope.cos_sin(s.past, s.tokens.len(), self.kind)?;
+            cos.push(c);
+            sin.push(n);
+            masks.push(attention_mask(s.past, s.tokens.len(), cfg.sliding_window, self.device)?);
+        }
+        // Rotary embeddings are per position, so they apply to the concatenated runs at once.
+        let (cos, sin) = if segments.len() == 1 {
+            (cos.remove(0), sin.remove(0))
+        } else {
+            (Tensor::f_cat(&cos, 0)?, Tensor::f_cat(&sin, 0)?)
+        };
         let gqa = heads != kv_heads;
-        let cache = &mut self.sessions.get_mut(session)?.state;
-        let nn = n as i64;
         for (li, l) in self.layers.iter().enumerate() {
             let hs = rms_norm(&x, &l.attn_norm, cfg.rms_norm_eps)?;
             let qkv = hs.f_linear(&l.qkv, l.qkv_bias.as_ref())?;
-            let q = qkv.f_narrow(-1, 0, heads * hd)?.f_view([1, nn, heads, hd])?.f_transpose(1, 2)?;
-            let k = qkv.f_narrow(-1, heads * hd, kv_heads * hd)?.f_reshape([1, nn, kv_heads, hd])?.f_transpose(1, 2)?;
+            let q = qkv.f_narrow(-1, 0, heads * hd)?.f_view([1, total, heads, hd])?.f_transpose(1, 2)?;
+            let k =
+                qkv.f_narrow(-1, heads * hd, kv_heads * hd)?.f_reshape([1, total, kv_heads, hd])?.f_transpose(1, 2)?;
             let v = qkv
                 .f_narrow(-1, (heads + kv_heads) * hd, kv_heads * hd)?
-                .f_reshape([1, nn, kv_heads, hd])?
+                .f_reshape([1, total, kv_heads, hd])?
                 .f_transpose(1, 2)?;
             let q = apply_rope(&q, &cos, &sin)?;
             let k = apply_rope(&k, &cos, &sin)?;
-            let (k_all, v_all) = cache.append(li, past, &k, &v)?;
-            let attn = Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k_all,
-                &v_all,
-                mask.as_ref(),
-                0.0,
-                false,
-                None::<f64>,
-                gqa,
-            )?
-            .f_transpose(1, 2)?
-            .f_reshape([1, nn, heads * hd])?
-            .f_linear(&l.o, l.o_bias.as_ref())?;
+            let mut outputs = Vec::with_capacity(segments.len());
+            let mut start = 0i64;
+            for (s, mask) in segments.iter().zip(&masks) {
+                let n = s.tokens.len() as i64;
+                let cache = &mut self.sessions.get_mut(s.session)?.state;
+                let (k_all, v_all) = cache.append(li, s.past, &k.f_narrow(2, start, n)?, &v.f_narrow(2, start, n)?)?;
+                let attn = Tensor::f_scaled_dot_product_attention(
+                    &q.f_narrow(2, start, n)?,
+                    &k_all,
+                    &v_all,
+                    mask.as_ref(),
+                    0.0,
+                    false,
+                    None::<f64>,
+                    gqa,
+                )?;
+                outputs.push(attn.f_transpose(1, 2)?.f_reshape([1, n, heads * hd])?);
+                start += n;
+            }
+            let attn = if outputs.len() == 1 { outputs.remove(0) } else { Tensor::f_cat(&outputs, 1)? };
+            let attn = attn.f_linear(&l.o, l.o_bias.as_ref())?;
             x = x.f_add(&attn)?;
             let hs = rms_norm(&x, &l.mlp_norm, cfg.rms_norm_eps)?;
             let gate_up = hs.f_linear(&l.gate_up, l.gate_up_bias.as_ref())?;
@@ -292,6 +313,41 @@ impl LlamaModel {
         let logits = x.f_linear(&self.lm_head, None::<&Tensor>)?;
         Ok(logits.f_squeeze_dim(0)?.f_to_kind(Kind::Float)?)
     }
+
+    /// Checks an item of a forward pass and returns its segment (the session's length now).
+    fn segment<'a>(&self, session: SessionId, tokens: &'a [u32]) -> Result<Segment<'a>> {
+        check_tokens(tokens, self.cfg.vocab_size)?;
+        self.sessions.check_room(session, tokens.len())?;
+        Ok(Segment { session, past: self.sessions.get(session)?.len, tokens })
+    }
+
+    /// Runs `segments` in one pass, then moves each session's length past its run and splits
+    /// the logits by run.
+    fn forward_and_commit(&mut self, segments: &[Segment<'_>]) -> Result<Vec<Logits>> {
+        let logits = self.forward_segments(segments)?;
+        let logits = logits.f_to_device(Device::Cpu)?.f_contiguous()?;
+        let vocab = self.cfg.vocab_size;
+        let total: usize = segments.iter().map(|s| s.tokens.len()).sum();
+        let mut data = vec![0f32; total * vocab];
+        logits.f_copy_data(&mut data, total * vocab)?;
+        let mut out = Vec::with_capacity(segments.len());
+        let mut rest = data.as_slice();
+        for s in segments {
+            let (mine, tail) = rest.split_at(s.tokens.len() * vocab);
+            rest = tail;
+            self.sessions.get_mut(s.session)?.len = s.past + s.tokens.len();
+            out.push(Logits::new(vocab, mine.to_vec())?);
+        }
+        Ok(out)
+    }
+}
+
+/// One session's run of tokens in a forward pass, at positions `past..past + tokens.len()`.
+#[derive(Debug, Clone, Copy)]
+struct Segment<'a> {
+    session: SessionId,
+    past: usize,
+    tokens: &'a [u32],
 }
 
 /// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 as in transformers.
@@ -346,16 +402,46 @@ impl LanguageModel for LlamaModel {
     }
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
-        check_tokens(tokens, self.cfg.vocab_size)?;
-        self.sessions.check_room(session, tokens.len())?;
-        let past = self.sessions.get(session)?.len;
-        let logits = self.forward_tensor(session, past, tokens)?;
-        let logits = logits.f_to_device(Device::Cpu)?.f_contiguous()?;
-        let numel = tokens.len() * self.cfg.vocab_size;
-        let mut data = vec![0f32; numel];
-        logits.f_copy_data(&mut data, numel)?;
-        self.sessions.get_mut(session)?.len = past + tokens.len();
-        Logits::new(self.cfg.vocab_size, data)
+        let segment = self.segment(session, tokens)?;
+        let mut logits = self.forward_and_commit(&[segment])?;
+        Ok(logits.remove(0))
+    }
+
+    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+        let mut results: Vec<Option<Result<Logits>>> = Vec::with_capacity(items.len());
+        let mut segments = Vec::with_capacity(items.len());
+        let mut slots = Vec::with_capacity(items.len());
+        for (i, &(session, tokens)) in items.iter().enumerate() {
+            let checked = if segments.iter().any(|s: &Segment<'_>| s.session == session) {
+                Err(ModelError::InvalidInput(format!("session {session} appears twice in one forward pass")))
+            } else {
+                self.segment(session, tokens)
+            };
+            match checked {
+                Ok(segment) => {
+                    segments.push(segment);
+                    slots.push(i);
+                    results.push(None);
+                }
+                Err(err) => results.push(Some(Err(err))),
+            }
+        }
+        if !segments.is_empty() {
+            match self.forward_and_commit(&segments) {
+                Ok(logits) => {
+                    for (slot, l) in slots.into_iter().zip(logits) {
+                        results[slot] = Some(Ok(l));
+                    }
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    for slot in slots {
+                        results[slot] = Some(Err(ModelError::BatchFailed(message.clone())));
+                    }
+                }
+            }
+        }
+        results.into_iter().map(|r| r.expect("every item has a result")).collect()
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {

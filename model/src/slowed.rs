@@ -34,6 +34,14 @@ impl<M: LanguageModel> LanguageModel for Slowed<M> {
         std::thread::sleep(self.delay);
         self.inner.forward(session, tokens)
     }
+    /// One delay for the whole batch: it stands for one forward pass of a bigger model.
+    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+        std::thread::sleep(self.delay);
+        self.inner.forward_batch(items)
+    }
+    fn last_batch_size(&self) -> usize {
+        self.inner.last_batch_size()
+    }
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
         self.inner.truncate(session, len)
     }

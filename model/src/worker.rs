@@ -6,16 +6,17 @@
 //! thread stops when every handle is gone. A job that panics inside libtorch fails only its
 //! own request (the reply channel is dropped and the caller sees
 //! [`ModelError::WorkerGone`]); the thread keeps serving.
+//!
+//! With a [`BatchPolicy`] that batches, jobs given to [`ModelHandle::call`] run off the
+//! thread and their forward passes share batches with other sessions' (see [`crate::batching`]).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::batching::{BatchCounters, BatchPolicy, BatchTotals, Job, Message, RemoteModel, failed, gone, serve};
 use crate::error::{ModelError, Result};
 use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
-
-type Job = Box<dyn FnOnce(&mut dyn LanguageModel) + Send>;
 
 /// Starts model worker threads.
 #[derive(Debug)]
@@ -30,7 +31,18 @@ impl ModelWorker {
         M: LanguageModel + 'static,
         F: FnOnce() -> Result<M> + Send + 'static,
     {
-        let (tx, mut rx) = mpsc::channel::<Job>(queue.max(1));
+        Self::spawn_batched(name, queue, BatchPolicy::UNBATCHED, factory)
+    }
+
+    /// [`Self::spawn`], with forward passes of concurrent jobs batched by `policy`.
+    pub fn spawn_batched<M, F>(name: &str, queue: usize, policy: BatchPolicy, factory: F) -> Result<ModelHandle>
+    where
+        M: LanguageModel + 'static,
+        F: FnOnce() -> Result<M> + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::channel::<Message>(queue.max(1));
+        let counters = Arc::new(BatchCounters::default());
+        let thread_counters = Arc::clone(&counters);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo>>();
         std::thread::Builder::new()
             .name(name.to_owned())
@@ -44,16 +56,11 @@ impl ModelWorker {
                     }
                 };
                 let _ = ready_tx.send(Ok(model.info().clone()));
-                while let Some(job) = rx.blocking_recv() {
-                    let model: &mut dyn LanguageModel = &mut model;
-                    // The reply sender lives in the job: a panic drops it, which the caller
-                    // sees as an error.
-                    let _ = catch_unwind(AssertUnwindSafe(|| job(model)));
-                }
+                serve(&mut model, &mut rx, policy, &thread_counters);
             })
             .map_err(|e| ModelError::WorkerGone(format!("cannot spawn thread: {e}")))?;
         let info = ready_rx.recv().map_err(|_| ModelError::WorkerGone("the worker died while loading".into()))??;
-        Ok(ModelHandle { tx, info: Arc::new(info) })
+        Ok(ModelHandle { tx, info: Arc::new(info), policy, counters })
     }
 }
 
@@ -61,14 +68,26 @@ impl ModelWorker {
 /// `*_blocking` methods for plain threads (they must not be called from async code).
 #[derive(Debug, Clone)]
 pub struct ModelHandle {
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::Sender<Message>,
     info: Arc<ModelInfo>,
+    policy: BatchPolicy,
+    counters: Arc<BatchCounters>,
 }
 
 impl ModelHandle {
     /// The model's static facts.
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// How this worker batches.
+    pub fn batch_policy(&self) -> BatchPolicy {
+        self.policy
+    }
+
+    /// Forward passes run so far in batches, and the sequences they carried.
+    pub fn batch_totals(&self) -> BatchTotals {
+        self.counters.totals()
     }
 
     fn job<R, F>(f: F) -> (Job, oneshot::Receiver<Result<R>>)
@@ -83,31 +102,49 @@ impl ModelHandle {
         (job, rx)
     }
 
-    /// Runs `f` on the worker thread and awaits its result.
+    /// Runs `f` against the model and awaits its result: on the worker thread, or, when the
+    /// worker batches, on a blocking thread whose forward passes join the worker's batches.
     pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
-        let (job, rx) = Self::job(f);
-        self.tx.send(job).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| failed())?
+        if self.policy.batched() {
+            let mut remote = RemoteModel::new(self.tx.clone(), Arc::clone(&self.info));
+            return tokio::task::spawn_blocking(move || f(&mut remote)).await.map_err(|_| failed())?;
+        }
+        self.call_on_thread(f).await
     }
 
-    /// Runs `f` on the worker thread and blocks until it is done.
-    pub fn call_blocking<R, F>(&self, f: F) -> Result<R>
+    /// Runs `f` on the worker thread itself (small operations, never batched).
+    async fn call_on_thread<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
         let (job, rx) = Self::job(f);
-        self.tx.blocking_send(job).map_err(|_| gone())?;
+        self.tx.send(Message::Job(job)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| failed())?
+    }
+
+    /// Runs `f` against the model and blocks until it is done (batched like [`Self::call`]).
+    pub fn call_blocking<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    {
+        if self.policy.batched() {
+            let mut remote = RemoteModel::new(self.tx.clone(), Arc::clone(&self.info));
+            return f(&mut remote);
+        }
+        let (job, rx) = Self::job(f);
+        self.tx.blocking_send(Message::Job(job)).map_err(|_| gone())?;
         rx.blocking_recv().map_err(|_| failed())?
     }
 
     /// See [`LanguageModel::open_session`].
     pub async fn open_session(&self, capacity: Option<usize>) -> Result<SessionId> {
-        self.call(move |m| m.open_session(capacity)).await
+        self.call_on_thread(move |m| m.open_session(capacity)).await
     }
 
     /// See [`LanguageModel::forward`].
@@ -126,22 +163,27 @@ impl ModelHandle {
 
     /// See [`LanguageModel::truncate`].
     pub async fn truncate(&self, session: SessionId, len: usize) -> Result<()> {
-        self.call(move |m| m.truncate(session, len)).await
+        self.call_on_thread(move |m| m.truncate(session, len)).await
     }
 
     /// See [`LanguageModel::release`].
     pub async fn release(&self, session: SessionId) -> Result<()> {
-        self.call(move |m| m.release(session)).await
+        self.call_on_thread(move |m| m.release(session)).await
     }
 
     /// See [`LanguageModel::session_len`].
     pub async fn session_len(&self, session: SessionId) -> Result<usize> {
-        self.call(move |m| m.session_len(session)).await
+        self.call_on_thread(move |m| m.session_len(session)).await
+    }
+
+    /// See [`LanguageModel::memory_in_use`].
+    pub async fn memory_in_use(&self) -> Result<(u64, Option<u64>)> {
+        self.call_on_thread(|m| Ok(m.memory_in_use())).await
     }
 
     /// See [`LanguageModel::encode`].
     pub async fn encode(&self, text: String) -> Result<Vec<u32>> {
-        self.call(move |m| m.encode(&text)).await
+        self.call_on_thread(move |m| m.encode(&text)).await
     }
 
     /// Blocking [`Self::open_session`].
@@ -168,12 +210,4 @@ impl ModelHandle {
     pub fn encode_blocking(&self, text: String) -> Result<Vec<u32>> {
         self.call_blocking(move |m| m.encode(&text))
     }
-}
-
-fn gone() -> ModelError {
-    ModelError::WorkerGone("the model thread has stopped".into())
-}
-
-fn failed() -> ModelError {
-    ModelError::WorkerGone("the model thread failed while running the request".into())
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specd_model::{DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
+use specd_model::{BatchPolicy, DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
 use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
@@ -38,6 +38,8 @@ pub struct NodeConfig {
     pub metrics: Option<Metrics>,
     /// libtorch intra-op threads of the model's thread (`None`: one per core).
     pub threads: Option<usize>,
+    /// How concurrent sessions' forward passes share one pass of the model.
+    pub batch: BatchPolicy,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -101,7 +103,8 @@ impl Node {
             threads: config.threads,
         };
         let thread = format!("specd-{role}-model");
-        let model = NodeModel::load(&thread, &config.model, options, config.max_sessions, config.forward_delay)?;
+        let model =
+            NodeModel::load(&thread, &config.model, options, config.max_sessions, config.forward_delay, config.batch)?;
         if let Some(metrics) = &config.metrics {
             export_gauges(metrics, role, &model);
         }

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specd_model::{LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, load_model};
+use specd_model::{
+    BatchPolicy, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, load_model,
+};
 
 use crate::history::SessionHistory;
 use crate::registry::{RegistryError, SessionRegistry};
@@ -44,16 +46,18 @@ impl<S> Clone for NodeModel<S> {
 
 impl<S: NodeSessionState> NodeModel<S> {
     /// Loads `path` on a worker thread named `thread`; blocks until the model is ready.
-    /// `forward_delay` makes every forward pass that much slower (zero: none).
+    /// `forward_delay` makes every forward pass that much slower (zero: none); `batch` says
+    /// how concurrent sessions' forward passes are batched.
     pub fn load(
         thread: &str,
         path: &Path,
         options: LoadOptions,
         max_sessions: usize,
         forward_delay: Duration,
+        batch: BatchPolicy,
     ) -> Result<Self, ModelError> {
         let path = path.to_owned();
-        let model = ModelWorker::spawn(thread, 64, move || {
+        let model = ModelWorker::spawn_batched(thread, 64, batch, move || {
             let model = load_model(&path, &options)?;
             Ok(if forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, forward_delay)) })
         })?;
@@ -106,10 +110,11 @@ impl<S: NodeSessionState> NodeModel<S> {
         Ok(())
     }
 
-    /// Runs `job` on the model thread with a copy of the session's state. When it succeeds
-    /// the session takes the state the job left; when it fails the session keeps the state it
-    /// had, with its cache forgotten (see [`NodeSessionState::forget_cache`]). So a job may
-    /// change its state freely, however far it gets.
+    /// Runs `job` against the model ([`ModelHandle::call`]) with a copy of the session's
+    /// state. When it succeeds the session takes the state the job left; when it fails the
+    /// session keeps the state it had, with its cache forgotten (see
+    /// [`NodeSessionState::forget_cache`]). So a job may change its state freely, however far
+    /// it gets.
     pub async fn run<R: Send + 'static, E: Send + 'static>(
         &self,
         id: &str,
@@ -171,6 +176,6 @@ impl<S: NodeSessionState> NodeModel<S> {
     }
 
     pub async fn kv_cache_bytes(&self) -> Result<u64, NodeSessionError> {
-        Ok(self.model.call(|m| Ok(m.memory_in_use().0)).await?)
+        Ok(self.model.memory_in_use().await?.0)
     }
 }

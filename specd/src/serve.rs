@@ -15,7 +15,7 @@ use specd_coordinator::{
     Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, NodeAddress, RuleVariant,
 };
 use specd_draft_node::DraftNode;
-use specd_model::{DType, DeviceSpec, LlamaConfig, ModelError, TableModel};
+use specd_model::{BatchPolicy, DType, DeviceSpec, LlamaConfig, ModelError, TableModel};
 use specd_node::NodeConfig;
 use specd_proto::tls::{ClientTls, ServerTls};
 use specd_sampling::{MAX_GAMMA, Truncation};
@@ -75,6 +75,19 @@ pub struct NodeOptions {
     /// thread costs more than it saves.
     #[arg(long, env = "SPECD_THREADS")]
     threads: Option<usize>,
+    /// Most sessions whose forward passes share one pass of the model (batching across
+    /// sessions: their tokens go through the weights together, each attends to its own
+    /// cache). 1 turns batching off.
+    #[arg(long, env = "SPECD_MAX_BATCH_SEQUENCES", default_value_t = BatchPolicy::default().max_sequences)]
+    max_batch_sequences: usize,
+    /// Most tokens in one batched forward pass (bounds how much long prefills delay the
+    /// others); a single request above it still runs, alone.
+    #[arg(long, env = "SPECD_MAX_BATCH_TOKENS", default_value_t = BatchPolicy::default().max_tokens)]
+    max_batch_tokens: usize,
+    /// Microseconds to wait for more sessions after the first forward of a batch; 0 takes
+    /// only those already waiting, which adds no latency.
+    #[arg(long, env = "SPECD_BATCH_WINDOW_US", default_value_t = 0)]
+    batch_window_us: u64,
 }
 
 /// Where to serve Prometheus metrics (off by default).
@@ -400,6 +413,9 @@ impl NodeOptions {
             format!("--forward-delay-ms={}", forward_delay_ms.unwrap_or(self.forward_delay_ms)),
             format!("--session-ttl-s={}", self.session_ttl_s),
         ];
+        args.push(format!("--max-batch-sequences={}", self.max_batch_sequences));
+        args.push(format!("--max-batch-tokens={}", self.max_batch_tokens));
+        args.push(format!("--batch-window-us={}", self.batch_window_us));
         args.extend(self.kv_budget_mib.map(|m| format!("--kv-budget-mib={m}")));
         args.extend(threads.or(self.threads).map(|t| format!("--threads={t}")));
         args
@@ -410,6 +426,20 @@ impl NodeOptions {
             .ok()
             .filter(|d| *d <= Duration::from_secs(60))
             .ok_or_else(|| invalid(format!("--forward-delay-ms {} must be in [0, 60000]", self.forward_delay_ms)))?;
+        if self.max_batch_sequences == 0 || self.max_batch_tokens == 0 {
+            return Err(invalid(format!(
+                "--max-batch-sequences {} and --max-batch-tokens {} must be at least 1",
+                self.max_batch_sequences, self.max_batch_tokens
+            )));
+        }
+        if self.batch_window_us > 100_000 {
+            return Err(invalid(format!("--batch-window-us {} must be at most 100000", self.batch_window_us)));
+        }
+        let batch = BatchPolicy {
+            max_sequences: self.max_batch_sequences,
+            max_tokens: self.max_batch_tokens,
+            window: Duration::from_micros(self.batch_window_us),
+        };
         Ok(NodeConfig {
             model,
             device: self.device,
@@ -425,6 +455,7 @@ impl NodeOptions {
             tls: ServerTls::default(),
             metrics: None,
             threads: self.threads,
+            batch,
         })
     }
 }

@@ -115,12 +115,14 @@ impl TargetNode {
                 bonus_token_id: block.bonus,
                 dense_p: Vec::new(),
                 verify_ns: verified.verify_ns,
+                batch_size: verified.batch_size as u32,
             },
             Verdict::Dense(rows) => VerifyResponse {
                 positions: Vec::new(),
                 bonus_token_id: 0,
                 dense_p: rows.iter().map(|p| DenseRow { probs: p.probs().to_vec() }).collect(),
                 verify_ns: verified.verify_ns,
+                batch_size: verified.batch_size as u32,
             },
         };
         Ok(reply)

@@ -31,6 +31,8 @@ pub enum Verdict {
 pub struct Verified {
     pub verdict: Verdict,
     pub verify_ns: u64,
+    /// Sequences that shared the forward pass (batching across sessions).
+    pub batch_size: usize,
 }
 
 /// Runs on the model thread, through [`specd_node::Node::run`]: if it fails half-way, the
@@ -52,6 +54,7 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     let mut feed = catch_up.feed;
     feed.extend_from_slice(&job.candidates);
     let logits = model.forward(state.model_session, &feed)?;
+    let batch_size = model.last_batch_size();
     let gamma = job.candidates.len();
     let rows: Vec<&[f32]> = (logits.rows() - gamma - 1..logits.rows())
         .map(|i| logits.row(i).expect("forward returns a row per token"))
@@ -66,5 +69,5 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
         }
         None => Verdict::Dense(p),
     };
-    Ok(Verified { verdict, verify_ns: started.elapsed().as_nanos() as u64 })
+    Ok(Verified { verdict, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
 }

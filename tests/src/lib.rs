@@ -12,7 +12,7 @@ use std::time::Duration;
 use chaos::ChaosProxy;
 use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
-use specd_model::{DType, DeviceSpec};
+use specd_model::{BatchPolicy, DType, DeviceSpec};
 use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generation_client::GenerationClient;
@@ -48,6 +48,8 @@ pub struct ClusterOptions {
     pub lookahead_purpose: Purpose,
     /// Added to every forward pass of the target and of the draft.
     pub forward_delays: (Duration, Duration),
+    /// How both nodes batch concurrent sessions' forward passes (the nodes' default: on).
+    pub batch: BatchPolicy,
 }
 
 impl Default for ClusterOptions {
@@ -63,6 +65,7 @@ impl Default for ClusterOptions {
             optimistic: true,
             lookahead_purpose: Purpose::Draft,
             forward_delays: (Duration::ZERO, Duration::ZERO),
+            batch: BatchPolicy::default(),
         }
     }
 }
@@ -99,6 +102,7 @@ impl Cluster {
             tls: Default::default(),
             metrics: options.metrics.clone(),
             threads: None,
+            batch: options.batch,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
         let draft = DraftNode::load(config(draft_model, options.forward_delays.1))

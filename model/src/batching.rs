@@ -1,0 +1,277 @@
+//! Batching across sessions on one model thread (issue #10).
+//!
+//! With batching on, a node's jobs (a Verify, a Propose, drafting ahead) no longer run on the
+//! model thread: each runs on a blocking thread of its own against a [`RemoteModel`], whose
+//! forward passes are messages to the model thread. The model thread takes the first forward
+//! it finds, gathers every other forward already waiting (and, with a window, those arriving
+//! within it) up to a token budget, and runs them as one ragged forward pass
+//! ([`LanguageModel::forward_batch`]). So the jobs keep their plain, sequential code, and
+//! concurrent sessions share the weights' pass: on a CPU a pass over 8 sessions' tokens costs
+//! far less than 8 passes, and on a GPU nearly the same as one.
+//!
+//! Small operations (truncate, session length, open, release) are messages too and run at
+//! once, also while a batch is being gathered: a session's truncate arriving just before its
+//! forward does not push that forward out of the batch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{ModelError, Result};
+use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
+
+/// How the model thread batches forward passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// Most sequences in one forward pass; 1 turns batching off (jobs run on the model
+    /// thread itself, with no hand-offs).
+    pub max_sequences: usize,
+    /// Most tokens in one forward pass (long prefills are bounded by it); a single request
+    /// above it still runs, alone.
+    pub max_tokens: usize,
+    /// After the first forward of a batch, how long to wait for more; zero takes only what is
+    /// already waiting, which costs no latency.
+    pub window: Duration,
+}
+
+impl BatchPolicy {
+    /// No batching: every job runs on the model thread, one at a time.
+    pub const UNBATCHED: Self = Self { max_sequences: 1, max_tokens: usize::MAX, window: Duration::ZERO };
+
+    /// Whether jobs are batched.
+    pub fn batched(&self) -> bool {
+        self.max_sequences > 1
+    }
+}
+
+impl Default for BatchPolicy {
+    fn default() -> Self {
+        Self { max_sequences: 16, max_tokens: 512, window: Duration::ZERO }
+    }
+}
+
+/// Counters of the forward passes a model thread ran, for the mean batch size.
+#[derive(Debug, Default)]
+pub struct BatchCounters {
+    passes: AtomicU64,
+    sequences: AtomicU64,
+    tokens: AtomicU64,
+}
+
+/// A snapshot of [`BatchCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchTotals {
+    /// Forward passes run.
+    pub passes: u64,
+    /// Sequences they carried (Σ batch size).
+    pub sequences: u64,
+    /// Tokens they carried.
+    pub tokens: u64,
+}
+
+impl BatchTotals {
+    /// Mean sequences per forward pass (0 before any).
+    pub fn mean_batch_size(&self) -> f64 {
+        if self.passes == 0 { 0.0 } else { self.sequences as f64 / self.passes as f64 }
+    }
+}
+
+impl BatchCounters {
+    fn record(&self, sequences: usize, tokens: usize) {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.sequences.fetch_add(sequences as u64, Ordering::Relaxed);
+        self.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    /// The totals so far.
+    pub fn totals(&self) -> BatchTotals {
+        BatchTotals {
+            passes: self.passes.load(Ordering::Relaxed),
+            sequences: self.sequences.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub(crate) type Job = Box<dyn FnOnce(&mut dyn LanguageModel) + Send>;
+
+/// One session's forward pass, waiting to share a batch. The reply carries the batch size.
+pub(crate) struct ForwardRequest {
+    session: SessionId,
+    tokens: Vec<u32>,
+    reply: oneshot::Sender<(Result<Logits>, usize)>,
+}
+
+/// What the model thread receives.
+pub(crate) enum Message {
+    /// Runs on the model thread as it is.
+    Job(Job),
+    /// Joins the next batch.
+    Forward(ForwardRequest),
+}
+
+/// The model thread's loop: runs jobs as they come and forwards in batches, until every
+/// sender is gone.
+pub(crate) fn serve(
+    model: &mut dyn LanguageModel,
+    rx: &mut mpsc::Receiver<Message>,
+    policy: BatchPolicy,
+    counters: &BatchCounters,
+) {
+    // A forward that did not fit the last batch: it starts the next one, before anything newer.
+    let mut carried: Option<ForwardRequest> = None;
+    loop {
+        let first = match carried.take() {
+            Some(forward) => forward,
+            None => match rx.blocking_recv() {
+                Some(Message::Job(job)) => {
+                    run_job(model, job);
+                    continue;
+                }
+                Some(Message::Forward(forward)) => forward,
+                None => return,
+            },
+        };
+        let (batch, left_over) = gather(model, rx, first, policy);
+        run_batch(model, batch, counters);
+        carried = left_over;
+    }
+}
+
+fn run_job(model: &mut dyn LanguageModel, job: Job) {
+    // The reply sender lives in the job: a panic drops it, which the caller sees as an error.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(model)));
+}
+
+/// Collects forwards behind `first` within the policy's bounds, running other messages as
+/// they come. A forward that would break the token budget (or repeats a session) is returned
+/// to start the next batch.
+fn gather(
+    model: &mut dyn LanguageModel,
+    rx: &mut mpsc::Receiver<Message>,
+    first: ForwardRequest,
+    policy: BatchPolicy,
+) -> (Vec<ForwardRequest>, Option<ForwardRequest>) {
+    let started = Instant::now();
+    let mut tokens = first.tokens.len();
+    let mut batch = vec![first];
+    while batch.len() < policy.max_sequences && tokens < policy.max_tokens {
+        match rx.try_recv() {
+            Ok(Message::Job(job)) => run_job(model, job),
+            Ok(Message::Forward(next)) => {
+                let fits = tokens + next.tokens.len() <= policy.max_tokens;
+                let distinct = batch.iter().all(|f| f.session != next.session);
+                if !(fits && distinct) {
+                    return (batch, Some(next));
+                }
+                tokens += next.tokens.len();
+                batch.push(next);
+            }
+            Err(mpsc::error::TryRecvError::Empty) if started.elapsed() < policy.window => {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Err(_) => break,
+        }
+    }
+    (batch, None)
+}
+
+/// Runs `batch` as one forward pass and answers every request with the batch size.
+fn run_batch(model: &mut dyn LanguageModel, batch: Vec<ForwardRequest>, counters: &BatchCounters) {
+    let items: Vec<(SessionId, &[u32])> = batch.iter().map(|f| (f.session, f.tokens.as_slice())).collect();
+    let size = items.len();
+    let tokens = items.iter().map(|(_, t)| t.len()).sum();
+    let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.forward_batch(&items)));
+    counters.record(size, tokens);
+    let results = results.unwrap_or_else(|_| {
+        (0..size).map(|_| Err(ModelError::BatchFailed("the forward pass panicked".into()))).collect()
+    });
+    for (request, result) in batch.into_iter().zip(results) {
+        let _ = request.reply.send((result, size));
+    }
+}
+
+/// The model as a job running off the model thread sees it: every call is a message to the
+/// model thread, and forwards wait to share a batch. For plain threads only (it blocks).
+pub(crate) struct RemoteModel {
+    tx: mpsc::Sender<Message>,
+    info: Arc<ModelInfo>,
+    last_batch_size: usize,
+}
+
+impl RemoteModel {
+    pub(crate) fn new(tx: mpsc::Sender<Message>, info: Arc<ModelInfo>) -> Self {
+        Self { tx, info, last_batch_size: 1 }
+    }
+
+    fn remote<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (reply, rx) = oneshot::channel();
+        let job: Job = Box::new(move |m| {
+            let _ = reply.send(f(m));
+        });
+        self.tx.blocking_send(Message::Job(job)).map_err(|_| gone())?;
+        rx.blocking_recv().map_err(|_| failed())?
+    }
+}
+
+pub(crate) fn gone() -> ModelError {
+    ModelError::WorkerGone("the model thread has stopped".into())
+}
+
+pub(crate) fn failed() -> ModelError {
+    ModelError::WorkerGone("the model thread failed while running the request".into())
+}
+
+impl LanguageModel for RemoteModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn open_session(&mut self, capacity: Option<usize>) -> Result<SessionId> {
+        self.remote(move |m| m.open_session(capacity))
+    }
+
+    fn session_len(&self, session: SessionId) -> Result<usize> {
+        self.remote(move |m| m.session_len(session))
+    }
+
+    fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
+        let (reply, rx) = oneshot::channel();
+        let request = ForwardRequest { session, tokens: tokens.to_vec(), reply };
+        self.tx.blocking_send(Message::Forward(request)).map_err(|_| gone())?;
+        let (result, size) = rx.blocking_recv().map_err(|_| failed())?;
+        self.last_batch_size = size;
+        result
+    }
+
+    fn last_batch_size(&self) -> usize {
+        self.last_batch_size
+    }
+
+    fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
+        self.remote(move |m| m.truncate(session, len))
+    }
+
+    fn release(&mut self, session: SessionId) -> Result<()> {
+        self.remote(move |m| m.release(session))
+    }
+
+    fn memory_in_use(&self) -> (u64, Option<u64>) {
+        self.remote(|m| Ok(m.memory_in_use())).unwrap_or((0, None))
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let text = text.to_owned();
+        self.remote(move |m| m.encode(&text))
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        let ids = ids.to_vec();
+        self.remote(move |m| m.decode(&ids))
+    }
+}
