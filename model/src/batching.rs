@@ -22,6 +22,12 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{ModelError, Result};
 use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
 
+/// The default wait for more sessions' forwards. Sessions of a node run their rounds out of
+/// step (each also waits on the other node and the network), so taking only what is already
+/// waiting leaves batches half full; a wait this short next to a forward pass (tens of ms on a
+/// CPU) fills them, and it is paid only while other sessions are open.
+pub const DEFAULT_WINDOW: Duration = Duration::from_millis(2);
+
 /// How the model thread batches forward passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchPolicy {
@@ -31,8 +37,9 @@ pub struct BatchPolicy {
     /// Most tokens in one forward pass (long prefills are bounded by it); a single request
     /// above it still runs, alone.
     pub max_tokens: usize,
-    /// After the first forward of a batch, how long to wait for more; zero takes only what is
-    /// already waiting, which costs no latency.
+    /// After the first forward of a batch, how long to wait for more while fewer forwards are
+    /// gathered than sessions are open; zero takes only what is already waiting. A lone
+    /// session never waits.
     pub window: Duration,
 }
 
@@ -48,7 +55,7 @@ impl BatchPolicy {
 
 impl Default for BatchPolicy {
     fn default() -> Self {
-        Self { max_sequences: 16, max_tokens: 512, window: Duration::ZERO }
+        Self { max_sequences: 16, max_tokens: 512, window: DEFAULT_WINDOW }
     }
 }
 
@@ -157,6 +164,8 @@ fn gather(
     let started = Instant::now();
     let mut tokens = first.tokens.len();
     let mut batch = vec![first];
+    // Others can only join while other sessions are open.
+    let open = if policy.window.is_zero() { 0 } else { model.open_sessions() };
     while batch.len() < policy.max_sequences && tokens < policy.max_tokens {
         match rx.try_recv() {
             Ok(Message::Job(job)) => run_job(model, job),
@@ -169,7 +178,7 @@ fn gather(
                 tokens += next.tokens.len();
                 batch.push(next);
             }
-            Err(mpsc::error::TryRecvError::Empty) if started.elapsed() < policy.window => {
+            Err(mpsc::error::TryRecvError::Empty) if batch.len() < open && started.elapsed() < policy.window => {
                 std::thread::sleep(Duration::from_micros(50));
             }
             Err(_) => break,
@@ -263,6 +272,10 @@ impl LanguageModel for RemoteModel {
 
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         self.remote(|m| Ok(m.memory_in_use())).unwrap_or((0, None))
+    }
+
+    fn open_sessions(&self) -> usize {
+        self.remote(|m| Ok(m.open_sessions())).unwrap_or(0)
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>> {

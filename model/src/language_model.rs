@@ -126,6 +126,12 @@ pub trait LanguageModel {
     /// Bytes of cache held by open sessions, and the budget (if any).
     fn memory_in_use(&self) -> (u64, Option<u64>);
 
+    /// Sessions open now (0 when the backend does not count them). The batching worker
+    /// waits for more forwards only while fewer than this many are gathered.
+    fn open_sessions(&self) -> usize {
+        0
+    }
+
     /// Encodes text with the model's tokenizer, when it has one.
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let _ = text;
@@ -177,6 +183,9 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     }
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         (**self).memory_in_use()
+    }
+    fn open_sessions(&self) -> usize {
+        (**self).open_sessions()
     }
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         (**self).encode(text)

@@ -456,6 +456,10 @@ impl LanguageModel for LlamaModel {
         self.sessions.memory()
     }
 
+    fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match &self.tokenizer {
             Some(t) => t.encode(text),

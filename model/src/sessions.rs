@@ -89,6 +89,10 @@ impl<S> SessionTable<S> {
         Ok(())
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
     pub(crate) fn memory(&self) -> (u64, Option<u64>) {
         (self.in_use, self.budget)
     }

@@ -51,6 +51,9 @@ impl<M: LanguageModel> LanguageModel for Slowed<M> {
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         self.inner.memory_in_use()
     }
+    fn open_sessions(&self) -> usize {
+        self.inner.open_sessions()
+    }
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         self.inner.encode(text)
     }

@@ -258,6 +258,10 @@ impl LanguageModel for TableModel {
         self.sessions.memory()
     }
 
+    fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let names = self
             .names

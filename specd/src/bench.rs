@@ -36,6 +36,7 @@ const PROMPT_SEPARATOR: &str = "---";
 ///   specd bench --embedded --temperature 0 --json
 ///   specd bench --endpoint http://127.0.0.1:50051 --gamma 4 --repeat 5
 ///   specd bench --netns --rtt-ms 20 --demo-dir models/demo --json     (as root)
+///   specd bench --embedded --concurrency 8 --max-new-tokens 64          (load)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
@@ -67,19 +68,19 @@ pub struct BenchArgs {
     gamma: GammaFlag,
     /// Sampling temperature of both modes; 0 is greedy.
     #[arg(long, env = "SPECD_TEMPERATURE", default_value_t = 0.8)]
-    temperature: f64,
+    pub(crate) temperature: f64,
     /// Tokens generated per request.
     #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 128)]
-    max_new_tokens: u32,
+    pub(crate) max_new_tokens: u32,
     /// Passes over the prompts; the speedup's median, min and max are over these.
     #[arg(long, env = "SPECD_BENCH_REPEAT", default_value_t = 3)]
-    repeat: usize,
+    pub(crate) repeat: usize,
     /// Base seed; request i of a pass uses seed + i in both modes.
     #[arg(long, env = "SPECD_SEED", default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Print one JSON object instead of a table.
     #[arg(long, env = "SPECD_JSON")]
-    json: bool,
+    pub(crate) json: bool,
     #[command(flatten)]
     node: NodeOptions,
     /// Optimistic drafting for --embedded and --netns (`on` or `off`; default: the
@@ -93,14 +94,19 @@ pub struct BenchArgs {
     /// draft), for --embedded and --netns; overrides --forward-delay-ms for the draft.
     #[arg(long, env = "SPECD_DRAFT_DELAY_MS")]
     draft_delay_ms: Option<f64>,
+    /// Clients sending requests at once. Above 1 the report is about load: aggregate
+    /// tokens/s, per-request latency percentiles and the nodes' mean batch size, for both
+    /// modes, next to one client alone.
+    #[arg(long, env = "SPECD_BENCH_CONCURRENCY", default_value_t = 1)]
+    pub(crate) concurrency: usize,
 }
 
 /// One request's outcome.
 #[derive(Debug, Default, Clone)]
-struct Sample {
-    tokens: u64,
-    wall: Duration,
-    stats: SpeculationStats,
+pub(crate) struct Sample {
+    pub(crate) tokens: u64,
+    pub(crate) wall: Duration,
+    pub(crate) stats: SpeculationStats,
 }
 
 /// The sums of one mode over a pass (or all passes).
@@ -176,6 +182,9 @@ impl BenchArgs {
         if self.repeat == 0 {
             return Err(invalid("--repeat must be at least 1"));
         }
+        if !(1..=1024).contains(&self.concurrency) {
+            return Err(invalid(format!("--concurrency {} must be between 1 and 1024", self.concurrency)));
+        }
         if self.max_new_tokens == 0 {
             return Err(invalid("--max-new-tokens must be at least 1"));
         }
@@ -194,7 +203,7 @@ impl BenchArgs {
         Ok(())
     }
 
-    fn request(&self, prompt: &str, gamma: Option<u32>, seed: u64) -> tonic::Request<GenerateRequest> {
+    pub(crate) fn request(&self, prompt: &str, gamma: Option<u32>, seed: u64) -> tonic::Request<GenerateRequest> {
         let message = GenerateRequest {
             request_id: String::new(),
             prompt: Some(Prompt::Text(prompt.to_owned())),
@@ -220,7 +229,7 @@ impl BenchArgs {
     }
 }
 
-async fn run_one(
+pub(crate) async fn run_one(
     client: &mut GenerationClient<Channel>,
     request: tonic::Request<GenerateRequest>,
 ) -> anyhow::Result<Sample> {
@@ -239,7 +248,7 @@ fn analytic_bound(alpha: f64, gamma: f64, c: f64) -> f64 {
 }
 
 /// Median of a non-empty list.
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -257,6 +266,9 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
     // One unmeasured pair first: connections, allocator, the models' first passes.
     run_one(&mut client, args.request(&prompts[0], Some(0), args.seed)).await?;
     run_one(&mut client, args.request(&prompts[0], spec_gamma, args.seed)).await?;
+    if args.concurrency > 1 {
+        return crate::bench_load::measure(args, &client, &endpoint, prompts, spec_gamma).await;
+    }
     let (mut base_all, mut spec_all) = (Totals::default(), Totals::default());
     let mut runs = Vec::new();
     for r in 0..args.repeat {
@@ -454,6 +466,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.json {
         outln!("{report}");
         return Ok(());
+    }
+    if args.concurrency > 1 {
+        return Ok(crate::bench_load::print_table(&report)?);
     }
     Ok(print_table(&report)?)
 }

@@ -26,6 +26,7 @@ macro_rules! outln {
 
 mod audit;
 mod bench;
+mod bench_load;
 mod bench_netns;
 mod cli_error;
 mod client_args;

@@ -84,9 +84,10 @@ pub struct NodeOptions {
     /// others); a single request above it still runs, alone.
     #[arg(long, env = "SPECD_MAX_BATCH_TOKENS", default_value_t = BatchPolicy::default().max_tokens)]
     max_batch_tokens: usize,
-    /// Microseconds to wait for more sessions after the first forward of a batch; 0 takes
-    /// only those already waiting, which adds no latency.
-    #[arg(long, env = "SPECD_BATCH_WINDOW_US", default_value_t = 0)]
+    /// Microseconds to wait for more sessions' forwards after the first of a batch, only
+    /// while fewer are gathered than sessions are open (a lone session never waits); 0 takes
+    /// only those already waiting.
+    #[arg(long, env = "SPECD_BATCH_WINDOW_US", default_value_t = BatchPolicy::default().window.as_micros() as u64)]
     batch_window_us: u64,
 }
 

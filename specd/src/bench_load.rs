@@ -1,0 +1,242 @@
+//! `specd bench --concurrency N`: throughput under load. N clients send requests at once,
+//! target-only and speculative in alternating passes, and the report gives aggregate tokens/s,
+//! per-request latency percentiles and the mean batch size the nodes reached (batching across
+//! sessions, issue #10), next to one client alone on the same prompts.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use specd_proto::v1::generation_client::GenerationClient;
+use tonic::transport::Channel;
+
+use crate::bench::{BenchArgs, Sample, median, run_one};
+
+/// What one mode measured over a pass (or over all passes).
+#[derive(Debug, Default, Clone)]
+struct Load {
+    tokens: u64,
+    wall: Duration,
+    latencies_ms: Vec<f64>,
+    rounds: u64,
+    draft_tokens: u64,
+    acceptance_sum: f64,
+    evaluated: u64,
+    target_passes: u64,
+    target_sequences: u64,
+    draft_passes: u64,
+    draft_sequences: u64,
+}
+
+impl Load {
+    fn add(&mut self, s: &Sample) {
+        self.tokens += s.tokens;
+        self.latencies_ms.push(s.wall.as_secs_f64() * 1e3);
+        self.rounds += s.stats.rounds;
+        self.draft_tokens += s.stats.draft_tokens;
+        self.acceptance_sum += s.stats.acceptance_sum;
+        self.evaluated += s.stats.evaluated_positions;
+        self.target_passes += s.stats.target_forward_passes;
+        self.target_sequences += s.stats.target_batched_sequences;
+        self.draft_passes += s.stats.draft_forward_passes;
+        self.draft_sequences += s.stats.draft_batched_sequences;
+    }
+
+    fn merge(&mut self, other: &Load) {
+        self.tokens += other.tokens;
+        self.wall += other.wall;
+        self.latencies_ms.extend_from_slice(&other.latencies_ms);
+        self.rounds += other.rounds;
+        self.draft_tokens += other.draft_tokens;
+        self.acceptance_sum += other.acceptance_sum;
+        self.evaluated += other.evaluated;
+        self.target_passes += other.target_passes;
+        self.target_sequences += other.target_sequences;
+        self.draft_passes += other.draft_passes;
+        self.draft_sequences += other.draft_sequences;
+    }
+
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    fn report(&self) -> serde_json::Value {
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        json!({
+            "aggregate_tokens_per_s": self.tokens_per_s(),
+            "requests": self.latencies_ms.len(),
+            "latency_ms": {
+                "p50": percentile(&self.latencies_ms, 0.50),
+                "p90": percentile(&self.latencies_ms, 0.90),
+                "p99": percentile(&self.latencies_ms, 0.99),
+                "max": self.latencies_ms.iter().copied().fold(0.0, f64::max),
+            },
+            "mean_batch_size": {
+                "target": ratio(self.target_sequences, self.target_passes),
+                "draft": ratio(self.draft_sequences, self.draft_passes),
+            },
+            "mean_gamma": ratio(self.draft_tokens, self.rounds),
+            "alpha": if self.evaluated == 0 { 0.0 } else { self.acceptance_sum / self.evaluated as f64 },
+        })
+    }
+}
+
+/// The `q`-quantile by nearest rank (0 for an empty list).
+fn percentile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// One pass of one mode: `clients` clients share `requests` requests (request i: prompt
+/// i mod the number of prompts, seed + i), each sending its next as soon as the last is
+/// done. The wall time is the pass's, from the first request to the last reply.
+async fn pass(
+    args: &BenchArgs,
+    client: &GenerationClient<Channel>,
+    prompts: &[String],
+    gamma: Option<u32>,
+    clients: usize,
+    requests: usize,
+) -> anyhow::Result<Load> {
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let mut client = client.clone();
+        let mine: Vec<_> = (c..requests)
+            .step_by(clients)
+            .map(|i| args.request(&prompts[i % prompts.len()], gamma, args.seed.wrapping_add(i as u64)))
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(mine.len());
+            for request in mine {
+                samples.push(run_one(&mut client, request).await?);
+            }
+            anyhow::Ok(samples)
+        }));
+    }
+    let mut load = Load::default();
+    for task in tasks {
+        for sample in task.await?? {
+            load.add(&sample);
+        }
+    }
+    load.wall = started.elapsed();
+    Ok(load)
+}
+
+/// Measures both modes at `args.concurrency` clients and with one client, interleaved.
+pub(crate) async fn measure(
+    args: &BenchArgs,
+    client: &GenerationClient<Channel>,
+    endpoint: &str,
+    prompts: &[String],
+    spec_gamma: Option<u32>,
+) -> anyhow::Result<serde_json::Value> {
+    let n = args.concurrency;
+    // Every client has work in every pass, and every prompt is used.
+    let requests = n.max(prompts.len()).div_ceil(n) * n;
+    let modes = [("target_only", Some(0)), ("speculative", spec_gamma)];
+    let mut loaded: [Load; 2] = Default::default();
+    let mut single: [Load; 2] = Default::default();
+    let mut ratios = Vec::new();
+    for r in 0..args.repeat {
+        let mut this_pass: [Load; 2] = Default::default();
+        for turn in 0..2 {
+            // Alternate which mode goes first, as the single-client bench does.
+            let m = (turn + r) % 2;
+            let load = pass(args, client, prompts, modes[m].1, n, requests).await?;
+            let alone = pass(args, client, prompts, modes[m].1, 1, prompts.len()).await?;
+            loaded[m].merge(&load);
+            single[m].merge(&alone);
+            this_pass[m] = load;
+        }
+        let ratio = this_pass[1].tokens_per_s() / this_pass[0].tokens_per_s();
+        if !args.json {
+            eprintln!(
+                "pass {}/{}: {n} clients: target-only {:.1} tok/s, speculative {:.1} tok/s, speedup {ratio:.2}×",
+                r + 1,
+                args.repeat,
+                this_pass[0].tokens_per_s(),
+                this_pass[1].tokens_per_s()
+            );
+        }
+        ratios.push(ratio);
+    }
+    let mut report = json!({
+        "endpoint": endpoint,
+        "concurrency": n,
+        "requests_per_pass": requests,
+        "prompts": prompts.len(),
+        "repeat": args.repeat,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "gamma": spec_gamma.map_or(json!("auto"), |g| json!(g)),
+        "speedup": {
+            "median": median(&ratios),
+            "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            "max": ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            "overall": loaded[1].tokens_per_s() / loaded[0].tokens_per_s(),
+        },
+    });
+    for (m, (name, _)) in modes.iter().enumerate() {
+        let mut mode = loaded[m].report();
+        mode["single_client_tokens_per_s"] = json!(single[m].tokens_per_s());
+        mode["scaling"] = json!(loaded[m].tokens_per_s() / single[m].tokens_per_s());
+        report[*name] = mode;
+    }
+    Ok(report)
+}
+
+/// The human-readable form of [`measure`]'s report.
+pub(crate) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
+    let s = &report["speedup"];
+    let g = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+    outln!(
+        "{} clients at once, {} requests per pass × {} passes, {} new tokens each, T = {}, γ = {}",
+        report["concurrency"],
+        report["requests_per_pass"],
+        report["repeat"],
+        report["max_new_tokens"],
+        report["temperature"],
+        report["gamma"]
+    );
+    for (name, label) in [("target_only", "target-only"), ("speculative", "speculative")] {
+        let m = &report[name];
+        let f = |key: &str| m[key].as_f64().unwrap_or(f64::NAN);
+        let l = |key: &str| m["latency_ms"][key].as_f64().unwrap_or(f64::NAN);
+        let b = |key: &str| m["mean_batch_size"][key].as_f64().unwrap_or(f64::NAN);
+        outln!(
+            "{label:<13} {:>8.1} tokens/s aggregate ({:.2}× one client's {:.1});  latency p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms;  mean batch: target {:.2}, draft {:.2};  mean γ {:.2}",
+            f("aggregate_tokens_per_s"),
+            f("scaling"),
+            f("single_client_tokens_per_s"),
+            l("p50"),
+            l("p90"),
+            l("p99"),
+            b("target"),
+            b("draft"),
+            f("mean_gamma")
+        );
+    }
+    outln!("speedup       {:.2}× median ({:.2}–{:.2}) at this load", g("median"), g("min"), g("max"));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.9), 90.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+}
