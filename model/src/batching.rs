@@ -28,6 +28,9 @@ use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
 /// CPU) fills them, and it is paid only while other sessions are open.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(2);
 
+/// See [`BatchPolicy::min_pass`].
+pub const DEFAULT_MIN_PASS: Duration = Duration::from_millis(1);
+
 /// How the model thread batches forward passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchPolicy {
@@ -38,14 +41,19 @@ pub struct BatchPolicy {
     /// above it still runs, alone.
     pub max_tokens: usize,
     /// After the first forward of a batch, how long to wait for more while fewer forwards are
-    /// gathered than sessions are open; zero takes only what is already waiting. A lone
-    /// session never waits.
+    /// gathered than sessions are open, and never more than a tenth of a recent forward pass;
+    /// zero takes only what is already waiting. A lone session never waits.
     pub window: Duration,
+    /// Jobs are batched only while a forward pass takes at least this long: below it the
+    /// hand-offs between threads (tens of µs per operation) cost more than sharing a pass
+    /// saves, and jobs run on the model thread as without batching.
+    pub min_pass: Duration,
 }
 
 impl BatchPolicy {
     /// No batching: every job runs on the model thread, one at a time.
-    pub const UNBATCHED: Self = Self { max_sequences: 1, max_tokens: usize::MAX, window: Duration::ZERO };
+    pub const UNBATCHED: Self =
+        Self { max_sequences: 1, max_tokens: usize::MAX, window: Duration::ZERO, min_pass: Duration::ZERO };
 
     /// Whether jobs are batched.
     pub fn batched(&self) -> bool {
@@ -55,7 +63,7 @@ impl BatchPolicy {
 
 impl Default for BatchPolicy {
     fn default() -> Self {
-        Self { max_sequences: 16, max_tokens: 512, window: DEFAULT_WINDOW }
+        Self { max_sequences: 16, max_tokens: 512, window: DEFAULT_WINDOW, min_pass: DEFAULT_MIN_PASS }
     }
 }
 
@@ -65,6 +73,9 @@ pub struct BatchCounters {
     passes: AtomicU64,
     sequences: AtomicU64,
     tokens: AtomicU64,
+    /// Running average of a forward pass (a batch's, or a whole job's when unbatched), in
+    /// ns; 0 before the first.
+    pass_ns: AtomicU64,
 }
 
 /// A snapshot of [`BatchCounters`].
@@ -92,6 +103,20 @@ impl BatchCounters {
         self.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
     }
 
+    /// Adds a pass (or an unbatched job) that took `took` to the running average.
+    fn time_pass(&self, took: Duration) {
+        let ns = took.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let mean = self.pass_ns.load(Ordering::Relaxed);
+        // Only the model thread writes: load and store need no compare-and-swap.
+        let next = if mean == 0 { ns } else { (mean as f64 + 0.2 * (ns as f64 - mean as f64)) as u64 };
+        self.pass_ns.store(next.max(1), Ordering::Relaxed);
+    }
+
+    /// The running average of a forward pass (zero before the first).
+    pub fn pass_time(&self) -> Duration {
+        Duration::from_nanos(self.pass_ns.load(Ordering::Relaxed))
+    }
+
     /// The totals so far.
     pub fn totals(&self) -> BatchTotals {
         BatchTotals {
@@ -115,6 +140,9 @@ pub(crate) struct ForwardRequest {
 pub(crate) enum Message {
     /// Runs on the model thread as it is.
     Job(Job),
+    /// A node's whole job run on the model thread (not batched): timed, since its time says
+    /// whether batching would pay.
+    Call(Job),
     /// Joins the next batch.
     Forward(ForwardRequest),
 }
@@ -137,12 +165,21 @@ pub(crate) fn serve(
                     run_job(model, job);
                     continue;
                 }
+                Some(Message::Call(job)) => {
+                    let started = Instant::now();
+                    run_job(model, job);
+                    counters.time_pass(started.elapsed());
+                    continue;
+                }
                 Some(Message::Forward(forward)) => forward,
                 None => return,
             },
         };
-        let (batch, left_over) = gather(model, rx, first, policy);
+        let window = policy.window.min(counters.pass_time().mul_f64(WINDOW_SHARE));
+        let (batch, left_over) = gather(model, rx, first, policy.max_sequences, policy.max_tokens, window);
+        let started = Instant::now();
         run_batch(model, batch, counters);
+        counters.time_pass(started.elapsed());
         carried = left_over;
     }
 }
@@ -152,25 +189,32 @@ fn run_job(model: &mut dyn LanguageModel, job: Job) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(model)));
 }
 
-/// Collects forwards behind `first` within the policy's bounds, running other messages as
-/// they come. A forward that would break the token budget (or repeats a session) is returned
-/// to start the next batch.
+/// The wait for more forwards is at most this share of a recent forward pass: a fast model
+/// (a table, a tiny test model) must not spend its time waiting for company.
+const WINDOW_SHARE: f64 = 0.1;
+
+/// Collects forwards behind `first` (at most `max_sequences` and `max_tokens`), running
+/// other messages as they come, and waits up to `window` for more while other sessions are
+/// open. A forward that would break the token budget (or repeats a session) is returned to
+/// start the next batch.
 fn gather(
     model: &mut dyn LanguageModel,
     rx: &mut mpsc::Receiver<Message>,
     first: ForwardRequest,
-    policy: BatchPolicy,
+    max_sequences: usize,
+    max_tokens: usize,
+    window: Duration,
 ) -> (Vec<ForwardRequest>, Option<ForwardRequest>) {
     let started = Instant::now();
     let mut tokens = first.tokens.len();
     let mut batch = vec![first];
     // Others can only join while other sessions are open.
-    let open = if policy.window.is_zero() { 0 } else { model.open_sessions() };
-    while batch.len() < policy.max_sequences && tokens < policy.max_tokens {
+    let open = if window.is_zero() { 0 } else { model.open_sessions() };
+    while batch.len() < max_sequences && tokens < max_tokens {
         match rx.try_recv() {
-            Ok(Message::Job(job)) => run_job(model, job),
+            Ok(Message::Job(job) | Message::Call(job)) => run_job(model, job),
             Ok(Message::Forward(next)) => {
-                let fits = tokens + next.tokens.len() <= policy.max_tokens;
+                let fits = tokens + next.tokens.len() <= max_tokens;
                 let distinct = batch.iter().all(|f| f.session != next.session);
                 if !(fits && distinct) {
                     return (batch, Some(next));
@@ -178,7 +222,7 @@ fn gather(
                 tokens += next.tokens.len();
                 batch.push(next);
             }
-            Err(mpsc::error::TryRecvError::Empty) if batch.len() < open && started.elapsed() < policy.window => {
+            Err(mpsc::error::TryRecvError::Empty) if batch.len() < open && started.elapsed() < window => {
                 std::thread::sleep(Duration::from_micros(50));
             }
             Err(_) => break,

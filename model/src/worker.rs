@@ -103,17 +103,29 @@ impl ModelHandle {
     }
 
     /// Runs `f` against the model and awaits its result: on the worker thread, or, when the
-    /// worker batches, on a blocking thread whose forward passes join the worker's batches.
+    /// worker batches (and passes are slow enough for it to pay), on a blocking thread whose
+    /// forward passes join the worker's batches.
     pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
-        if self.policy.batched() {
+        if self.batching_pays() {
             let mut remote = RemoteModel::new(self.tx.clone(), Arc::clone(&self.info));
             return tokio::task::spawn_blocking(move || f(&mut remote)).await.map_err(|_| failed())?;
         }
-        self.call_on_thread(f).await
+        let (job, rx) = Self::job(f);
+        self.tx.send(Message::Call(job)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| failed())?
+    }
+
+    /// Whether jobs go through batching now: the policy batches and passes are slow enough
+    /// ([`BatchPolicy::min_pass`]; with a minimum, the first job, not yet timed, runs
+    /// unbatched).
+    fn batching_pays(&self) -> bool {
+        let min = self.policy.min_pass;
+        let pass = self.counters.pass_time();
+        self.policy.batched() && (min.is_zero() || (!pass.is_zero() && pass >= min))
     }
 
     /// Runs `f` on the worker thread itself (small operations, never batched).
@@ -133,12 +145,12 @@ impl ModelHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
-        if self.policy.batched() {
+        if self.batching_pays() {
             let mut remote = RemoteModel::new(self.tx.clone(), Arc::clone(&self.info));
             return f(&mut remote);
         }
         let (job, rx) = Self::job(f);
-        self.tx.blocking_send(Message::Job(job)).map_err(|_| gone())?;
+        self.tx.blocking_send(Message::Call(job)).map_err(|_| gone())?;
         rx.blocking_recv().map_err(|_| failed())?
     }
 

@@ -79,7 +79,7 @@ fn slow_table(delay: Duration) -> impl FnOnce() -> specd_model::Result<Slowed<Ta
 /// pass runs the other seven queue, and the next pass takes them all.
 #[test]
 fn the_worker_gathers_concurrent_forwards_into_one_pass() -> Result<()> {
-    let policy = BatchPolicy { max_sequences: 16, max_tokens: 512, window: Duration::ZERO };
+    let policy = BatchPolicy { max_sequences: 16, max_tokens: 512, window: Duration::ZERO, min_pass: Duration::ZERO };
     let handle = ModelWorker::spawn_batched("batched", 64, policy, slow_table(Duration::from_millis(40)))?;
     let barrier = Arc::new(Barrier::new(8));
     let threads: Vec<_> = (0..8)
@@ -108,7 +108,7 @@ fn the_worker_gathers_concurrent_forwards_into_one_pass() -> Result<()> {
 /// runs in its own, none is lost, and the order is kept.
 #[test]
 fn the_token_budget_splits_batches_and_loses_nothing() -> Result<()> {
-    let policy = BatchPolicy { max_sequences: 16, max_tokens: 4, window: Duration::ZERO };
+    let policy = BatchPolicy { max_sequences: 16, max_tokens: 4, window: Duration::ZERO, min_pass: Duration::ZERO };
     let handle = ModelWorker::spawn_batched("budget", 64, policy, slow_table(Duration::from_millis(20)))?;
     let barrier = Arc::new(Barrier::new(4));
     let threads: Vec<_> = (0..4)
@@ -160,12 +160,30 @@ fn batched_jobs_match_unbatched_jobs_on_a_llama() -> Result<()> {
         Ok(threads.into_iter().map(|t| t.join().expect("thread")).collect::<Result<_, _>>()?)
     };
     let unbatched = run_all(spawn(BatchPolicy::UNBATCHED)?)?;
-    let batched_handle = spawn(BatchPolicy::default())?;
+    // Batched from the first job, however fast this tiny model's passes are.
+    let batched_handle = spawn(BatchPolicy { min_pass: Duration::ZERO, ..BatchPolicy::default() })?;
     let batched = run_all(batched_handle.clone())?;
     for (i, (a, b)) in unbatched.iter().zip(&batched).enumerate() {
         let diff = max_abs_diff(a, b);
         assert!(diff <= TOL, "session {i}: batched vs unbatched {diff}");
     }
     assert!(batched_handle.batch_totals().passes > 0);
+    Ok(())
+}
+
+/// With the default minimum pass time, a model whose jobs take microseconds is not batched
+/// (the hand-offs would cost more than they save); one whose passes take 5 ms is, after its
+/// first job has been timed.
+#[test]
+fn batching_starts_only_when_passes_are_slow_enough() -> Result<()> {
+    for (delay, batched) in [(Duration::ZERO, false), (Duration::from_millis(5), true)] {
+        let handle = ModelWorker::spawn_batched("min-pass", 64, BatchPolicy::default(), slow_table(delay))?;
+        let s = handle.open_session_blocking(Some(16))?;
+        for _ in 0..3 {
+            handle.call_blocking(move |m| m.forward(s, &[0]).map(|_| ()))?;
+        }
+        let passes = handle.batch_totals().passes;
+        assert_eq!(passes > 0, batched, "delay {delay:?}: {passes} batched passes");
+    }
     Ok(())
 }

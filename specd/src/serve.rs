@@ -440,6 +440,7 @@ impl NodeOptions {
             max_sequences: self.max_batch_sequences,
             max_tokens: self.max_batch_tokens,
             window: Duration::from_micros(self.batch_window_us),
+            ..BatchPolicy::default()
         };
         Ok(NodeConfig {
             model,

@@ -1,10 +1,13 @@
 //! Greedy identity on real (tiny, random) Hugging Face checkpoints through the cluster:
 //! speculative greedy output equals target-only greedy output on 50 prompts. The models run
 //! in f64, so scoring a block in one forward and scoring it token by token agree to ~1e-15
-//! and no near-tie can flip an argmax between the two.
+//! and no near-tie can flip an argmax between the two (nor between a batched pass and a
+//! pass of one session).
+
+use std::time::Duration;
 
 use specd_e2e::{Cluster, ClusterOptions, hf_fixture};
-use specd_model::DType;
+use specd_model::{BatchPolicy, DType};
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use specd_sampling::{Purpose, StreamKey};
@@ -48,4 +51,48 @@ async fn greedy_speculation_equals_target_only_on_hf_models() {
         }
         cluster.shutdown().await;
     }
+}
+
+/// The same identity under load with batching across sessions forced on (these tiny models'
+/// passes are below the default minimum pass time): 16 clients at once, speculative and
+/// target-only requests mixed, so verify passes, decode steps and prefills of different
+/// sessions share forward passes on both nodes. The stats must show that they did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_speculation_equals_target_only_with_batched_concurrent_sessions() {
+    let batch = BatchPolicy { min_pass: Duration::ZERO, ..BatchPolicy::default() };
+    let options = ClusterOptions { dtype: DType::F64, batch, ..ClusterOptions::default() };
+    let (target, draft) = (hf_fixture("llama_gqa_untied"), hf_fixture("llama_tied"));
+    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let mut tasks = Vec::new();
+    for (i, prompt) in prompts().into_iter().enumerate().take(32) {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            // Half the clients ask target-only first, half speculative first.
+            let order = if i % 2 == 0 { [0, 4] } else { [4, 0] };
+            let mut replies = Vec::new();
+            for gamma in order {
+                replies.push(client.generate(request(prompt.clone(), gamma)).await.unwrap().into_inner());
+            }
+            if i % 2 == 1 {
+                replies.reverse();
+            }
+            (prompt, replies)
+        }));
+    }
+    let (mut passes, mut sequences) = (0, 0);
+    for task in tasks {
+        let (prompt, replies) = task.await.unwrap();
+        assert_eq!(replies[0].token_ids.len(), 16);
+        assert_eq!(replies[1].token_ids, replies[0].token_ids, "prompt {prompt:?}");
+        for reply in &replies {
+            let stats = reply.stats.clone().unwrap();
+            passes += stats.target_forward_passes;
+            sequences += stats.target_batched_sequences;
+        }
+    }
+    let mean = sequences as f64 / passes as f64;
+    eprintln!("greedy under load: mean target batch {mean:.2} over {passes} verify passes");
+    assert!(mean > 1.5, "16 concurrent clients should share the target's passes: mean batch {mean:.2}");
+    cluster.shutdown().await;
 }

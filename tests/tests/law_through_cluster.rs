@@ -14,6 +14,7 @@ use std::time::Duration;
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
 use specd_e2e::{Cluster, ClusterOptions, scratch_dir};
+use specd_model::BatchPolicy;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
 use specd_sampling::chi2::chi_square_test;
@@ -49,6 +50,12 @@ async fn law_p_value(options: ClusterOptions, params: SamplingParams, dense: boo
 
 /// [`law_p_value`], and how many times generations lost their draft on the way.
 async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> (f64, u64) {
+    let (p, fallbacks, _) = law_check_batched(options, params, dense, n).await;
+    (p, fallbacks)
+}
+
+/// [`law_check`], and the target's mean batch size over the verify passes.
+async fn law_check_batched(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> (f64, u64, f64) {
     let dir = scratch_dir(&format!("law-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
     let (target_table, draft_table) = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
@@ -62,6 +69,7 @@ async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool,
         tasks.push(tokio::spawn(async move {
             let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
             let mut fallbacks = 0;
+            let (mut passes, mut sequences) = (0, 0);
             for seed in (c..n).step_by(CLIENTS as usize) {
                 let request = GenerateRequest {
                     prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
@@ -76,25 +84,30 @@ async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool,
                 };
                 let mut stream = client.generate_stream(request).await.unwrap().into_inner();
                 let mut tokens = Vec::new();
-                let mut lost = 0;
+                let mut last_stats = None;
                 while let Some(message) = stream.next().await {
                     let message = message.unwrap();
                     // Stats are the generation's so far: the last message has them all.
-                    lost = message.stats.map_or(lost, |s| s.draft_fallbacks);
+                    last_stats = message.stats.or(last_stats);
                     tokens.extend(message.token_ids);
                 }
-                fallbacks += lost;
+                let stats = last_stats.unwrap_or_default();
+                fallbacks += stats.draft_fallbacks;
+                passes += stats.target_forward_passes;
+                sequences += stats.target_batched_sequences;
                 assert_eq!(tokens.len(), LENGTH);
                 counts[cell(&tokens)] += 1;
             }
-            (counts, fallbacks)
+            (counts, fallbacks, passes, sequences)
         }));
     }
     let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
-    let mut fallbacks = 0;
+    let (mut fallbacks, mut passes, mut sequences) = (0, 0, 0);
     for task in tasks {
-        let (lane, lost) = task.await.unwrap();
+        let (lane, lost, lane_passes, lane_sequences) = task.await.unwrap();
         fallbacks += lost;
+        passes += lane_passes;
+        sequences += lane_sequences;
         for (total, c) in counts.iter_mut().zip(lane) {
             *total += c;
         }
@@ -106,12 +119,13 @@ async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool,
         expected[cell(&seq)] = p;
     }
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
+    let mean_batch = sequences as f64 / passes.max(1) as f64;
     eprintln!(
-        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, {fallbacks} draft losses: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, {fallbacks} draft losses, mean target batch {mean_batch:.2}: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
         options.rule
     );
-    (p_value, fallbacks)
+    (p_value, fallbacks, mean_batch)
 }
 
 fn gamma_name(gamma: GammaChoice) -> String {
@@ -171,6 +185,19 @@ async fn sparse_law_with_a_draft_that_keeps_dying() {
     let (p, fallbacks) = law_check(options, SamplingParams::default(), false, samples()).await;
     assert!(fallbacks > 0, "no draft was lost: the chaos proxy did nothing");
     assert!(p > FALSE_FAILURE, "sparse with draft losses: p = {p} ({fallbacks} fallbacks)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_with_batching_across_sessions() {
+    // Batching forced on (a table model's passes are far below the default minimum pass
+    // time): the 8 clients' verify and draft passes share forward passes, each session's
+    // logits come back to it alone, and the law is the target's. A quarter of the samples:
+    // the hand-offs make this check slower than the others.
+    let batch = BatchPolicy { min_pass: Duration::ZERO, ..BatchPolicy::default() };
+    let options = ClusterOptions { batch, ..small_truncation() };
+    let (p, _, mean_batch) = law_check_batched(options, SamplingParams::default(), false, samples() / 4).await;
+    assert!(mean_batch > 1.0, "no verify pass was shared: mean batch {mean_batch}");
+    assert!(p > FALSE_FAILURE, "sparse with batching: p = {p}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
