@@ -17,11 +17,18 @@
 //! target-only (γ = 1: 0.94×, the "0.875×" family of cases) and the policy picks γ = 0, which
 //! is plain target decoding.
 //!
-//! A session starts with one speculative and one target-only round, so both sides are
-//! measured, then re-measures the side it is not using now and then: a target-only round
+//! A session starts from what the coordinator's earlier sessions with the same sampling
+//! settings and about the same number of concurrent generations learnt ([`PolicyMemory`]): a short request must not spend its few rounds
+//! re-learning that drafting does not pay (a 20 ms link to the draft, a draft that knows
+//! nothing of the target, a target whose passes are shared by many sessions). The first
+//! session of its kind starts with one speculative and one target-only round, so both sides
+//! are measured. Either way it then re-measures the side it is not using now and then: a target-only round
 //! every [`PLAIN_PROBE_EVERY`] rounds while drafting, a γ = 1 round every
 //! [`DRAFT_PROBE_EVERY`] rounds while not. The law stays exact whatever γ is chosen: each
 //! round's rule is exact for its γ, and γ depends only on earlier rounds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use specd_sampling::cost::expected_tokens_per_round;
 
@@ -80,6 +87,17 @@ impl AdaptiveGamma {
             rounds: 0,
             last_choice: 0,
         }
+    }
+
+    /// A session's start from what an earlier one learnt: the same estimates, its own
+    /// maximum, past the two measuring rounds of a first session.
+    fn warm_copy(&self, max: u32) -> Self {
+        Self { max, rounds: self.rounds.max(2), last_choice: self.last_choice.min(max), ..self.clone() }
+    }
+
+    /// Whether both sides (target-only and speculative rounds) have been measured.
+    fn measured(&self) -> bool {
+        self.speed(0).is_some() && self.speed(1).is_some()
     }
 
     /// The estimated per-position acceptance α.
@@ -154,6 +172,36 @@ impl AdaptiveGamma {
         if let Some(plain) = self.verify_plain_ms.0 {
             self.verify_slope_ms.add((verify - plain) / g, SMOOTHING);
         }
+    }
+}
+
+/// What finished rounds taught, shared by a coordinator's sessions: per key (the session
+/// picks it: sampling settings, on which acceptance depends, and the load, on which the
+/// costs do), the latest estimates of any session.
+/// Which γ a round uses never depends on that round's own draws, so the law stays exact.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyMemory(Arc<Mutex<HashMap<String, AdaptiveGamma>>>);
+
+/// Distinct sampling settings remembered; past this the memory starts again.
+const REMEMBERED_SETTINGS: usize = 256;
+
+impl PolicyMemory {
+    /// The policy a new session with these settings starts with.
+    pub fn start(&self, settings: &str, max: u32) -> AdaptiveGamma {
+        let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        memory.get(settings).map_or_else(|| AdaptiveGamma::new(max), |learnt| learnt.warm_copy(max))
+    }
+
+    /// Keeps a session's estimates for the sessions that start after it.
+    pub fn remember(&self, settings: &str, policy: &AdaptiveGamma) {
+        if !policy.measured() {
+            return;
+        }
+        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if memory.len() >= REMEMBERED_SETTINGS && !memory.contains_key(settings) {
+            memory.clear();
+        }
+        memory.insert(settings.to_owned(), policy.clone());
     }
 }
 
@@ -271,5 +319,28 @@ mod tests {
     fn max_zero_never_drafts() {
         let mut policy = AdaptiveGamma::new(0);
         assert!(run(&mut policy, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
+    }
+
+    #[test]
+    fn a_new_session_starts_from_what_earlier_sessions_learnt() {
+        let memory = PolicyMemory::default();
+        // A first session of its kind measures both sides: γ = START_GAMMA, then 0.
+        let mut first = memory.start("greedy", 8);
+        let chosen = run(&mut first, 2, 0.05, 20.0, 50.0, 0.0);
+        assert_eq!(chosen, [START_GAMMA, 0]);
+        let chosen = run(&mut first, 100, 0.05, 20.0, 50.0, 0.0);
+        memory.remember("greedy", &first);
+        assert_eq!(first.best_gamma(), 0, "{chosen:?}");
+        // The next one with the same settings does not draft from its first round on…
+        let mut next = memory.start("greedy", 8);
+        assert_eq!(next.next_gamma(), 0);
+        // …and others still start by measuring.
+        assert_eq!(memory.start("T=1", 8).next_gamma(), START_GAMMA);
+        // A session that has measured nothing yet leaves the memory as it was.
+        memory.remember("greedy", &AdaptiveGamma::new(8));
+        assert_eq!(memory.start("greedy", 8).next_gamma(), 0);
+        // The memory keeps its own maximum per session.
+        let mut capped = memory.start("greedy", 0);
+        assert!(run(&mut capped, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
     }
 }

@@ -27,6 +27,7 @@ use specd_proto::tls::ServerTls;
 use crate::admission::{Admission, deadline};
 use crate::error::CoordinatorError;
 use crate::nodes::{ModelFacts, NodePool};
+use crate::policy::PolicyMemory;
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
 use crate::session::SessionActor;
 
@@ -44,6 +45,7 @@ pub struct GenerationService {
     defaults: Defaults,
     active: Arc<DashMap<String, ActiveGeneration>>,
     next_id: Arc<AtomicU64>,
+    policy_memory: PolicyMemory,
     instance: u64,
     metrics: Option<CoordinatorMetrics>,
     server_tls: ServerTls,
@@ -69,6 +71,7 @@ impl GenerationService {
             defaults,
             active: Arc::default(),
             next_id: Arc::default(),
+            policy_memory: PolicyMemory::default(),
             instance: RandomState::new().hash_one(std::process::id()),
             metrics: None,
             server_tls: ServerTls::default(),
@@ -141,7 +144,20 @@ impl GenerationService {
         record_request(&span, &spec, &self.pool.facts);
         let vocab_size = self.pool.facts.vocab_size;
         let spare_targets = self.pool.spare_targets(&target);
-        let actor = SessionActor { session_id, spec, vocab_size, target, spare_targets, draft, out, metrics, deadline };
+        let (policy_memory, load) = (self.policy_memory.clone(), self.active.len());
+        let actor = SessionActor {
+            session_id,
+            spec,
+            vocab_size,
+            target,
+            spare_targets,
+            draft,
+            out,
+            metrics,
+            deadline,
+            policy_memory,
+            load,
+        };
         tokio::spawn(
             async move {
                 let _registered = registered;

@@ -15,7 +15,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
-use crate::policy::AdaptiveGamma;
+use crate::policy::PolicyMemory;
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::round::{BatchSum, Cursor, RoundReport, run_round};
 use crate::text::TextOutput;
@@ -34,6 +34,10 @@ pub struct SessionActor {
     pub metrics: Option<RequestMetrics>,
     /// The client's deadline: the generation ends with DEADLINE_EXCEEDED when it passes.
     pub deadline: Option<Instant>,
+    /// What earlier sessions' adaptive γ learnt; this one starts from it and adds to it.
+    pub policy_memory: PolicyMemory,
+    /// Generations running on the coordinator when this one started (itself included).
+    pub load: usize,
 }
 
 /// Releases the target's session when the generation ends, whichever way: finish, error,
@@ -200,8 +204,12 @@ impl SessionActor {
     async fn generate(&self) -> Result<(), CoordinatorError> {
         let spec = &self.spec;
         let draft = self.draft.as_ref().filter(|_| spec.gamma.max() > 0);
+        // What pays depends on the sampling settings (α) and on the load: with many sessions
+        // the nodes' passes are shared and the machine's compute is the limit, alone the
+        // latency of a pass is. Sessions learn from those of the same settings and load.
+        let settings = format!("{:?} load 2^{}", spec.params, self.load.max(1).next_power_of_two().ilog2());
         let mut adaptive = match spec.gamma {
-            GammaChoice::Adaptive { max } => Some(AdaptiveGamma::new(max)),
+            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max)),
             GammaChoice::Fixed(_) => None,
         };
         let mut guard = ReleaseGuard { session_id: self.session_id.clone(), target: Some(self.target.clone()) };
@@ -282,6 +290,7 @@ impl SessionActor {
             stats.record(&report);
             if let Some(policy) = &mut adaptive {
                 policy.observe(&report);
+                self.policy_memory.remember(&settings, policy);
             }
             target_cursor.advance(base, &report.outcome);
             if let Some(link) = draft_link.as_mut() {
