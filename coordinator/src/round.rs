@@ -45,6 +45,32 @@ impl Cursor {
     }
 }
 
+/// Encoded protobuf bytes of a round's messages, by the node at the other end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireBytes {
+    pub to_draft: u64,
+    pub from_draft: u64,
+    pub to_target: u64,
+    pub from_target: u64,
+}
+
+impl WireBytes {
+    pub fn sent(&self) -> u64 {
+        self.to_draft + self.to_target
+    }
+
+    pub fn received(&self) -> u64 {
+        self.from_draft + self.from_target
+    }
+
+    pub fn add(&mut self, other: &WireBytes) {
+        self.to_draft += other.to_draft;
+        self.from_draft += other.from_draft;
+        self.to_target += other.to_target;
+        self.from_target += other.from_target;
+    }
+}
+
 /// A finished round and what it cost.
 #[derive(Debug)]
 pub struct RoundReport {
@@ -54,8 +80,7 @@ pub struct RoundReport {
     pub verify_ns: u64,
     pub wall_ns: u64,
     /// Encoded protobuf bytes of the round's requests and replies.
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
+    pub wire: WireBytes,
     /// The Propose followed one that asked the draft to draft ahead.
     pub optimistic_attempt: bool,
     /// The draft answered from the block it had drafted ahead.
@@ -94,8 +119,8 @@ fn record(span: &tracing::Span, round: u32, report: &RoundReport) {
         (attributes::ROUND_DRAFT_NS, report.draft_ns as i64),
         (attributes::ROUND_VERIFY_NS, report.verify_ns as i64),
         (attributes::ROUND_NETWORK_NS, network_ns as i64),
-        (attributes::ROUND_WIRE_BYTES_SENT, report.bytes_sent as i64),
-        (attributes::ROUND_WIRE_BYTES_RECEIVED, report.bytes_received as i64),
+        (attributes::ROUND_WIRE_BYTES_SENT, report.wire.sent() as i64),
+        (attributes::ROUND_WIRE_BYTES_RECEIVED, report.wire.received() as i64),
     ] {
         span.set_attribute(key, value);
     }
@@ -114,7 +139,7 @@ async fn run_round_in(
     let started = Instant::now();
     // Both nodes' spans of this round hang under the same round span.
     let trace_context = context_map(span);
-    let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
+    let mut wire = WireBytes::default();
     let (mut optimistic_attempt, mut optimistic_hit) = (false, false);
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
@@ -128,8 +153,7 @@ async fn run_round_in(
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
         optimistic_hit = hit;
-        bytes_sent += bytes.0;
-        bytes_received += bytes.1;
+        (wire.to_draft, wire.from_draft) = bytes;
         draft_ns = draft_time;
         proposals = parsed;
     }
@@ -149,12 +173,12 @@ async fn run_round_in(
         dense: matches!(spec.wire, Wire::Dense),
         trace_context,
     };
-    bytes_sent += request.encoded_len() as u64;
+    wire.to_target = request.encoded_len() as u64;
     let reply = target_client.call(request).await.map_err(|e| {
         // Nothing is committed yet: the session may run this round again elsewhere.
         if e.is_node_loss() { CoordinatorError::TargetLost(Box::new(e)) } else { e }
     })?;
-    bytes_received += reply.encoded_len() as u64;
+    wire.from_target = reply.encoded_len() as u64;
     if matches!(spec.wire, Wire::Sparse(_)) && reply.bonus_token_id as usize >= vocab_size {
         return Err(CoordinatorError::Protocol(format!(
             "bonus token {} is outside the vocabulary of {vocab_size}",
@@ -182,8 +206,7 @@ async fn run_round_in(
         draft_ns,
         verify_ns: reply.verify_ns,
         wall_ns: started.elapsed().as_nanos() as u64,
-        bytes_sent,
-        bytes_received,
+        wire,
         optimistic_attempt,
         optimistic_hit,
     })

@@ -120,6 +120,27 @@ async fn finished_generations_leave_no_sessions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wire_bytes_split_by_role_add_up_to_the_totals() {
+    let cluster = start("wire-bytes", &suffix_table(1), &suffix_table(2)).await;
+    let mut client = cluster.client().await.unwrap();
+    for gamma in [0, 3] {
+        let stats =
+            client.generate(request(vec![2, 4], 16, 1.0, Some(gamma))).await.unwrap().into_inner().stats.unwrap();
+        let sent = stats.wire_bytes_sent_to_draft + stats.wire_bytes_sent_to_target;
+        let received = stats.wire_bytes_received_from_draft + stats.wire_bytes_received_from_target;
+        assert_eq!((sent, received), (stats.wire_bytes_sent, stats.wire_bytes_received), "γ = {gamma}: {stats:?}");
+        assert!(stats.wire_bytes_sent_to_target > 0 && stats.wire_bytes_received_from_target > 0, "{stats:?}");
+        if gamma == 0 {
+            // Target-only rounds never talk to the draft.
+            assert_eq!((stats.wire_bytes_sent_to_draft, stats.wire_bytes_received_from_draft), (0, 0), "{stats:?}");
+        } else {
+            assert!(stats.wire_bytes_sent_to_draft > 0 && stats.wire_bytes_received_from_draft > 0, "{stats:?}");
+        }
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_invalid_argument_with_a_reason() {
     let cluster = start("bad-input", &suffix_table(1), &suffix_table(2)).await;
     let mut client = cluster.client().await.unwrap();
