@@ -190,6 +190,7 @@ mod tests {
             wire: Default::default(),
             optimistic_attempt: false,
             optimistic_hit: false,
+            optimistic_pushed: false,
         }
     }
 

@@ -1,16 +1,14 @@
-//! One round of the protocol (DESIGN.md §2): Propose to the draft, Verify at the target, the
-//! exact rule here.
+//! One round of the protocol (DESIGN.md §2): Propose to the draft (or a block it pushed
+//! ahead, [`crate::propose`]), Verify at the target, the exact rule here.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use prost::Message;
-use specd_proto::convert::{parse_dense_proposal, parse_dense_rows, parse_scored_block, parse_sparse_proposal};
-use specd_proto::v1::{ProposeRequest, Support, VerifyRequest};
+use specd_proto::convert::{parse_dense_rows, parse_scored_block};
+use specd_proto::v1::{Support, VerifyRequest};
 use specd_sampling::naive::naive_verify_block_dense;
 use specd_sampling::{
-    BlockOutcome, DenseCandidate, DenseDist, RoundKey, SparseCandidate, SparseDist, verify_block_dense,
-    verify_block_sparse,
+    BlockOutcome, DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse,
 };
 
 use specd_telemetry::attributes;
@@ -21,6 +19,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::nodes::TargetRounds;
+use crate::propose::{Proposals, propose};
 use crate::request::{GenerationSpec, RuleVariant, Wire};
 
 /// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
@@ -85,11 +84,8 @@ pub struct RoundReport {
     pub optimistic_attempt: bool,
     /// The draft answered from the block it had drafted ahead.
     pub optimistic_hit: bool,
-}
-
-enum Proposals {
-    Sparse(Vec<(u32, SparseDist)>),
-    Dense(Vec<(u32, DenseDist)>),
+    /// That block came pushed: the round did not wait for the draft.
+    pub optimistic_pushed: bool,
 }
 
 /// Runs round `round` with draft length `gamma` (0 or no draft: target-only), in a span of
@@ -140,7 +136,7 @@ async fn run_round_in(
     // Both nodes' spans of this round hang under the same round span.
     let trace_context = context_map(span);
     let mut wire = WireBytes::default();
-    let (mut optimistic_attempt, mut optimistic_hit) = (false, false);
+    let (mut optimistic_attempt, mut optimistic_hit, mut optimistic_pushed) = (false, false, false);
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -149,13 +145,13 @@ async fn run_round_in(
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
-        let (bytes, draft_time, parsed, hit) = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
+        let proposed = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
-        optimistic_hit = hit;
-        (wire.to_draft, wire.from_draft) = bytes;
-        draft_ns = draft_time;
-        proposals = parsed;
+        (optimistic_hit, optimistic_pushed) = (proposed.optimistic_hit, proposed.pushed);
+        (wire.to_draft, wire.from_draft) = (proposed.sent, proposed.received);
+        draft_ns = proposed.draft_ns;
+        proposals = proposed.proposals;
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -209,53 +205,6 @@ async fn run_round_in(
         wire,
         optimistic_attempt,
         optimistic_hit,
+        optimistic_pushed,
     })
-}
-
-/// The draft's part of a round: its bytes (sent, received), model time, proposals and
-/// whether they were drafted ahead.
-async fn propose(
-    spec: &GenerationSpec,
-    draft: &mut DraftSession,
-    round: u32,
-    gamma: u32,
-    vocab_size: usize,
-    trace_context: HashMap<String, String>,
-) -> Result<((u64, u64), u64, Proposals, bool), CoordinatorError> {
-    let (truncation, dense) = match spec.wire {
-        Wire::Sparse(t) => (Some(t.into()), false),
-        Wire::Dense => (None, true),
-    };
-    let request = ProposeRequest {
-        session_id: draft.session_id.clone(),
-        round,
-        rollback_to: draft.cursor.valid as u32,
-        pending_token_ids: draft.cursor.pending.clone(),
-        gamma,
-        truncation,
-        dense,
-        trace_context,
-        optimistic: spec.optimistic,
-    };
-    let sent = request.encoded_len() as u64;
-    // Whatever happens to the call, the draft's lookahead (if any) follows this request now.
-    draft.drafting_ahead = false;
-    let reply = draft.rounds.call(request).await?;
-    draft.drafting_ahead = spec.optimistic;
-    let received = reply.encoded_len() as u64;
-    if reply.positions.len() != gamma as usize {
-        return Err(CoordinatorError::Protocol(format!(
-            "asked the draft for {gamma} candidates, got {}",
-            reply.positions.len()
-        )));
-    }
-    let proposals = match spec.wire {
-        Wire::Sparse(_) => Proposals::Sparse(
-            reply.positions.iter().map(|p| parse_sparse_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
-        ),
-        Wire::Dense => Proposals::Dense(
-            reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
-        ),
-    };
-    Ok(((sent, received), reply.draft_ns, proposals, reply.optimistic_hit))
 }

@@ -107,6 +107,7 @@ struct Stats {
     evaluated_positions: u64,
     optimistic_attempts: u64,
     optimistic_hits: u64,
+    optimistic_pushed: u64,
 }
 
 impl Stats {
@@ -129,6 +130,7 @@ impl Stats {
         self.evaluated_positions += report.outcome.expected_acceptance.len() as u64;
         self.optimistic_attempts += u64::from(report.optimistic_attempt);
         self.optimistic_hits += u64::from(report.optimistic_hit);
+        self.optimistic_pushed += u64::from(report.optimistic_pushed);
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -153,6 +155,7 @@ impl Stats {
             wire_bytes_received_from_draft: self.wire.from_draft,
             wire_bytes_sent_to_target: self.wire.to_target,
             wire_bytes_received_from_target: self.wire.from_target,
+            optimistic_pushed: self.optimistic_pushed,
         }
     }
 }

@@ -175,6 +175,9 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()
                 "target_failovers": stats.target_failovers,
                 "acceptance_sum": stats.acceptance_sum,
                 "evaluated_positions": stats.evaluated_positions,
+                "optimistic_attempts": stats.optimistic_attempts,
+                "optimistic_hits": stats.optimistic_hits,
+                "optimistic_pushed": stats.optimistic_pushed,
             },
         });
         outln!("{out}");

@@ -48,6 +48,8 @@ pub struct ClusterOptions {
     pub lookahead_purpose: Purpose,
     /// Added to every forward pass of the target and of the draft.
     pub forward_delays: (Duration, Duration),
+    /// The draft pushes broken blocks ([`DraftNode::with_corrupt_pushes`]).
+    pub corrupt_pushes: bool,
 }
 
 impl Default for ClusterOptions {
@@ -63,6 +65,7 @@ impl Default for ClusterOptions {
             optimistic: true,
             lookahead_purpose: Purpose::Draft,
             forward_delays: (Duration::ZERO, Duration::ZERO),
+            corrupt_pushes: false,
         }
     }
 }
@@ -104,6 +107,7 @@ impl Cluster {
         let draft = DraftNode::load(config(draft_model, options.forward_delays.1))
             .await?
             .with_lookahead_purpose(options.lookahead_purpose);
+        let draft = if options.corrupt_pushes { draft.with_corrupt_pushes() } else { draft };
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
