@@ -123,8 +123,11 @@ pub async fn propose(
                 "the draft left out a block of round {round} it never pushed"
             )));
         }
-        // Pushed for this round or before, not taken: stale.
-        draft.pushed.retain(|b| b.pushed.as_ref().is_some_and(|p| p.round > round));
+        // Everything pushed before this reply is stale, later rounds' blocks included: they
+        // were drafted on guesses this request did not confirm, and the draft dropped them on
+        // reading it (it drafts ahead again after replying; those blocks come after this).
+        // Keeping one could take a block drafted on another history of the same length.
+        draft.pushed.clear();
         draft.drafting_ahead = spec.optimistic;
         if message.positions.len() != gamma as usize {
             return Err(CoordinatorError::Protocol(format!(
