@@ -50,6 +50,9 @@ pub struct ClusterOptions {
     pub forward_delays: (Duration, Duration),
     /// The draft pushes broken blocks ([`DraftNode::with_corrupt_pushes`]).
     pub corrupt_pushes: bool,
+    /// The coordinator reaches the draft through a `specd_netns::delay_proxy` adding this
+    /// much each way (loopback stands in for a network; the proxy needs no root).
+    pub draft_one_way_delay: Option<Duration>,
 }
 
 impl Default for ClusterOptions {
@@ -66,6 +69,7 @@ impl Default for ClusterOptions {
             lookahead_purpose: Purpose::Draft,
             forward_delays: (Duration::ZERO, Duration::ZERO),
             corrupt_pushes: false,
+            draft_one_way_delay: None,
         }
     }
 }
@@ -134,6 +138,23 @@ impl Cluster {
                 url
             }
             None => draft_url.clone(),
+        };
+        let coordinator_draft_url = match options.draft_one_way_delay {
+            Some(one_way) => {
+                let upstream = coordinator_draft_url.trim_start_matches("http://").parse()?;
+                let (listener, url) = loopback().await?;
+                let delay = specd_netns::delay_proxy::Delay { one_way, jitter: Duration::ZERO };
+                let mut stop = stop_rx.clone();
+                tasks.push(tokio::spawn(async move {
+                    // The proxy serves until its listener fails: the cluster's stop ends it.
+                    tokio::select! {
+                        _ = specd_netns::delay_proxy::serve(listener, upstream, delay) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                }));
+                url
+            }
+            None => coordinator_draft_url,
         };
         let config = CoordinatorConfig {
             targets: vec![target_url.clone()],
