@@ -3,9 +3,10 @@
 //! (γ = 0, exact like every other round) and tries again later, with a fresh draft session
 //! caught up on everything committed so far.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use specd_proto::v1::OpenSessionRequest;
+use specd_proto::v1::{OpenSessionRequest, ProposeResponse};
 use tracing::Instrument;
 
 use crate::error::CoordinatorError;
@@ -24,6 +25,11 @@ pub struct DraftSession {
     pub cursor: Cursor,
     /// The last Propose asked the draft to draft the next block ahead.
     pub drafting_ahead: bool,
+    /// Blocks the draft pushed ahead that no round has taken yet, oldest first.
+    pub pushed: VecDeque<ProposeResponse>,
+    /// For each Propose whose block was taken from a push, oldest first, the candidates of
+    /// that block: its reply is still to come and must agree.
+    pub unanswered: VecDeque<Vec<u32>>,
 }
 
 #[derive(Debug)]
@@ -117,6 +123,8 @@ impl DraftLink {
             rounds,
             cursor: Cursor { valid, pending: Vec::new() },
             drafting_ahead: false,
+            pushed: VecDeque::new(),
+            unanswered: VecDeque::new(),
         }));
         Ok(())
     }

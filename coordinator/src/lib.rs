@@ -6,6 +6,7 @@
 //!   that releases both nodes' sessions on finish, error, timeout and client cancel;
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
+//! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
 //! - [`admission`]: bearer token, the limit of generations in flight, client deadlines;
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
@@ -25,6 +26,7 @@ pub mod error;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
+pub mod propose;
 pub mod request;
 pub mod round;
 pub mod round_stream;

@@ -235,12 +235,12 @@ mod tests {
             draft_ns: ns(draft_ms),
             verify_ns: ns(verify_ms),
             wall_ns: ns(draft_ms + verify_ms + overhead_ms),
-            bytes_sent: 0,
-            bytes_received: 0,
+            wire: Default::default(),
             optimistic_attempt: false,
             optimistic_hit: false,
             target_batch: Default::default(),
             draft_batches: Default::default(),
+            optimistic_pushed: false,
         }
     }
 

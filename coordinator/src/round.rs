@@ -1,16 +1,14 @@
-//! One round of the protocol (DESIGN.md §2): Propose to the draft, Verify at the target, the
-//! exact rule here.
+//! One round of the protocol (DESIGN.md §2): Propose to the draft (or a block it pushed
+//! ahead, [`crate::propose`]), Verify at the target, the exact rule here.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use prost::Message;
-use specd_proto::convert::{parse_dense_proposal, parse_dense_rows, parse_scored_block, parse_sparse_proposal};
-use specd_proto::v1::{ProposeRequest, Support, VerifyRequest};
+use specd_proto::convert::{parse_dense_rows, parse_scored_block};
+use specd_proto::v1::{Support, VerifyRequest};
 use specd_sampling::naive::naive_verify_block_dense;
 use specd_sampling::{
-    BlockOutcome, DenseCandidate, DenseDist, RoundKey, SparseCandidate, SparseDist, verify_block_dense,
-    verify_block_sparse,
+    BlockOutcome, DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse,
 };
 
 use specd_telemetry::attributes;
@@ -21,6 +19,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::nodes::TargetRounds;
+use crate::propose::{Proposals, propose};
 use crate::request::{GenerationSpec, RuleVariant, Wire};
 
 /// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
@@ -45,6 +44,32 @@ impl Cursor {
     }
 }
 
+/// Encoded protobuf bytes of a round's messages, by the node at the other end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireBytes {
+    pub to_draft: u64,
+    pub from_draft: u64,
+    pub to_target: u64,
+    pub from_target: u64,
+}
+
+impl WireBytes {
+    pub fn sent(&self) -> u64 {
+        self.to_draft + self.to_target
+    }
+
+    pub fn received(&self) -> u64 {
+        self.from_draft + self.from_target
+    }
+
+    pub fn add(&mut self, other: &WireBytes) {
+        self.to_draft += other.to_draft;
+        self.from_draft += other.from_draft;
+        self.to_target += other.to_target;
+        self.from_target += other.from_target;
+    }
+}
+
 /// A finished round and what it cost.
 #[derive(Debug)]
 pub struct RoundReport {
@@ -54,12 +79,13 @@ pub struct RoundReport {
     pub verify_ns: u64,
     pub wall_ns: u64,
     /// Encoded protobuf bytes of the round's requests and replies.
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
+    pub wire: WireBytes,
     /// The Propose followed one that asked the draft to draft ahead.
     pub optimistic_attempt: bool,
     /// The draft answered from the block it had drafted ahead.
     pub optimistic_hit: bool,
+    /// That block came pushed: the round did not wait for the draft.
+    pub optimistic_pushed: bool,
     /// The target's forward pass of this round and how many sessions shared it.
     pub target_batch: BatchSum,
     /// The draft's forward passes of this round and the sessions that shared them.
@@ -79,11 +105,6 @@ impl BatchSum {
         self.forward_passes += other.forward_passes;
         self.batched_sequences += other.batched_sequences;
     }
-}
-
-enum Proposals {
-    Sparse(Vec<(u32, SparseDist)>),
-    Dense(Vec<(u32, DenseDist)>),
 }
 
 /// Runs round `round` with draft length `gamma` (0 or no draft: target-only), in a span of
@@ -113,8 +134,8 @@ fn record(span: &tracing::Span, round: u32, report: &RoundReport) {
         (attributes::ROUND_DRAFT_NS, report.draft_ns as i64),
         (attributes::ROUND_VERIFY_NS, report.verify_ns as i64),
         (attributes::ROUND_NETWORK_NS, network_ns as i64),
-        (attributes::ROUND_WIRE_BYTES_SENT, report.bytes_sent as i64),
-        (attributes::ROUND_WIRE_BYTES_RECEIVED, report.bytes_received as i64),
+        (attributes::ROUND_WIRE_BYTES_SENT, report.wire.sent() as i64),
+        (attributes::ROUND_WIRE_BYTES_RECEIVED, report.wire.received() as i64),
     ] {
         span.set_attribute(key, value);
     }
@@ -133,8 +154,8 @@ async fn run_round_in(
     let started = Instant::now();
     // Both nodes' spans of this round hang under the same round span.
     let trace_context = context_map(span);
-    let (mut bytes_sent, mut bytes_received) = (0u64, 0u64);
-    let (mut optimistic_attempt, mut optimistic_hit) = (false, false);
+    let mut wire = WireBytes::default();
+    let (mut optimistic_attempt, mut optimistic_hit, mut optimistic_pushed) = (false, false, false);
     let mut draft_batches = BatchSum::default();
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
@@ -144,16 +165,14 @@ async fn run_round_in(
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
-        let (bytes, draft_time, parsed, hit, batches) =
-            propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
-                .await
-                .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
-        optimistic_hit = hit;
-        draft_batches = batches;
-        bytes_sent += bytes.0;
-        bytes_received += bytes.1;
-        draft_ns = draft_time;
-        proposals = parsed;
+        let proposed = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
+            .await
+            .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
+        (optimistic_hit, optimistic_pushed) = (proposed.optimistic_hit, proposed.pushed);
+        (wire.to_draft, wire.from_draft) = (proposed.sent, proposed.received);
+        draft_ns = proposed.draft_ns;
+        draft_batches = proposed.batches;
+        proposals = proposed.proposals;
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -171,12 +190,12 @@ async fn run_round_in(
         dense: matches!(spec.wire, Wire::Dense),
         trace_context,
     };
-    bytes_sent += request.encoded_len() as u64;
+    wire.to_target = request.encoded_len() as u64;
     let reply = target_client.call(request).await.map_err(|e| {
         // Nothing is committed yet: the session may run this round again elsewhere.
         if e.is_node_loss() { CoordinatorError::TargetLost(Box::new(e)) } else { e }
     })?;
-    bytes_received += reply.encoded_len() as u64;
+    wire.from_target = reply.encoded_len() as u64;
     if matches!(spec.wire, Wire::Sparse(_)) && reply.bonus_token_id as usize >= vocab_size {
         return Err(CoordinatorError::Protocol(format!(
             "bonus token {} is outside the vocabulary of {vocab_size}",
@@ -204,64 +223,12 @@ async fn run_round_in(
         draft_ns,
         verify_ns: reply.verify_ns,
         wall_ns: started.elapsed().as_nanos() as u64,
-        bytes_sent,
-        bytes_received,
+        wire,
         optimistic_attempt,
         optimistic_hit,
+        optimistic_pushed,
         // Nodes from before batching send 0: they ran every pass alone.
         target_batch: BatchSum { forward_passes: 1, batched_sequences: u64::from(reply.batch_size.max(1)) },
         draft_batches,
     })
-}
-
-/// The draft's part of a round: its bytes (sent, received), model time, proposals, whether
-/// they were drafted ahead, and its forward passes.
-async fn propose(
-    spec: &GenerationSpec,
-    draft: &mut DraftSession,
-    round: u32,
-    gamma: u32,
-    vocab_size: usize,
-    trace_context: HashMap<String, String>,
-) -> Result<((u64, u64), u64, Proposals, bool, BatchSum), CoordinatorError> {
-    let (truncation, dense) = match spec.wire {
-        Wire::Sparse(t) => (Some(t.into()), false),
-        Wire::Dense => (None, true),
-    };
-    let request = ProposeRequest {
-        session_id: draft.session_id.clone(),
-        round,
-        rollback_to: draft.cursor.valid as u32,
-        pending_token_ids: draft.cursor.pending.clone(),
-        gamma,
-        truncation,
-        dense,
-        trace_context,
-        optimistic: spec.optimistic,
-    };
-    let sent = request.encoded_len() as u64;
-    // Whatever happens to the call, the draft's lookahead (if any) follows this request now.
-    draft.drafting_ahead = false;
-    let reply = draft.rounds.call(request).await?;
-    draft.drafting_ahead = spec.optimistic;
-    let received = reply.encoded_len() as u64;
-    if reply.positions.len() != gamma as usize {
-        return Err(CoordinatorError::Protocol(format!(
-            "asked the draft for {gamma} candidates, got {}",
-            reply.positions.len()
-        )));
-    }
-    let proposals = match spec.wire {
-        Wire::Sparse(_) => Proposals::Sparse(
-            reply.positions.iter().map(|p| parse_sparse_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
-        ),
-        Wire::Dense => Proposals::Dense(
-            reply.positions.iter().map(|p| parse_dense_proposal(p, vocab_size)).collect::<Result<_, _>>()?,
-        ),
-    };
-    let batches = BatchSum {
-        forward_passes: u64::from(reply.forward_passes),
-        batched_sequences: u64::from(reply.batched_sequences),
-    };
-    Ok(((sent, received), reply.draft_ns, proposals, reply.optimistic_hit, batches))
 }

@@ -41,23 +41,34 @@ impl<Q, R> RoundStream<Q, R> {
 
     /// Sends `request` and waits, at most the node timeout, for its reply.
     pub async fn call(&mut self, request: Q) -> Result<R, CoordinatorError> {
-        let exchange = async {
-            // A closed request side means the node ended the stream: its status follows on
-            // the reply side.
-            let sent = self.requests.send(request).await.is_ok();
-            match self.replies.message().await {
-                Ok(Some(reply)) if sent => Ok(reply),
+        self.send(request).await?;
+        self.receive().await
+    }
+
+    /// Sends `request` without waiting for anything back. A closed request side means the
+    /// node ended the stream: its status follows on the reply side.
+    pub async fn send(&mut self, request: Q) -> Result<(), CoordinatorError> {
+        match tokio::time::timeout(self.timeout, self.requests.send(request)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => match self.receive().await {
+                Err(err) => Err(err),
                 Ok(_) => Err(CoordinatorError::StreamClosed { role: self.role, address: self.address.clone() }),
-                Err(status) => Err(node_error(self.role, &self.address, status)),
-            }
-        };
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(node_error(
-                self.role,
-                &self.address,
-                Status::deadline_exceeded(format!("no reply within {:?}", self.timeout)),
-            )),
+            },
+            Err(_) => Err(self.timed_out()),
         }
+    }
+
+    /// The next message of the reply side, waiting at most the node timeout.
+    pub async fn receive(&mut self) -> Result<R, CoordinatorError> {
+        match tokio::time::timeout(self.timeout, self.replies.message()).await {
+            Ok(Ok(Some(reply))) => Ok(reply),
+            Ok(Ok(None)) => Err(CoordinatorError::StreamClosed { role: self.role, address: self.address.clone() }),
+            Ok(Err(status)) => Err(node_error(self.role, &self.address, status)),
+            Err(_) => Err(self.timed_out()),
+        }
+    }
+
+    fn timed_out(&self) -> CoordinatorError {
+        node_error(self.role, &self.address, Status::deadline_exceeded(format!("no reply within {:?}", self.timeout)))
     }
 }

@@ -17,7 +17,7 @@ use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
 use crate::policy::PolicyMemory;
 use crate::request::{GammaChoice, GenerationSpec};
-use crate::round::{BatchSum, Cursor, RoundReport, run_round};
+use crate::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
 use crate::text::TextOutput;
 
 /// Everything one generation needs.
@@ -104,8 +104,7 @@ struct Stats {
     draft_ns: u64,
     verify_ns: u64,
     wall_ns: u64,
-    bytes_sent: u64,
-    bytes_received: u64,
+    wire: WireBytes,
     draft_fallbacks: u64,
     target_failovers: u64,
     acceptance_sum: f64,
@@ -114,6 +113,7 @@ struct Stats {
     optimistic_hits: u64,
     target_batches: BatchSum,
     draft_batches: BatchSum,
+    optimistic_pushed: u64,
 }
 
 impl Stats {
@@ -131,14 +131,14 @@ impl Stats {
         self.draft_ns += report.draft_ns;
         self.verify_ns += report.verify_ns;
         self.wall_ns += report.wall_ns;
-        self.bytes_sent += report.bytes_sent;
-        self.bytes_received += report.bytes_received;
+        self.wire.add(&report.wire);
         self.acceptance_sum += report.outcome.expected_acceptance.iter().sum::<f64>();
         self.evaluated_positions += report.outcome.expected_acceptance.len() as u64;
         self.optimistic_attempts += u64::from(report.optimistic_attempt);
         self.optimistic_hits += u64::from(report.optimistic_hit);
         self.target_batches.add(report.target_batch);
         self.draft_batches.add(report.draft_batches);
+        self.optimistic_pushed += u64::from(report.optimistic_pushed);
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -151,8 +151,8 @@ impl Stats {
             draft_ns: self.draft_ns,
             verify_ns: self.verify_ns,
             round_wall_ns: self.wall_ns,
-            wire_bytes_sent: self.bytes_sent,
-            wire_bytes_received: self.bytes_received,
+            wire_bytes_sent: self.wire.sent(),
+            wire_bytes_received: self.wire.received(),
             draft_fallbacks: self.draft_fallbacks,
             target_failovers: self.target_failovers,
             acceptance_sum: self.acceptance_sum,
@@ -163,6 +163,11 @@ impl Stats {
             target_batched_sequences: self.target_batches.batched_sequences,
             draft_forward_passes: self.draft_batches.forward_passes,
             draft_batched_sequences: self.draft_batches.batched_sequences,
+            wire_bytes_sent_to_draft: self.wire.to_draft,
+            wire_bytes_received_from_draft: self.wire.from_draft,
+            wire_bytes_sent_to_target: self.wire.to_target,
+            wire_bytes_received_from_target: self.wire.from_target,
+            optimistic_pushed: self.optimistic_pushed,
         }
     }
 }

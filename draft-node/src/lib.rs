@@ -36,6 +36,8 @@ pub struct DraftNode {
     lookahead_purpose: Purpose,
     /// The stop flag of each session's drafting ahead while it runs.
     interrupts: Interrupts,
+    /// Push blocks with a token outside the vocabulary: false in service.
+    corrupt_pushes: bool,
 }
 
 type Interrupts = Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>;
@@ -44,7 +46,15 @@ impl DraftNode {
     /// Loads the model on its own worker thread.
     pub async fn load(config: NodeConfig) -> Result<Self, NodeError> {
         let node = Node::load_async("draft", config).await?;
-        Ok(Self { node, lookahead_purpose: Purpose::Draft, interrupts: Interrupts::default() })
+        Ok(Self { node, lookahead_purpose: Purpose::Draft, interrupts: Interrupts::default(), corrupt_pushes: false })
+    }
+
+    /// Pushes every block drafted ahead with its first candidate replaced by a token outside
+    /// the vocabulary (the reply to a request stays right). Wrong: it exists so that tests can
+    /// show a coordinator takes such a draft for a failed one and goes on without it.
+    pub fn with_corrupt_pushes(mut self) -> Self {
+        self.corrupt_pushes = true;
+        self
     }
 
     /// Draws the candidates of blocks drafted ahead from the streams of `purpose` instead of

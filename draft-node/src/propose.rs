@@ -4,18 +4,23 @@
 //!
 //! Optimistic drafting (DESIGN.md §2): a Propose that asks for it leaves a [`Lookahead`] in
 //! the session, and [`draft_ahead`] then drafts the next block in one more model job, as if
-//! every candidate were accepted and the bonus token were the draft's own guess. The next
-//! Propose interrupts that job (it stops before its next forward pass), then takes the block
-//! when it is the request the lookahead expects, finishing it if it is not complete yet, and
-//! otherwise drops it: the history follows the rollback point like any rejected suffix, and
-//! the KV cache is truncated in O(1).
+//! every candidate were accepted and the bonus token were the draft's own guess. With a push
+//! depth (on a stream), it pushes each block as soon as it is complete and goes on drafting
+//! the block after it, guessing again, up to that many blocks ahead of the last request: the
+//! coordinator then takes a block whose guess came true without a round trip. The next
+//! Propose interrupts that job (it stops before its next forward pass), then takes the first
+//! block when it is the request that block expects, finishing it if it is not complete yet
+//! (and leaving it out of the reply when it was pushed), and otherwise drops every block
+//! drafted ahead: the history follows the rollback point like any rejected suffix, and the
+//! KV cache is truncated in O(1).
 //!
 //! Why this is exact: a candidate is drawn with the key (seed, round, position, Draft) from q
 //! given the history, whichever job draws it. A block drafted ahead and taken by a matching
-//! request is therefore the very block that request would have drafted: the same history,
-//! the same draws (bit for bit where the model scores one token at a time as it scores
-//! several). The guess only decides whether the work is used; the coordinator's acceptance
-//! draws (purposes Accept, Residual) never enter the draft.
+//! request is therefore the very block that request would have drafted: the same history
+//! (the blocks before it in the chain were each taken by their own matching request, or it
+//! would have been dropped), the same draws (bit for bit where the model scores one token at
+//! a time as it scores several). The guess only decides whether the work is used; the
+//! coordinator's acceptance draws (purposes Accept, Residual) never enter the draft.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -46,6 +51,8 @@ pub struct Proposal {
     pub draft_ns: u64,
     /// The block was drafted ahead (see the module docs).
     pub optimistic_hit: bool,
+    /// The block was drafted ahead and pushed: `positions` is empty.
+    pub elided: bool,
     /// A lookahead was left in the session: [`draft_ahead`] should run.
     pub draft_ahead: bool,
     /// Forward passes run for this request, and the sequences that shared them.
@@ -74,14 +81,18 @@ pub fn propose(
     job: &ProposeJob,
 ) -> Result<Proposal, NodeError> {
     let started = Instant::now();
-    let lookahead = state.lookahead.take();
-    let optimistic_hit = lookahead.as_ref().is_some_and(|ahead| serves(ahead, job));
+    let optimistic_hit = state.lookahead.first().is_some_and(|ahead| serves(ahead, job));
     let mut positions = Vec::with_capacity(job.gamma);
     let mut passes = BatchTally::default();
+    let mut elided = false;
     if optimistic_hit {
-        // The history already holds the guess and the candidates drafted after it.
-        positions = lookahead.map(|ahead| ahead.positions).unwrap_or_default();
+        // The history already holds the guess and the candidates drafted after it (and the
+        // blocks drafted after this one, which stay for the requests after this one).
+        let ahead = state.lookahead.remove(0);
+        elided = ahead.pushed;
+        positions = ahead.positions;
         while positions.len() < job.gamma {
+            // Only the last block of the chain can be incomplete: the history ends with it.
             let logits = forward_rest(model, state)?;
             passes.record(model);
             positions.push(draw_candidate(
@@ -93,28 +104,39 @@ pub fn propose(
                 Purpose::Draft,
             )?);
         }
-    } else if job.gamma > 0 {
+        if elided {
+            positions.clear();
+        }
+    } else {
+        state.lookahead.clear();
         state.history.catch_up(job.rollback_to, &job.pending)?;
         for position in 1..=job.gamma {
             let logits = forward_rest(model, state)?;
             passes.record(model);
             positions.push(draw_candidate(&logits, state, job.round, position, job.truncation, Purpose::Draft)?);
         }
-    } else {
-        state.history.catch_up(job.rollback_to, &job.pending)?;
     }
     let draft_ahead = job.optimistic && job.gamma > 0;
-    if draft_ahead {
-        state.lookahead = Some(Lookahead {
-            round: job.round.wrapping_add(1),
-            rollback_to: state.history.len(),
-            gamma: job.gamma,
-            truncation: job.truncation,
-            guess: None,
-            positions: Vec::with_capacity(job.gamma),
-        });
+    if !draft_ahead {
+        state.lookahead.clear();
+    } else if state.lookahead.is_empty() {
+        state.lookahead.push(next_block(job.round.wrapping_add(1), state.history.len(), job.gamma, job.truncation));
     }
-    Ok(Proposal { positions, draft_ns: started.elapsed().as_nanos() as u64, optimistic_hit, draft_ahead, passes })
+    let draft_ns = started.elapsed().as_nanos() as u64;
+    Ok(Proposal { positions, draft_ns, optimistic_hit, elided, draft_ahead, passes })
+}
+
+/// An empty block for round `round`, drafted after a history of `rollback_to` tokens.
+fn next_block(round: u32, rollback_to: usize, gamma: usize, truncation: Option<Truncation>) -> Lookahead {
+    Lookahead {
+        round,
+        rollback_to,
+        gamma,
+        truncation,
+        guess: None,
+        positions: Vec::with_capacity(gamma),
+        pushed: false,
+    }
 }
 
 /// Whether `job` is the request `ahead` was drafted for.
@@ -126,50 +148,91 @@ fn serves(ahead: &Lookahead, job: &ProposeJob) -> bool {
         && ahead.truncation == job.truncation
 }
 
-/// Drafts the lookahead of round `round` until it is complete or `stop` is set (checked
-/// before each forward pass); see [`draft_ahead_step`].
+/// How far to draft ahead, and where complete blocks go.
+pub struct Ahead<'a> {
+    /// The round of the request that asked for it: the first block is for the round after.
+    pub after_round: u32,
+    /// Blocks to keep ahead of that request: 1 when nothing is pushed.
+    pub depth: usize,
+    /// Randomness of the candidates: [`Purpose::Draft`] in service (see [`crate::DraftNode`]).
+    pub purpose: Purpose,
+    /// Sends a complete block to the coordinator; `None`: blocks wait for their request.
+    /// Returns whether it went out.
+    pub push: Option<&'a mut dyn FnMut(&Lookahead) -> bool>,
+}
+
+impl std::fmt::Debug for Ahead<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ahead")
+            .field("after_round", &self.after_round)
+            .field("depth", &self.depth)
+            .field("purpose", &self.purpose)
+            .field("pushes", &self.push.is_some())
+            .finish()
+    }
+}
+
+/// Drafts ahead until `ahead.depth` blocks are complete or `stop` is set (checked before
+/// each forward pass); see [`draft_ahead_step`].
 pub fn draft_ahead(
     model: &mut dyn LanguageModel,
     state: &mut SessionState,
-    round: u32,
-    purpose: Purpose,
+    ahead: &mut Ahead<'_>,
     stop: &AtomicBool,
 ) -> Result<(), NodeError> {
-    while !stop.load(Ordering::Acquire) && draft_ahead_step(model, state, round, purpose)? {}
+    while !stop.load(Ordering::Acquire) && draft_ahead_step(model, state, ahead)? {}
     Ok(())
 }
 
-/// One forward pass of drafting ahead for the lookahead of round `round`: first the guess of
-/// the bonus token (the mode of q after the last block, lowest id on ties), then one
-/// candidate per call. Returns whether there is more to do; `false` also when the session
-/// has moved on (a Propose came first and took or dropped the lookahead). `purpose` is
-/// [`Purpose::Draft`] in service: the same draws the next Propose would make.
+/// One forward pass of drafting ahead: in the last block of the chain, first the guess of
+/// the bonus token before it (the mode of q after the block before, lowest id on ties), then
+/// one candidate per call; a complete block is pushed (when there is somewhere to push it)
+/// and, below the depth, followed by a new empty block. Returns whether there is more to do;
+/// `false` also when the session has moved on (a later Propose took or dropped the blocks).
 pub fn draft_ahead_step(
     model: &mut dyn LanguageModel,
     state: &mut SessionState,
-    round: u32,
-    purpose: Purpose,
+    ahead: &mut Ahead<'_>,
 ) -> Result<bool, NodeError> {
-    let Some(ahead) = state.lookahead.as_ref().filter(|a| a.round == round && a.positions.len() < a.gamma) else {
+    let first_round = ahead.after_round.wrapping_add(1);
+    if state.lookahead.first().is_none_or(|first| first.round != first_round) {
         return Ok(false);
-    };
-    let (guessed, position, truncation) = (ahead.guess.is_some(), ahead.positions.len() + 1, ahead.truncation);
+    }
+    let last = state.lookahead.last().expect("checked above");
+    if last.positions.len() == last.gamma {
+        if ahead.push.is_none() || state.lookahead.len() >= ahead.depth {
+            return Ok(false);
+        }
+        let next = next_block(last.round.wrapping_add(1), state.history.len(), last.gamma, last.truncation);
+        state.lookahead.push(next);
+    }
+    let last = state.lookahead.last().expect("checked above");
+    let (guessed, position, truncation, round) =
+        (last.guess.is_some(), last.positions.len() + 1, last.truncation, last.round);
     // Drafting ahead never fails for want of room: the request it expects would.
     if state.history.len() > model.info().context_length {
         return Ok(false);
     }
     let logits = forward_rest(model, state)?;
-    if guessed {
-        let candidate = draw_candidate(&logits, state, round, position, truncation, purpose)?;
-        let ahead = state.lookahead.as_mut().expect("checked above");
-        ahead.positions.push(candidate);
-        Ok(ahead.positions.len() < ahead.gamma)
-    } else {
+    if !guessed {
         let q = effective_q(&logits, state)?;
         let guess = q.probs().iter().enumerate().fold(0, |best, (t, p)| if *p > q.probs()[best] { t } else { best });
         state.history.push_unforwarded(guess as u32);
-        state.lookahead.as_mut().expect("checked above").guess = Some(guess as u32);
-        Ok(true)
+        state.lookahead.last_mut().expect("checked above").guess = Some(guess as u32);
+        return Ok(true);
+    }
+    let candidate = draw_candidate(&logits, state, round, position, truncation, ahead.purpose)?;
+    let last = state.lookahead.last_mut().expect("checked above");
+    last.positions.push(candidate);
+    if last.positions.len() < last.gamma {
+        return Ok(true);
+    }
+    match ahead.push.as_mut() {
+        Some(push) => {
+            last.pushed = push(last);
+            Ok(last.pushed && state.lookahead.len() < ahead.depth)
+        }
+        None => Ok(false),
     }
 }
 
@@ -255,7 +318,7 @@ mod tests {
             history: SessionHistory::new(vec![1, 2]).unwrap(),
             params: SamplingParams::default(),
             seed,
-            lookahead: None,
+            lookahead: Vec::new(),
         }
     }
 
@@ -264,13 +327,18 @@ mod tests {
         ProposeJob { round, rollback_to, pending, gamma: GAMMA, truncation, optimistic }
     }
 
+    /// Drafting ahead after round 0 without pushing: one block, for round 1.
+    fn unpushed() -> Ahead<'static> {
+        Ahead { after_round: 0, depth: 1, purpose: Purpose::Draft, push: None }
+    }
+
     /// Round 0 optimistic, then `steps` steps of drafting ahead (at most what there is).
     fn after_round_zero(model: &mut TableModel, seed: u64, steps: usize) -> SessionState {
         let mut state = session(model, seed);
         let first = propose(model, &mut state, &job(0, 2, vec![], true)).unwrap();
         assert!(first.draft_ahead && !first.optimistic_hit);
         for _ in 0..steps {
-            if !draft_ahead_step(model, &mut state, 1, Purpose::Draft).unwrap() {
+            if !draft_ahead_step(model, &mut state, &mut unpushed()).unwrap() {
                 break;
             }
         }
@@ -284,7 +352,7 @@ mod tests {
         for seed in 0..200u64 {
             let steps = (seed % (GAMMA as u64 + 3)) as usize;
             let mut ahead = after_round_zero(&mut model, seed, steps);
-            let Some(guess) = ahead.lookahead.as_ref().and_then(|a| a.guess) else {
+            let Some(guess) = ahead.lookahead.first().and_then(|a| a.guess) else {
                 assert_eq!(steps, 0);
                 continue;
             };
@@ -299,7 +367,7 @@ mod tests {
             assert!(!drafted.optimistic_hit);
             assert_eq!(served.positions, drafted.positions, "seed {seed}, {steps} steps ahead");
             assert_eq!(ahead.history, plain.history);
-            assert!(ahead.lookahead.is_none() && !served.draft_ahead);
+            assert!(ahead.lookahead.is_empty() && !served.draft_ahead && !served.elided);
         }
         assert!(hits > 100);
     }
@@ -308,7 +376,7 @@ mod tests {
     fn a_wrong_guess_or_another_request_drops_the_block_drafted_ahead() {
         let mut model = model();
         for seed in 0..50u64 {
-            let guess = after_round_zero(&mut model, seed, GAMMA + 1).lookahead.and_then(|a| a.guess).unwrap();
+            let guess = after_round_zero(&mut model, seed, GAMMA + 1).lookahead[0].guess.unwrap();
             let misses = [
                 job(1, 2 + GAMMA, vec![(guess + 1) % VOCAB], true),
                 job(1, 2 + GAMMA - 1, vec![guess], true),
@@ -327,7 +395,7 @@ mod tests {
                 assert_eq!(got.positions, want.positions, "seed {seed}: {next:?}");
                 assert_eq!(state.history, plain.history);
                 // Asked again: the lookahead is for the round after this one.
-                assert_eq!(state.lookahead.as_ref().map(|a| a.round), Some(next.round + 1));
+                assert_eq!(state.lookahead.iter().map(|a| a.round).collect::<Vec<_>>(), [next.round + 1]);
             }
         }
     }
@@ -338,7 +406,66 @@ mod tests {
         let mut state = after_round_zero(&mut model, 3, 1);
         // The next round is asked before the lookahead has a candidate: a miss on another token.
         propose(&mut model, &mut state, &job(1, 2, vec![4], false)).unwrap();
-        assert!(state.lookahead.is_none());
-        assert!(!draft_ahead_step(&mut model, &mut state, 1, Purpose::Draft).unwrap());
+        assert!(state.lookahead.is_empty());
+        assert!(!draft_ahead_step(&mut model, &mut state, &mut unpushed()).unwrap());
+    }
+
+    #[test]
+    fn pushed_blocks_are_the_blocks_their_requests_would_draft() {
+        let mut model = model();
+        for seed in 0..50u64 {
+            let mut state = session(&mut model, seed);
+            propose(&mut model, &mut state, &job(0, 2, vec![], true)).unwrap();
+            let mut pushed: Vec<Lookahead> = Vec::new();
+            {
+                let mut push = |block: &Lookahead| {
+                    pushed.push(block.clone());
+                    true
+                };
+                let mut ahead = Ahead { after_round: 0, depth: 3, purpose: Purpose::Draft, push: Some(&mut push) };
+                draft_ahead(&mut model, &mut state, &mut ahead, &AtomicBool::new(false)).unwrap();
+            }
+            assert_eq!(pushed.iter().map(|b| b.round).collect::<Vec<_>>(), [1, 2, 3], "seed {seed}");
+            // A draft that never drafted ahead, asked for each round with every candidate
+            // accepted and the guess as the bonus token.
+            let mut plain = session(&mut model, seed);
+            propose(&mut model, &mut plain, &job(0, 2, vec![], false)).unwrap();
+            for block in &pushed {
+                assert_eq!(block.positions.len(), GAMMA);
+                let next = job(block.round, block.rollback_to, vec![block.guess.unwrap()], true);
+                let served = propose(&mut model, &mut state, &next).unwrap();
+                assert!(served.optimistic_hit && served.elided && served.positions.is_empty(), "seed {seed}");
+                let drafted = propose(&mut model, &mut plain, &ProposeJob { optimistic: false, ..next }).unwrap();
+                assert!(!drafted.optimistic_hit);
+                assert_eq!(block.positions, drafted.positions, "seed {seed}, round {}", block.round);
+            }
+            assert_eq!(state.history, plain.history);
+        }
+    }
+
+    #[test]
+    fn a_miss_drops_every_block_pushed_ahead() {
+        let mut model = model();
+        let mut state = session(&mut model, 7);
+        propose(&mut model, &mut state, &job(0, 2, vec![], true)).unwrap();
+        let mut guesses = Vec::new();
+        {
+            let mut push = |block: &Lookahead| {
+                guesses.push(block.guess.unwrap());
+                true
+            };
+            let mut ahead = Ahead { after_round: 0, depth: 2, purpose: Purpose::Draft, push: Some(&mut push) };
+            draft_ahead(&mut model, &mut state, &mut ahead, &AtomicBool::new(false)).unwrap();
+        }
+        assert_eq!(state.lookahead.len(), 2);
+        // Round 1 ends with another bonus token: nothing drafted ahead is of use.
+        let next = job(1, 2 + GAMMA, vec![(guesses[0] + 1) % VOCAB], true);
+        let got = propose(&mut model, &mut state, &next).unwrap();
+        assert!(!got.optimistic_hit && !got.elided && got.positions.len() == GAMMA);
+        assert_eq!(state.lookahead.iter().map(|a| (a.round, a.pushed)).collect::<Vec<_>>(), [(2, false)]);
+        let mut plain = session(&mut model, 7);
+        propose(&mut model, &mut plain, &job(0, 2, vec![], false)).unwrap();
+        assert_eq!(got.positions, propose(&mut model, &mut plain, &next).unwrap().positions);
+        assert_eq!(state.history, plain.history);
     }
 }

@@ -3,21 +3,53 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use specd_model::LanguageModel;
 use specd_node::spans::{round_span, rpc_span};
-use specd_node::{NodeError, ReplyStream, serve_rounds};
+use specd_node::{Lookahead, NodeError, ReplyStream, SessionState};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
-    InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse, ReleaseRequest,
-    ReleaseResponse,
+    InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse, PushedBlock,
+    ReleaseRequest, ReleaseResponse,
 };
 use specd_sampling::{MAX_GAMMA, Truncation};
 use specd_telemetry::attributes;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::DraftNode;
-use crate::propose::{Proposal, ProposeJob, draft_ahead, propose};
+use crate::propose::{Ahead, Proposal, ProposeJob, draft_ahead, propose};
+
+/// Replies and pushed blocks queued on one stream: the blocks a session keeps ahead, the
+/// elided replies to their requests, and room to spare.
+const PUSH_QUEUE: usize = 2 * MAX_PUSH_DEPTH + 4;
+
+/// The deepest drafting ahead a request gets (ProposeRequest.push_depth).
+pub const MAX_PUSH_DEPTH: usize = 16;
+
+/// The sending side of a session's ProposeStream.
+type Replies = mpsc::Sender<Result<ProposeResponse, Status>>;
+
+/// A complete block drafted ahead, as the unsolicited message that pushes it.
+fn pushed_reply(block: &Lookahead) -> ProposeResponse {
+    ProposeResponse {
+        positions: block.positions.clone(),
+        draft_ns: 0,
+        optimistic_hit: true,
+        pushed: Some(PushedBlock {
+            round: block.round,
+            rollback_to: block.rollback_to as u32,
+            guess_token_id: block.guess.unwrap_or_default(),
+        }),
+        elided: false,
+        // Drafted in the background, between requests: counted with no request.
+        forward_passes: 0,
+        batched_sequences: 0,
+    }
+}
 
 #[tonic::async_trait]
 impl DraftService for DraftNode {
@@ -35,7 +67,7 @@ impl DraftService for DraftNode {
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {
-        Ok(Response::new(self.propose_one(request.into_inner()).await?))
+        Ok(Response::new(self.propose_one(request.into_inner(), None).await?))
     }
 
     type ProposeStreamStream = ReplyStream<ProposeResponse>;
@@ -44,12 +76,23 @@ impl DraftService for DraftNode {
         &self,
         request: Request<Streaming<ProposeRequest>>,
     ) -> Result<Response<Self::ProposeStreamStream>, Status> {
-        let node = self.clone();
-        let handle = move |req| {
-            let node = node.clone();
-            async move { node.propose_one(req).await.map_err(Status::from) }
-        };
-        Ok(Response::new(serve_rounds(request.into_inner(), handle)))
+        let (node, mut requests) = (self.clone(), request.into_inner());
+        let (replies, rx) = mpsc::channel(PUSH_QUEUE);
+        // As `specd_node::serve_rounds`, with the stream's sender lent to the drafting ahead
+        // so that it can push blocks between the replies.
+        tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                let reply = match request {
+                    Ok(request) => node.propose_one(request, Some(&replies)).await.map_err(Status::from),
+                    Err(status) => Err(status),
+                };
+                let failed = reply.is_err();
+                if replies.send(reply).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
@@ -60,16 +103,21 @@ impl DraftService for DraftNode {
 }
 
 impl DraftNode {
-    /// One Propose, for the unary call and the stream alike.
-    async fn propose_one(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
+    /// One Propose, for the unary call and the stream alike; `stream`: where the stream's
+    /// replies go, for blocks pushed ahead.
+    async fn propose_one(&self, req: ProposeRequest, stream: Option<&Replies>) -> Result<ProposeResponse, NodeError> {
         let span = round_span("propose", &req.session_id, req.round, &req.trace_context);
-        let reply = self.propose_in_span(req).instrument(span.clone()).await?;
+        let reply = self.propose_in_span(req, stream).instrument(span.clone()).await?;
         span.set_attribute(attributes::NODE_MODEL_NS, reply.draft_ns as i64);
         span.set_attribute(attributes::NODE_TOKENS, reply.positions.len() as i64);
         Ok(reply)
     }
 
-    async fn propose_in_span(&self, req: ProposeRequest) -> Result<ProposeResponse, NodeError> {
+    async fn propose_in_span(
+        &self,
+        req: ProposeRequest,
+        stream: Option<&Replies>,
+    ) -> Result<ProposeResponse, NodeError> {
         self.interrupt(&req.session_id);
         if req.gamma > MAX_GAMMA {
             let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
@@ -92,30 +140,52 @@ impl DraftNode {
         let round = job.round;
         let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?;
         if proposal.draft_ahead {
-            self.draft_ahead(req.session_id, round.wrapping_add(1));
+            // Pushing needs a stream to push on; a depth above the cap is capped, not refused.
+            let push = stream.filter(|_| req.push_depth > 0).cloned();
+            let depth = (req.push_depth as usize).clamp(1, MAX_PUSH_DEPTH);
+            self.draft_ahead(req.session_id, round, depth, push);
         }
-        let Proposal { positions, draft_ns, optimistic_hit, passes, .. } = proposal;
+        let Proposal { positions, draft_ns, optimistic_hit, elided, passes, .. } = proposal;
         Ok(ProposeResponse {
             positions,
             draft_ns,
             optimistic_hit,
+            pushed: None,
+            elided,
             forward_passes: passes.forward_passes,
             batched_sequences: passes.batched_sequences,
         })
     }
 
-    /// Drafts the block of round `round` ahead in one model job, in the background. Its stop
-    /// flag is registered before the reply goes out, so the next Propose of the session
-    /// always finds it: that Propose waits for one forward pass at most, then takes or drops
-    /// what is done.
-    fn draft_ahead(&self, session_id: String, round: u32) {
+    /// Drafts the blocks after round `round` ahead in one model job, in the background,
+    /// pushing each on `push` when there is one. Its stop flag is registered before the reply
+    /// goes out, so the next Propose of the session always finds it: that Propose waits for
+    /// one forward pass at most, then takes or drops what is done.
+    fn draft_ahead(&self, session_id: String, round: u32, depth: usize, push: Option<Replies>) {
         let (node, purpose, interrupts) = (self.node.clone(), self.lookahead_purpose, self.interrupts.clone());
+        let corrupt = self.corrupt_pushes;
         let stop = Arc::new(AtomicBool::new(false));
         interrupts.lock().expect("interrupts lock").insert(session_id.clone(), Arc::clone(&stop));
         let span = tracing::debug_span!("draft_ahead", session = %session_id, round);
         let work = async move {
             let flag = Arc::clone(&stop);
-            let result = node.run(&session_id, move |m, state| draft_ahead(m, state, round, purpose, &flag)).await;
+            let job = move |m: &mut dyn LanguageModel, state: &mut SessionState| {
+                // Sent from the model thread, inside the job: a pushed block is on the stream
+                // before the reply to any later request, which is what lets that reply leave
+                // it out. A full queue (a coordinator that stopped reading) pushes nothing.
+                let mut send = |block: &Lookahead| {
+                    let mut reply = pushed_reply(block);
+                    if let Some(first) = reply.positions.first_mut().filter(|_| corrupt) {
+                        first.token_id = u32::MAX;
+                    }
+                    push.as_ref().is_some_and(|replies| replies.try_send(Ok(reply)).is_ok())
+                };
+                let push: Option<&mut dyn FnMut(&Lookahead) -> bool> =
+                    if push.is_some() { Some(&mut send) } else { None };
+                let mut ahead = Ahead { after_round: round, depth, purpose, push };
+                draft_ahead(m, state, &mut ahead, &flag)
+            };
+            let result = node.run(&session_id, job).await;
             let mut interrupts = interrupts.lock().expect("interrupts lock");
             if interrupts.get(&session_id).is_some_and(|f| Arc::ptr_eq(f, &stop)) {
                 interrupts.remove(&session_id);

@@ -50,9 +50,9 @@ pub struct SessionState {
     pub params: SamplingParams,
     /// Every draw is keyed by (seed, round, position, purpose).
     pub seed: u64,
-    /// The draft's block drafted ahead of its request (optimistic drafting); always `None`
-    /// on a target.
-    pub lookahead: Option<Lookahead>,
+    /// The draft's blocks drafted ahead of their requests (optimistic drafting), in round
+    /// order, each after the one before it; always empty on a target.
+    pub lookahead: Vec<Lookahead>,
 }
 
 /// A block a draft drafts before it is asked for (optimistic drafting, DESIGN.md §2): the
@@ -71,6 +71,8 @@ pub struct Lookahead {
     pub guess: Option<u32>,
     /// The candidates drafted so far (at most `gamma`), in the wire format.
     pub positions: Vec<ProposedPosition>,
+    /// The block went to the coordinator unasked: its request gets a reply without it.
+    pub pushed: bool,
 }
 
 impl NodeSessionState for SessionState {
@@ -81,7 +83,7 @@ impl NodeSessionState for SessionState {
     fn forget_cache(&mut self) {
         self.history.forget_cache();
         // Drafted ahead on a cache that can no longer be trusted.
-        self.lookahead = None;
+        self.lookahead.clear();
     }
 }
 
@@ -154,7 +156,7 @@ impl Node {
         let params = SamplingParams::try_from(&sampling)?;
         let seed = request.seed;
         let build =
-            move |model_session, history| SessionState { model_session, history, params, seed, lookahead: None };
+            move |model_session, history| SessionState { model_session, history, params, seed, lookahead: Vec::new() };
         Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
     }
 

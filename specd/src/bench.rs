@@ -121,8 +121,11 @@ struct Totals {
     acceptance_sum: f64,
     evaluated: u64,
     wire_bytes: u64,
+    /// Sent to the draft, received from it, sent to the target, received from it.
+    wire_bytes_by_role: [u64; 4],
     optimistic_attempts: u64,
     optimistic_hits: u64,
+    optimistic_pushed: u64,
 }
 
 impl Totals {
@@ -136,8 +139,19 @@ impl Totals {
         self.acceptance_sum += s.stats.acceptance_sum;
         self.evaluated += s.stats.evaluated_positions;
         self.wire_bytes += s.stats.wire_bytes_sent + s.stats.wire_bytes_received;
+        let st = &s.stats;
+        let by_role = [
+            st.wire_bytes_sent_to_draft,
+            st.wire_bytes_received_from_draft,
+            st.wire_bytes_sent_to_target,
+            st.wire_bytes_received_from_target,
+        ];
+        for (total, x) in self.wire_bytes_by_role.iter_mut().zip(by_role) {
+            *total += x;
+        }
         self.optimistic_attempts += s.stats.optimistic_attempts;
         self.optimistic_hits += s.stats.optimistic_hits;
+        self.optimistic_pushed += s.stats.optimistic_pushed;
     }
 
     fn tokens_per_s(&self) -> f64 {
@@ -348,11 +362,26 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         "verify_cost_ratio": if target_pass_ms > 0.0 { verify_pass_ms / target_pass_ms } else { 0.0 },
         "bound_with_measured_verify": bound_measured_verify,
         "wire_bytes_per_round": spec_all.per_round(spec_all.wire_bytes as f64),
+        "wire_bytes_per_round_by_role": {
+            "draft": {
+                "sent": spec_all.per_round(spec_all.wire_bytes_by_role[0] as f64),
+                "received": spec_all.per_round(spec_all.wire_bytes_by_role[1] as f64),
+            },
+            "target": {
+                "sent": spec_all.per_round(spec_all.wire_bytes_by_role[2] as f64),
+                "received": spec_all.per_round(spec_all.wire_bytes_by_role[3] as f64),
+            },
+        },
         "optimistic_attempts": spec_all.optimistic_attempts,
         "optimistic_hit_rate": if spec_all.optimistic_attempts == 0 {
             0.0
         } else {
             spec_all.optimistic_hits as f64 / spec_all.optimistic_attempts as f64
+        },
+        "optimistic_pushed_rate": if spec_all.optimistic_attempts == 0 {
+            0.0
+        } else {
+            spec_all.optimistic_pushed as f64 / spec_all.optimistic_attempts as f64
         },
         "runs": runs,
     }))
@@ -391,6 +420,15 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
             f("target_rtt_ms"),
             f("wire_bytes_per_round")
         );
+        let role = &report["wire_bytes_per_round_by_role"];
+        let b = |who: &str, way: &str| role[who][way].as_f64().unwrap_or(f64::NAN);
+        outln!(
+            "wire bytes    per round: draft {:.0} sent / {:.0} received, target {:.0} sent / {:.0} received",
+            b("draft", "sent"),
+            b("draft", "received"),
+            b("target", "sent"),
+            b("target", "received")
+        );
     }
     outln!(
         "acceptance α  {:.3};  bound (1−α^(γ+1))/((1−α)(γc+1)) = {:.2}× with c = {:.3};  measured / bound = {:.2}",
@@ -406,8 +444,9 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
     );
     if report["optimistic_attempts"].as_u64().unwrap_or(0) > 0 {
         outln!(
-            "optimistic drafting: {:.1}% of rounds served from a block drafted ahead",
-            100.0 * f("optimistic_hit_rate")
+            "optimistic drafting: {:.1}% of rounds served from a block drafted ahead, {:.1}% from one pushed (no wait)",
+            100.0 * f("optimistic_hit_rate"),
+            100.0 * f("optimistic_pushed_rate")
         );
     }
     Ok(())

@@ -167,10 +167,17 @@ fn print_result(args: &GenerateArgs, r: &GenerateResponse) -> std::io::Result<()
                 "round_wall_ns": stats.round_wall_ns,
                 "wire_bytes_sent": stats.wire_bytes_sent,
                 "wire_bytes_received": stats.wire_bytes_received,
+                "wire_bytes_sent_to_draft": stats.wire_bytes_sent_to_draft,
+                "wire_bytes_received_from_draft": stats.wire_bytes_received_from_draft,
+                "wire_bytes_sent_to_target": stats.wire_bytes_sent_to_target,
+                "wire_bytes_received_from_target": stats.wire_bytes_received_from_target,
                 "draft_fallbacks": stats.draft_fallbacks,
                 "target_failovers": stats.target_failovers,
                 "acceptance_sum": stats.acceptance_sum,
                 "evaluated_positions": stats.evaluated_positions,
+                "optimistic_attempts": stats.optimistic_attempts,
+                "optimistic_hits": stats.optimistic_hits,
+                "optimistic_pushed": stats.optimistic_pushed,
             },
         });
         outln!("{out}");

@@ -190,6 +190,9 @@ fn bench_json_is_complete_and_consistent() {
     ] {
         assert!(f(&r[key]).is_finite() && f(&r[key]) >= 0.0, "{key}: {}", r[key]);
     }
+    let by_role = &r["wire_bytes_per_round_by_role"];
+    let split: f64 = ["draft", "target"].iter().flat_map(|w| ["sent", "received"].map(|d| f(&by_role[w][d]))).sum();
+    assert!(close(split, f(&r["wire_bytes_per_round"])), "{by_role} vs {}", r["wire_bytes_per_round"]);
     assert_eq!(r["gamma"], 3);
     assert_eq!(r["prompts"], 2);
     let s = &r["speedup"];

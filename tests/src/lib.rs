@@ -50,6 +50,11 @@ pub struct ClusterOptions {
     pub forward_delays: (Duration, Duration),
     /// How both nodes batch concurrent sessions' forward passes (the nodes' default: on).
     pub batch: BatchPolicy,
+    /// The draft pushes broken blocks ([`DraftNode::with_corrupt_pushes`]).
+    pub corrupt_pushes: bool,
+    /// The coordinator reaches the draft through a `specd_netns::delay_proxy` adding this
+    /// much each way (loopback stands in for a network; the proxy needs no root).
+    pub draft_one_way_delay: Option<Duration>,
 }
 
 impl Default for ClusterOptions {
@@ -66,6 +71,8 @@ impl Default for ClusterOptions {
             lookahead_purpose: Purpose::Draft,
             forward_delays: (Duration::ZERO, Duration::ZERO),
             batch: BatchPolicy::default(),
+            corrupt_pushes: false,
+            draft_one_way_delay: None,
         }
     }
 }
@@ -108,6 +115,7 @@ impl Cluster {
         let draft = DraftNode::load(config(draft_model, options.forward_delays.1))
             .await?
             .with_lookahead_purpose(options.lookahead_purpose);
+        let draft = if options.corrupt_pushes { draft.with_corrupt_pushes() } else { draft };
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -134,6 +142,23 @@ impl Cluster {
                 url
             }
             None => draft_url.clone(),
+        };
+        let coordinator_draft_url = match options.draft_one_way_delay {
+            Some(one_way) => {
+                let upstream = coordinator_draft_url.trim_start_matches("http://").parse()?;
+                let (listener, url) = loopback().await?;
+                let delay = specd_netns::delay_proxy::Delay { one_way, jitter: Duration::ZERO };
+                let mut stop = stop_rx.clone();
+                tasks.push(tokio::spawn(async move {
+                    // The proxy serves until its listener fails: the cluster's stop ends it.
+                    tokio::select! {
+                        _ = specd_netns::delay_proxy::serve(listener, upstream, delay) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                }));
+                url
+            }
+            None => coordinator_draft_url,
         };
         let config = CoordinatorConfig {
             targets: vec![target_url.clone()],

@@ -203,7 +203,9 @@ async fn lookahead_reusing_the_acceptance_draws_is_caught() {
 /// Not a test: tokens per second with optimistic drafting on and off on loopback, with
 /// forward passes slowed to stand in for real models (`SPECD_MEASURE_DRAFT_MS`, default 5;
 /// `SPECD_MEASURE_TARGET_MS`, default 20; γ = `SPECD_MEASURE_GAMMA`, default 4; 128 tokens
-/// for each of `SPECD_MEASURE_SEEDS` seeds, default 8). Run with
+/// for each of `SPECD_MEASURE_SEEDS` seeds, default 8), and a round trip of
+/// `SPECD_MEASURE_RTT_MS` (default 0) between coordinator and draft. The delays are sleeps,
+/// so the figures hold on a loaded machine better than model runs do. Run with
 /// `cargo test --release -p specd-e2e --test optimistic -- --ignored --nocapture measure`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a test"]
@@ -212,6 +214,7 @@ async fn measure_optimistic_drafting_on_loopback() {
     let (draft_ms, target_ms, gamma) =
         (env("SPECD_MEASURE_DRAFT_MS", 5), env("SPECD_MEASURE_TARGET_MS", 20), env("SPECD_MEASURE_GAMMA", 4) as u32);
     let seeds = env("SPECD_MEASURE_SEEDS", 8);
+    let rtt_ms = env("SPECD_MEASURE_RTT_MS", 0);
     let dir = scratch_dir("optimistic-measure");
     // One distribution at every position: α = Σ min(p, q) = 0.9, and q's mode is p's.
     let target = Table { vocab_size: 5, default: vec![0.6, 0.2, 0.1, 0.05, 0.05], rules: Vec::new() };
@@ -223,6 +226,7 @@ async fn measure_optimistic_drafting_on_loopback() {
         for optimistic in [false, true] {
             let options = ClusterOptions {
                 forward_delays: delays,
+                draft_one_way_delay: (rtt_ms > 0).then(|| std::time::Duration::from_micros(rtt_ms * 500)),
                 truncation: Truncation::new(1e-4, 64).unwrap(),
                 ..options(gamma, optimistic)
             };
@@ -240,11 +244,12 @@ async fn measure_optimistic_drafting_on_loopback() {
                 total.round_wall_ns += stats.round_wall_ns;
                 total.optimistic_attempts += stats.optimistic_attempts;
                 total.optimistic_hits += stats.optimistic_hits;
+                total.optimistic_pushed += stats.optimistic_pushed;
             }
             let seconds = started.elapsed().as_secs_f64();
             let rounds = total.rounds as f64;
             eprintln!(
-                "pass {pass}, optimistic {}: {:.1} tokens/s, {:.2} tokens/round, round {:.2} ms, draft {:.2} ms/round, hits {}/{} ({:.0}%), accepted {}/{}",
+                "pass {pass}, optimistic {}: {:.1} tokens/s, {:.2} tokens/round, round {:.2} ms, draft {:.2} ms/round, hits {}/{} ({:.0}%, {} pushed), accepted {}/{}",
                 if optimistic { "on " } else { "off" },
                 tokens as f64 / seconds,
                 tokens as f64 / rounds,
@@ -253,6 +258,7 @@ async fn measure_optimistic_drafting_on_loopback() {
                 total.optimistic_hits,
                 total.optimistic_attempts,
                 100.0 * total.optimistic_hits as f64 / (total.optimistic_attempts as f64).max(1.0),
+                total.optimistic_pushed,
                 total.accepted_tokens,
                 total.draft_tokens,
             );

@@ -49,10 +49,14 @@ fn request(prompt: Vec<u32>, max_new_tokens: u32, temperature: f64, gamma: Optio
 }
 
 async fn start(name: &str, target: &Table, draft: &Table) -> Cluster {
+    start_with(name, target, draft, &ClusterOptions::default()).await
+}
+
+async fn start_with(name: &str, target: &Table, draft: &Table, options: &ClusterOptions) -> Cluster {
     let dir = scratch_dir(name);
     let t = write_suffix_table(target, &dir.join("target.json"));
     let d = write_suffix_table(draft, &dir.join("draft.json"));
-    Cluster::start(&t, &d, &ClusterOptions::default()).await.unwrap()
+    Cluster::start(&t, &d, options).await.unwrap()
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -116,6 +120,73 @@ async fn finished_generations_leave_no_sessions() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(cluster.target_info().await.unwrap().active_sessions, 0);
     assert_eq!(cluster.draft_info().await.unwrap().active_sessions, 0);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wire_bytes_split_by_role_add_up_to_the_totals() {
+    let cluster = start("wire-bytes", &suffix_table(1), &suffix_table(2)).await;
+    let mut client = cluster.client().await.unwrap();
+    for gamma in [0, 3] {
+        let stats =
+            client.generate(request(vec![2, 4], 16, 1.0, Some(gamma))).await.unwrap().into_inner().stats.unwrap();
+        let sent = stats.wire_bytes_sent_to_draft + stats.wire_bytes_sent_to_target;
+        let received = stats.wire_bytes_received_from_draft + stats.wire_bytes_received_from_target;
+        assert_eq!((sent, received), (stats.wire_bytes_sent, stats.wire_bytes_received), "γ = {gamma}: {stats:?}");
+        assert!(stats.wire_bytes_sent_to_target > 0 && stats.wire_bytes_received_from_target > 0, "{stats:?}");
+        if gamma == 0 {
+            // Target-only rounds never talk to the draft.
+            assert_eq!((stats.wire_bytes_sent_to_draft, stats.wire_bytes_received_from_draft), (0, 0), "{stats:?}");
+        } else {
+            assert!(stats.wire_bytes_sent_to_draft > 0 && stats.wire_bytes_received_from_draft > 0, "{stats:?}");
+        }
+    }
+    cluster.shutdown().await;
+}
+
+/// A draft equal to the target, greedy: every candidate is accepted and every guess right, so
+/// every round after the first can take a block pushed ahead; a slow target pass makes sure
+/// the push is there first.
+fn all_hits(corrupt_pushes: bool) -> ClusterOptions {
+    ClusterOptions {
+        optimistic: true,
+        forward_delays: (Duration::from_millis(5), Duration::ZERO),
+        corrupt_pushes,
+        ..ClusterOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_take_the_blocks_the_draft_pushed_ahead() {
+    let target = suffix_table(1);
+    let cluster = start_with("pushed", &target, &target, &all_hits(false)).await;
+    let mut client = cluster.client().await.unwrap();
+    for prompt in prompts().into_iter().take(5) {
+        let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
+        let spec = client.generate(request(prompt.clone(), 30, 0.0, Some(3))).await.unwrap().into_inner();
+        assert_eq!(spec.token_ids, plain.token_ids, "prompt {prompt:?}");
+        let stats = spec.stats.unwrap();
+        // 30 tokens: 7 rounds of 4, then one of 2 whose γ = 1 no block was drafted for.
+        assert_eq!((stats.rounds, stats.optimistic_attempts), (8, 7), "{stats:?}");
+        assert_eq!(stats.optimistic_hits, 6, "{stats:?}");
+        assert!(stats.optimistic_pushed >= 4 && stats.optimistic_pushed <= stats.optimistic_hits, "{stats:?}");
+        assert_eq!(stats.draft_fallbacks, 0, "{stats:?}");
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_pushing_garbage_is_dropped_and_the_generation_goes_on() {
+    let target = suffix_table(1);
+    let cluster = start_with("pushed-garbage", &target, &target, &all_hits(true)).await;
+    let mut client = cluster.client().await.unwrap();
+    let prompt = vec![1, 3];
+    let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
+    let spec = client.generate(request(prompt.clone(), 30, 0.0, Some(3))).await.unwrap().into_inner();
+    assert_eq!(spec.token_ids, plain.token_ids);
+    let stats = spec.stats.unwrap();
+    assert!(stats.draft_fallbacks >= 1, "{stats:?}");
+    assert_eq!(stats.optimistic_pushed, 0, "{stats:?}");
     cluster.shutdown().await;
 }
 
