@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::Result;
 use common::{FIXTURES, load, max_abs_diff, reference};
 use serde_json::json;
-use specd_model::{BatchPolicy, LanguageModel, ModelError, ModelWorker, Slowed, TableModel, load_model};
+use specd_model::{
+    BatchPolicy, LanguageModel, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, TableModel, load_model,
+};
 
 const TOL: f32 = 1e-5;
 
@@ -75,27 +77,36 @@ fn slow_table(delay: Duration) -> impl FnOnce() -> specd_model::Result<Slowed<Ta
     }
 }
 
+/// `n` threads open a session each, wait for one another, then run `job` on it at once.
+fn at_once<R: Send + 'static>(
+    handle: &ModelHandle,
+    n: usize,
+    job: fn(&mut dyn LanguageModel, SessionId) -> specd_model::Result<R>,
+) -> specd_model::Result<Vec<R>> {
+    let barrier = Arc::new(Barrier::new(n));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (handle, barrier) = (handle.clone(), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let s = handle.open_session_blocking(Some(16))?;
+                barrier.wait();
+                handle.call_blocking(move |m| job(m, s))
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().expect("thread")).collect()
+}
+
 /// Eight threads forward at once against a model whose passes take 40 ms: while the first
 /// pass runs the other seven queue, and the next pass takes them all.
 #[test]
 fn the_worker_gathers_concurrent_forwards_into_one_pass() -> Result<()> {
     let policy = BatchPolicy { max_sequences: 16, max_tokens: 512, window: Duration::ZERO, min_pass: Duration::ZERO };
     let handle = ModelWorker::spawn_batched("batched", 64, policy, slow_table(Duration::from_millis(40)))?;
-    let barrier = Arc::new(Barrier::new(8));
-    let threads: Vec<_> = (0..8)
-        .map(|_| {
-            let (handle, barrier) = (handle.clone(), Arc::clone(&barrier));
-            std::thread::spawn(move || -> specd_model::Result<usize> {
-                let s = handle.open_session_blocking(Some(16))?;
-                barrier.wait();
-                handle.call_blocking(move |m| {
-                    m.forward(s, &[0, 1])?;
-                    Ok(m.last_batch_size())
-                })
-            })
-        })
-        .collect();
-    let sizes: Vec<usize> = threads.into_iter().map(|t| t.join().expect("thread")).collect::<Result<_, _>>()?;
+    let sizes = at_once(&handle, 8, |m, s| {
+        m.forward(s, &[0, 1])?;
+        Ok(m.last_batch_size())
+    })?;
     let totals = handle.batch_totals();
     assert_eq!(totals.sequences, 8);
     assert_eq!(totals.tokens, 16);
@@ -110,23 +121,11 @@ fn the_worker_gathers_concurrent_forwards_into_one_pass() -> Result<()> {
 fn the_token_budget_splits_batches_and_loses_nothing() -> Result<()> {
     let policy = BatchPolicy { max_sequences: 16, max_tokens: 4, window: Duration::ZERO, min_pass: Duration::ZERO };
     let handle = ModelWorker::spawn_batched("budget", 64, policy, slow_table(Duration::from_millis(20)))?;
-    let barrier = Arc::new(Barrier::new(4));
-    let threads: Vec<_> = (0..4)
-        .map(|_| {
-            let (handle, barrier) = (handle.clone(), Arc::clone(&barrier));
-            std::thread::spawn(move || -> specd_model::Result<usize> {
-                let s = handle.open_session_blocking(Some(16))?;
-                barrier.wait();
-                handle.call_blocking(move |m| {
-                    m.forward(s, &[0, 1, 2])?;
-                    m.session_len(s)
-                })
-            })
-        })
-        .collect();
-    for t in threads {
-        assert_eq!(t.join().expect("thread")?, 3);
-    }
+    let lengths = at_once(&handle, 4, |m, s| {
+        m.forward(s, &[0, 1, 2])?;
+        m.session_len(s)
+    })?;
+    assert_eq!(lengths, [3; 4]);
     let totals = handle.batch_totals();
     assert_eq!((totals.passes, totals.sequences, totals.tokens), (4, 4, 12));
     Ok(())
