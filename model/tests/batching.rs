@@ -140,7 +140,7 @@ fn batched_jobs_match_unbatched_jobs_on_a_llama() -> Result<()> {
         let dir = dir.clone();
         ModelWorker::spawn_batched("llama", 64, policy, move || load_model(&dir, &common::cpu_f32()))
     };
-    let run_all = |handle: specd_model::ModelHandle| -> Result<Vec<Vec<Vec<f32>>>> {
+    let run_all = |handle: ModelHandle| -> Result<Vec<Vec<Vec<f32>>>> {
         let threads: Vec<_> = (0..4)
             .map(|i| {
                 let (handle, tokens) = (handle.clone(), tokens.clone());
