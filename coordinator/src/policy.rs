@@ -100,6 +100,11 @@ impl AdaptiveGamma {
         self.speed(0).is_some() && self.speed(1).is_some()
     }
 
+    /// The largest γ this session may use (0: it never drafts).
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
     /// The estimated per-position acceptance α.
     pub fn alpha(&self) -> f64 {
         self.alpha.0.unwrap_or(0.5)
@@ -179,17 +184,35 @@ impl AdaptiveGamma {
 /// picks it: sampling settings, on which acceptance depends, and the load, on which the
 /// costs do), the latest estimates of any session.
 /// Which γ a round uses never depends on that round's own draws, so the law stays exact.
+///
+/// When what was learnt says drafting does not pay, only one new session in
+/// [`EXPLORE_EVERY`] drafts at all (its probes keep the memory current); the others get a
+/// maximum of 0, so they open no draft session and pay nothing for a draft they would not use.
 #[derive(Debug, Clone, Default)]
-pub struct PolicyMemory(Arc<Mutex<HashMap<String, AdaptiveGamma>>>);
+pub struct PolicyMemory(Arc<Mutex<HashMap<String, Learnt>>>);
+
+/// One key's latest estimates, and how many sessions started from them.
+#[derive(Debug)]
+struct Learnt {
+    policy: AdaptiveGamma,
+    starts: u64,
+}
 
 /// Distinct sampling settings remembered; past this the memory starts again.
 const REMEMBERED_SETTINGS: usize = 256;
 
+/// While drafting does not pay, one session in this many still drafts (and probes).
+pub const EXPLORE_EVERY: u64 = 8;
+
 impl PolicyMemory {
     /// The policy a new session with these settings starts with.
     pub fn start(&self, settings: &str, max: u32) -> AdaptiveGamma {
-        let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        memory.get(settings).map_or_else(|| AdaptiveGamma::new(max), |learnt| learnt.warm_copy(max))
+        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(learnt) = memory.get_mut(settings) else { return AdaptiveGamma::new(max) };
+        learnt.starts += 1;
+        let explores = learnt.starts.is_multiple_of(EXPLORE_EVERY);
+        let max = if learnt.policy.best_gamma() == 0 && !explores { 0 } else { max };
+        learnt.policy.warm_copy(max)
     }
 
     /// Keeps a session's estimates for the sessions that start after it.
@@ -201,7 +224,12 @@ impl PolicyMemory {
         if memory.len() >= REMEMBERED_SETTINGS && !memory.contains_key(settings) {
             memory.clear();
         }
-        memory.insert(settings.to_owned(), policy.clone());
+        match memory.get_mut(settings) {
+            Some(learnt) => learnt.policy = policy.clone(),
+            None => {
+                memory.insert(settings.to_owned(), Learnt { policy: policy.clone(), starts: 0 });
+            }
+        }
     }
 }
 
@@ -331,7 +359,12 @@ mod tests {
         let chosen = run(&mut first, 100, 0.05, 20.0, 50.0, 0.0);
         memory.remember("greedy", &first);
         assert_eq!(first.best_gamma(), 0, "{chosen:?}");
-        // The next one with the same settings does not draft from its first round on…
+        // The next ones with the same settings do not draft at all, but one in EXPLORE_EVERY
+        // starts from the same estimates and probes…
+        let starts: Vec<u32> = (0..2 * EXPLORE_EVERY).map(|_| memory.start("greedy", 8).max()).collect();
+        let exploring = starts.iter().filter(|&&m| m == 8).count();
+        assert_eq!(exploring, 2, "{starts:?}");
+        assert!(starts.iter().all(|&m| m == 0 || m == 8), "{starts:?}");
         let mut next = memory.start("greedy", 8);
         assert_eq!(next.next_gamma(), 0);
         // …and others still start by measuring.

@@ -208,7 +208,6 @@ impl SessionActor {
 
     async fn generate(&self) -> Result<(), CoordinatorError> {
         let spec = &self.spec;
-        let draft = self.draft.as_ref().filter(|_| spec.gamma.max() > 0);
         // What pays depends on the sampling settings (α) and on the load: with many sessions
         // the nodes' passes are shared and the machine's compute is the limit, alone the
         // latency of a pass is. Sessions learn from those of the same settings and load.
@@ -217,6 +216,9 @@ impl SessionActor {
             GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max)),
             GammaChoice::Fixed(_) => None,
         };
+        // No draft session for a generation that will not draft.
+        let will_draft = adaptive.as_ref().map_or(spec.gamma.max(), |policy| policy.max()) > 0;
+        let draft = self.draft.as_ref().filter(|_| will_draft);
         let mut guard = ReleaseGuard { session_id: self.session_id.clone(), target: Some(self.target.clone()) };
         let mut target = self.target.clone();
         let mut spares = self.spare_targets.iter();
