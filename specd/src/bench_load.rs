@@ -11,71 +11,54 @@ use tonic::transport::Channel;
 
 use crate::bench::{BenchArgs, Sample, median, run_one};
 
-/// What one mode measured over a pass (or over all passes).
+/// What one mode measured over a pass (or over all passes): its requests and the wall time
+/// they took together. Everything reported is summed from the samples when asked.
 #[derive(Debug, Default, Clone)]
 struct Load {
-    tokens: u64,
+    samples: Vec<Sample>,
     wall: Duration,
-    latencies_ms: Vec<f64>,
-    rounds: u64,
-    draft_tokens: u64,
-    acceptance_sum: f64,
-    evaluated: u64,
-    target_passes: u64,
-    target_sequences: u64,
-    draft_passes: u64,
-    draft_sequences: u64,
 }
 
 impl Load {
-    fn add(&mut self, s: &Sample) {
-        self.tokens += s.tokens;
-        self.latencies_ms.push(s.wall.as_secs_f64() * 1e3);
-        self.rounds += s.stats.rounds;
-        self.draft_tokens += s.stats.draft_tokens;
-        self.acceptance_sum += s.stats.acceptance_sum;
-        self.evaluated += s.stats.evaluated_positions;
-        self.target_passes += s.stats.target_forward_passes;
-        self.target_sequences += s.stats.target_batched_sequences;
-        self.draft_passes += s.stats.draft_forward_passes;
-        self.draft_sequences += s.stats.draft_batched_sequences;
+    fn merge(&mut self, other: &Load) {
+        self.samples.extend_from_slice(&other.samples);
+        self.wall += other.wall;
     }
 
-    fn merge(&mut self, other: &Load) {
-        self.tokens += other.tokens;
-        self.wall += other.wall;
-        self.latencies_ms.extend_from_slice(&other.latencies_ms);
-        self.rounds += other.rounds;
-        self.draft_tokens += other.draft_tokens;
-        self.acceptance_sum += other.acceptance_sum;
-        self.evaluated += other.evaluated;
-        self.target_passes += other.target_passes;
-        self.target_sequences += other.target_sequences;
-        self.draft_passes += other.draft_passes;
-        self.draft_sequences += other.draft_sequences;
+    fn sum(&self, field: impl Fn(&Sample) -> u64) -> u64 {
+        self.samples.iter().map(field).sum()
     }
 
     fn tokens_per_s(&self) -> f64 {
-        self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+        self.sum(|s| s.tokens) as f64 / self.wall.as_secs_f64().max(1e-9)
     }
 
     fn report(&self) -> serde_json::Value {
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let latencies: Vec<f64> = self.samples.iter().map(|s| s.wall.as_secs_f64() * 1e3).collect();
+        let acceptance: f64 = self.samples.iter().map(|s| s.stats.acceptance_sum).sum();
+        let evaluated = self.sum(|s| s.stats.evaluated_positions);
         json!({
             "aggregate_tokens_per_s": self.tokens_per_s(),
-            "requests": self.latencies_ms.len(),
+            "requests": self.samples.len(),
             "latency_ms": {
-                "p50": percentile(&self.latencies_ms, 0.50),
-                "p90": percentile(&self.latencies_ms, 0.90),
-                "p99": percentile(&self.latencies_ms, 0.99),
-                "max": self.latencies_ms.iter().copied().fold(0.0, f64::max),
+                "p50": percentile(&latencies, 0.50),
+                "p90": percentile(&latencies, 0.90),
+                "p99": percentile(&latencies, 0.99),
+                "max": latencies.iter().copied().fold(0.0, f64::max),
             },
             "mean_batch_size": {
-                "target": ratio(self.target_sequences, self.target_passes),
-                "draft": ratio(self.draft_sequences, self.draft_passes),
+                "target": ratio(
+                    self.sum(|s| s.stats.target_batched_sequences),
+                    self.sum(|s| s.stats.target_forward_passes),
+                ),
+                "draft": ratio(
+                    self.sum(|s| s.stats.draft_batched_sequences),
+                    self.sum(|s| s.stats.draft_forward_passes),
+                ),
             },
-            "mean_gamma": ratio(self.draft_tokens, self.rounds),
-            "alpha": if self.evaluated == 0 { 0.0 } else { self.acceptance_sum / self.evaluated as f64 },
+            "mean_gamma": ratio(self.sum(|s| s.stats.draft_tokens), self.sum(|s| s.stats.rounds)),
+            "alpha": if evaluated == 0 { 0.0 } else { acceptance / evaluated as f64 },
         })
     }
 }
@@ -118,14 +101,11 @@ async fn pass(
             anyhow::Ok(samples)
         }));
     }
-    let mut load = Load::default();
+    let mut samples = Vec::with_capacity(requests);
     for task in tasks {
-        for sample in task.await?? {
-            load.add(&sample);
-        }
+        samples.extend(task.await??);
     }
-    load.wall = started.elapsed();
-    Ok(load)
+    Ok(Load { samples, wall: started.elapsed() })
 }
 
 /// Measures both modes at `args.concurrency` clients and with one client, interleaved.
