@@ -263,13 +263,32 @@ impl RemoteModel {
         &self,
         f: impl FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     ) -> Result<R> {
-        let (reply, rx) = oneshot::channel();
-        let job: Job = Box::new(move |m| {
-            let _ = reply.send(f(m));
-        });
-        self.tx.blocking_send(Message::Job(job)).map_err(|_| gone())?;
-        rx.blocking_recv().map_err(|_| failed())?
+        run_blocking(&self.tx, Message::Job, f)
     }
+}
+
+/// `f` as a job for the model thread, and where its result will come.
+pub(crate) fn job<R, F>(f: F) -> (Job, oneshot::Receiver<Result<R>>)
+where
+    R: Send + 'static,
+    F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+{
+    let (reply, rx) = oneshot::channel();
+    let job: Job = Box::new(move |m| {
+        let _ = reply.send(f(m));
+    });
+    (job, rx)
+}
+
+/// Sends `f` to the model thread as the message `wrap` makes of it and blocks for its result.
+pub(crate) fn run_blocking<R, F>(tx: &mpsc::Sender<Message>, wrap: fn(Job) -> Message, f: F) -> Result<R>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+{
+    let (job, rx) = job(f);
+    tx.blocking_send(wrap(job)).map_err(|_| gone())?;
+    rx.blocking_recv().map_err(|_| failed())?
 }
 
 pub(crate) fn gone() -> ModelError {

@@ -12,9 +12,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use crate::batching::{BatchCounters, BatchPolicy, BatchTotals, Job, Message, RemoteModel, failed, gone, serve};
+use crate::batching::{
+    BatchCounters, BatchPolicy, BatchTotals, Job, Message, RemoteModel, failed, gone, job, run_blocking, serve,
+};
 use crate::error::{ModelError, Result};
 use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
 
@@ -90,16 +92,15 @@ impl ModelHandle {
         self.counters.totals()
     }
 
-    fn job<R, F>(f: F) -> (Job, oneshot::Receiver<Result<R>>)
+    /// Sends `f` to the model thread as the message `wrap` makes of it and awaits its result.
+    async fn on_thread<R, F>(&self, wrap: fn(Job) -> Message, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
-        let (reply, rx) = oneshot::channel();
-        let job: Job = Box::new(move |m| {
-            let _ = reply.send(f(m));
-        });
-        (job, rx)
+        let (job, rx) = job(f);
+        self.tx.send(wrap(job)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| failed())?
     }
 
     /// Runs `f` against the model and awaits its result: on the worker thread, or, when the
@@ -114,9 +115,7 @@ impl ModelHandle {
             let mut remote = RemoteModel::new(self.tx.clone(), Arc::clone(&self.info));
             return tokio::task::spawn_blocking(move || f(&mut remote)).await.map_err(|_| failed())?;
         }
-        let (job, rx) = Self::job(f);
-        self.tx.send(Message::Call(job)).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| failed())?
+        self.on_thread(Message::Call, f).await
     }
 
     /// Whether jobs go through batching now: the policy batches and passes are slow enough
@@ -134,9 +133,7 @@ impl ModelHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
-        let (job, rx) = Self::job(f);
-        self.tx.send(Message::Job(job)).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| failed())?
+        self.on_thread(Message::Job, f).await
     }
 
     /// Runs `f` against the model and blocks until it is done (batched like [`Self::call`]).
@@ -149,9 +146,7 @@ impl ModelHandle {
             let mut remote = RemoteModel::new(self.tx.clone(), Arc::clone(&self.info));
             return f(&mut remote);
         }
-        let (job, rx) = Self::job(f);
-        self.tx.blocking_send(Message::Call(job)).map_err(|_| gone())?;
-        rx.blocking_recv().map_err(|_| failed())?
+        run_blocking(&self.tx, Message::Call, f)
     }
 
     /// See [`LanguageModel::open_session`].
