@@ -330,12 +330,18 @@ impl LlamaModel {
         let total: usize = segments.iter().map(|s| s.tokens.len()).sum();
         let mut data = vec![0f32; total * vocab];
         logits.f_copy_data(&mut data, total * vocab)?;
-        let mut out = Vec::with_capacity(segments.len());
+        for s in segments {
+            self.sessions.get_mut(s.session)?.len = s.past + s.tokens.len();
+        }
+        if let [_] = segments {
+            // One session (every unbatched pass): its logits are the whole buffer, uncopied.
+            return Ok(vec![Logits::new(vocab, data)?]);
+        }
         let mut rest = data.as_slice();
+        let mut out = Vec::with_capacity(segments.len());
         for s in segments {
             let (mine, tail) = rest.split_at(s.tokens.len() * vocab);
             rest = tail;
-            self.sessions.get_mut(s.session)?.len = s.past + s.tokens.len();
             out.push(Logits::new(vocab, mine.to_vec())?);
         }
         Ok(out)
