@@ -117,6 +117,14 @@ pub trait LanguageModel {
         1
     }
 
+    /// Builds, before the first request, what the backend builds the first time it sees a
+    /// pass of 1 to `max_tokens` tokens, and returns how many passes that took (0: nothing
+    /// to build). Nodes call it at start so that the first verify pass of each block length
+    /// does not pay for it, and does not teach adaptive γ a cost that never recurs.
+    fn warm_up(&mut self, _max_tokens: usize) -> Result<usize> {
+        Ok(0)
+    }
+
     /// Shrinks the session to its first `len` tokens (O(1); `len` ≤ current length).
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()>;
 
@@ -174,6 +182,9 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     }
     fn last_batch_size(&self) -> usize {
         (**self).last_batch_size()
+    }
+    fn warm_up(&mut self, max_tokens: usize) -> Result<usize> {
+        (**self).warm_up(max_tokens)
     }
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
         (**self).truncate(session, len)

@@ -450,6 +450,25 @@ impl LanguageModel for LlamaModel {
         results.into_iter().map(|r| r.expect("every item has a result")).collect()
     }
 
+    fn warm_up(&mut self, max_tokens: usize) -> Result<usize> {
+        // oneDNN (bf16 and f16 on a CPU) and cuBLAS choose and build a kernel per matmul shape
+        // on first use, about 1 ms each: ~30 ms for a first pass of a new length on the demo
+        // target, more than a whole pass. MKL's f32 and f64 kernels build nothing.
+        let builds_kernels = matches!(self.kind, Kind::Half | Kind::BFloat16) || self.device.is_cuda();
+        let max_tokens = max_tokens.min(self.cfg.max_position_embeddings);
+        if !builds_kernels || max_tokens == 0 {
+            return Ok(0);
+        }
+        let session = self.open_session(Some(max_tokens))?;
+        let tokens = vec![0u32; max_tokens];
+        let passes = (1..=max_tokens).try_for_each(|n| {
+            self.forward(session, &tokens[..n])?;
+            self.truncate(session, 0)
+        });
+        self.release(session)?;
+        passes.map(|()| max_tokens)
+    }
+
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
         self.sessions.truncate(session, len)
     }

@@ -38,3 +38,22 @@ fn device_and_dtype_strings() {
         assert!(DeviceSpec::Cuda(0).to_device().is_err());
     }
 }
+
+/// Half precision on a CPU builds a kernel per pass length on first use; `warm_up` runs each
+/// length once at start, leaves no session behind and changes no result. f32 builds none.
+#[test]
+fn warm_up_builds_half_precision_kernels_and_leaves_nothing_behind() -> Result<()> {
+    let r = common::reference("llama_gqa_untied")?;
+    let opts = LoadOptions { dtype: DType::Bf16, ..common::cpu_f32() };
+    let path = common::fixture("llama_gqa_untied");
+    let (mut warmed, mut cold) = (LlamaModel::load(&path, &opts)?, LlamaModel::load(&path, &opts)?);
+    assert_eq!(warmed.warm_up(9)?, 9);
+    assert_eq!(warmed.open_sessions(), 0);
+    assert_eq!(warmed.memory_in_use().0, 0);
+    let (a, b) = (warmed.open_session(None)?, cold.open_session(None)?);
+    assert_eq!(warmed.forward(a, &r.tokens)?.as_slice(), cold.forward(b, &r.tokens)?.as_slice());
+
+    let mut f32_model = LlamaModel::load(&path, &common::cpu_f32())?;
+    assert_eq!(f32_model.warm_up(9)?, 0);
+    Ok(())
+}

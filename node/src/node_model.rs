@@ -3,13 +3,17 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use specd_model::{
     BatchPolicy, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, load_model,
 };
 
 use crate::history::SessionHistory;
+
+/// Pass lengths built at start: every verify block (γ ≤ MAX_GAMMA, plus the bonus position)
+/// and the small batched passes of a few sessions.
+const WARM_UP_TOKENS: usize = specd_sampling::MAX_GAMMA as usize + 1;
 use crate::registry::{RegistryError, SessionRegistry};
 
 /// A role's per-session state.
@@ -58,7 +62,12 @@ impl<S: NodeSessionState> NodeModel<S> {
     ) -> Result<Self, ModelError> {
         let path = path.to_owned();
         let model = ModelWorker::spawn_batched(thread, 64, batch, move || {
-            let model = load_model(&path, &options)?;
+            let mut model = load_model(&path, &options)?;
+            let started = Instant::now();
+            let passes = model.warm_up(WARM_UP_TOKENS)?;
+            if passes > 0 {
+                tracing::info!(passes, elapsed_ms = started.elapsed().as_millis() as u64, "model warmed up");
+            }
             Ok(if forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, forward_delay)) })
         })?;
         Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)) })

@@ -107,6 +107,38 @@ pub(crate) struct Sample {
     pub(crate) tokens: u64,
     pub(crate) wall: Duration,
     pub(crate) stats: SpeculationStats,
+    pub(crate) token_ids: Vec<u32>,
+}
+
+/// How often greedy speculative output equals target-only output on the same prompt. Exact
+/// in law does not mean identical in bits: a verify pass scores several tokens at once, and
+/// its floating-point sums may round differently from one-token passes, which can flip an
+/// argmax between two near-tied tokens (more often in bf16 than in f32).
+#[derive(Debug, Default)]
+struct GreedyAgreement {
+    pairs: u64,
+    identical: u64,
+    /// Tokens before the first difference, summed over pairs.
+    common_prefix: u64,
+    compared: u64,
+}
+
+impl GreedyAgreement {
+    fn add(&mut self, target_only: &[u32], speculative: &[u32]) {
+        let prefix = target_only.iter().zip(speculative).take_while(|(a, b)| a == b).count();
+        self.pairs += 1;
+        self.identical += u64::from(target_only == speculative);
+        self.common_prefix += prefix as u64;
+        self.compared += target_only.len().max(speculative.len()) as u64;
+    }
+
+    fn report(&self) -> serde_json::Value {
+        json!({
+            "pairs": self.pairs,
+            "identical_fraction": self.identical as f64 / self.pairs.max(1) as f64,
+            "common_prefix_fraction": self.common_prefix as f64 / self.compared.max(1) as f64,
+        })
+    }
 }
 
 /// The sums of one mode over a pass (or all passes).
@@ -217,6 +249,14 @@ impl BenchArgs {
         Ok(())
     }
 
+    /// The models' dtype where this command started them; unknown behind --endpoint.
+    pub(crate) fn dtype_label(&self) -> serde_json::Value {
+        match self.endpoint {
+            Some(_) => serde_json::Value::Null,
+            None => json!(self.node.dtype().to_string()),
+        }
+    }
+
     pub(crate) fn request(&self, prompt: &str, gamma: Option<u32>, seed: u64) -> tonic::Request<GenerateRequest> {
         let message = GenerateRequest {
             request_id: String::new(),
@@ -251,7 +291,7 @@ pub(crate) async fn run_one(
     let response = client.generate(request).await.map_err(RpcFailure)?.into_inner();
     let wall = started.elapsed();
     let tokens = response.usage.map_or(response.token_ids.len() as u64, |u| u64::from(u.completion_tokens));
-    Ok(Sample { tokens, wall, stats: response.stats.unwrap_or_default() })
+    Ok(Sample { tokens, wall, stats: response.stats.unwrap_or_default(), token_ids: response.token_ids })
 }
 
 /// (1 − α^(γ+1)) / ((1 − α)(γc + 1)), Leviathan et al. (2023) Theorem 3.8, for a real γ
@@ -285,23 +325,28 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
     }
     let (mut base_all, mut spec_all) = (Totals::default(), Totals::default());
     let mut runs = Vec::new();
+    let mut agreement = GreedyAgreement::default();
     for r in 0..args.repeat {
         let (mut base, mut spec) = (Totals::default(), Totals::default());
         for (i, prompt) in prompts.iter().enumerate() {
             let seed = args.seed.wrapping_add(i as u64);
             let base_first = (r + i) % 2 == 0;
+            let (mut base_ids, mut spec_ids) = (Vec::new(), Vec::new());
             for turn in 0..2 {
                 // Each sample counts towards its pass and towards the totals of all passes.
                 if (turn == 0) == base_first {
                     let sample = run_one(&mut client, args.request(prompt, Some(0), seed)).await?;
                     base.add(&sample);
                     base_all.add(&sample);
+                    base_ids = sample.token_ids;
                 } else {
                     let sample = run_one(&mut client, args.request(prompt, spec_gamma, seed)).await?;
                     spec.add(&sample);
                     spec_all.add(&sample);
+                    spec_ids = sample.token_ids;
                 }
             }
+            agreement.add(&base_ids, &spec_ids);
         }
         let ratio = spec.tokens_per_s() / base.tokens_per_s();
         if !args.json {
@@ -383,6 +428,9 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         } else {
             spec_all.optimistic_pushed as f64 / spec_all.optimistic_attempts as f64
         },
+        // Only greedy outputs are comparable: sampled ones draw different random numbers.
+        "greedy_agreement": if args.temperature == 0.0 { agreement.report() } else { serde_json::Value::Null },
+        "dtype": args.dtype_label(),
         "runs": runs,
     }))
 }
@@ -442,6 +490,16 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         f("verify_cost_ratio"),
         f("bound_with_measured_verify")
     );
+    let agreement = &report["greedy_agreement"];
+    if let Some(identical) = agreement["identical_fraction"].as_f64() {
+        outln!(
+            "greedy outputs identical to target-only: {:.0}% of {} requests ({:.1}% of tokens before a first difference; {})",
+            100.0 * identical,
+            agreement["pairs"],
+            100.0 * agreement["common_prefix_fraction"].as_f64().unwrap_or(f64::NAN),
+            report["dtype"].as_str().unwrap_or("dtype of the endpoint's nodes")
+        );
+    }
     if report["optimistic_attempts"].as_u64().unwrap_or(0) > 0 {
         outln!(
             "optimistic drafting: {:.1}% of rounds served from a block drafted ahead, {:.1}% from one pushed (no wait)",
@@ -530,6 +588,17 @@ mod tests {
         // α = 0.8, γ = 4, c = 0.05: expected tokens 1 + α + … + α⁴ = 3.3616, over γc + 1 = 1.2.
         assert!((analytic_bound(0.8, 4.0, 0.05) - 3.3616 / 1.2).abs() < 1e-12);
         assert_eq!(analytic_bound(0.5, 0.0, 0.3), 1.0);
+    }
+
+    #[test]
+    fn greedy_agreement_counts_identical_outputs_and_the_prefix_before_a_difference() {
+        let mut agreement = GreedyAgreement::default();
+        agreement.add(&[1, 2, 3, 4], &[1, 2, 3, 4]);
+        agreement.add(&[1, 2, 3, 4], &[1, 9, 3, 4]);
+        let report = agreement.report();
+        assert_eq!(report["pairs"], 2);
+        assert_eq!(report["identical_fraction"], 0.5);
+        assert_eq!(report["common_prefix_fraction"], 5.0 / 8.0);
     }
 
     #[test]

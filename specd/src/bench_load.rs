@@ -154,6 +154,7 @@ pub(crate) async fn measure(
         "repeat": args.repeat,
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
+        "dtype": args.dtype_label(),
         "gamma": spec_gamma.map_or(json!("auto"), |g| json!(g)),
         "speedup": {
             "median": median(&ratios),

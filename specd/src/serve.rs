@@ -400,6 +400,10 @@ impl MetricsOptions {
 }
 
 impl NodeOptions {
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     fn kv_budget_bytes(&self) -> Option<u64> {
         self.kv_budget_mib.map(|m| m * 1024 * 1024)
     }
