@@ -38,21 +38,44 @@ use crate::round::RoundReport;
 pub const START_GAMMA: u32 = 4;
 /// While drafting, one target-only round this often refreshes its costs.
 pub const PLAIN_PROBE_EVERY: u64 = 64;
-/// While not drafting, one γ = 1 round this often checks whether drafting pays again.
+/// While not drafting, one γ = 1 round this often (more rarely the more drafting is estimated
+/// to lose) checks whether drafting pays again.
 pub const DRAFT_PROBE_EVERY: u64 = 16;
 /// Weight of a new observation in the running averages.
 const SMOOTHING: f64 = 0.15;
 /// Weight of one position's Σ min(p, q) in the running α.
 const ALPHA_SMOOTHING: f64 = 0.05;
 
-/// An exponentially weighted running average; empty until the first observation.
+/// How many observations the prior α = 0.5 counts for: one speculative round of γ ≥ 2
+/// outweighs it.
+const ALPHA_PRIOR_WEIGHT: u64 = 2;
+
+/// An exponentially weighted running average that starts as a plain mean: the k-th
+/// observation weighs max(1/k, weight). Early estimates then rest on all the data so far,
+/// not on a prior that a small smoothing weight would keep for dozens of observations
+/// (with 0.05 per position, a first round of 4 positions at α = 0.8 left α at 0.56, and at a
+/// 5 ms RTT that was enough to turn drafting off for good).
 #[derive(Debug, Clone, Copy, Default)]
-struct Average(Option<f64>);
+struct Average {
+    mean: Option<f64>,
+    count: u64,
+}
 
 impl Average {
+    /// An average that starts at `prior`, counted as `weight` observations.
+    fn prior(prior: f64, weight: u64) -> Self {
+        Self { mean: Some(prior), count: weight }
+    }
+
+    fn get(&self) -> Option<f64> {
+        self.mean
+    }
+
     fn add(&mut self, x: f64, weight: f64) {
         if x.is_finite() {
-            self.0 = Some(self.0.map_or(x, |m| m + weight * (x - m)));
+            self.count += 1;
+            let w = (1.0 / self.count as f64).max(weight);
+            self.mean = Some(self.mean.map_or(x, |m| m + w * (x - m)));
         }
     }
 }
@@ -78,7 +101,7 @@ impl AdaptiveGamma {
     pub fn new(max: u32) -> Self {
         Self {
             max,
-            alpha: Average(Some(0.5)),
+            alpha: Average::prior(0.5, ALPHA_PRIOR_WEIGHT),
             draft_step_ms: Average::default(),
             verify_plain_ms: Average::default(),
             verify_slope_ms: Average::default(),
@@ -95,6 +118,26 @@ impl AdaptiveGamma {
         Self { max, rounds: self.rounds.max(2), last_choice: self.last_choice.min(max), ..self.clone() }
     }
 
+    /// A session's start that measures drafting again from its first round (γ =
+    /// START_GAMMA, then a target-only round), with the estimates learnt so far.
+    fn exploring_copy(&self, max: u32) -> Self {
+        Self { max, rounds: 0, last_choice: 0, ..self.clone() }
+    }
+
+    /// Whether drafting would pay were α one standard error higher than estimated: while
+    /// the estimate is uncertain, whether exploring is worth its cost.
+    fn could_pay(&self) -> bool {
+        let (alpha, n) = (self.alpha(), self.alpha_positions().max(1) as f64);
+        let optimistic = alpha + (alpha * (1.0 - alpha) / n).sqrt();
+        let Some(plain) = self.speed(0) else { return true };
+        (1..=self.max).any(|g| self.speed_at(g, optimistic).is_some_and(|s| s > plain))
+    }
+
+    /// Positions whose Σ min(p, q) the α estimate has seen.
+    fn alpha_positions(&self) -> u64 {
+        self.alpha.count.saturating_sub(ALPHA_PRIOR_WEIGHT)
+    }
+
     /// Whether both sides (target-only and speculative rounds) have been measured.
     fn measured(&self) -> bool {
         self.speed(0).is_some() && self.speed(1).is_some()
@@ -107,7 +150,7 @@ impl AdaptiveGamma {
 
     /// The estimated per-position acceptance α.
     pub fn alpha(&self) -> f64 {
-        self.alpha.0.unwrap_or(0.5)
+        self.alpha.get().unwrap_or(0.5)
     }
 
     /// γ for the next round.
@@ -120,7 +163,7 @@ impl AdaptiveGamma {
                 let best = self.best_gamma();
                 if best > 0 && n % PLAIN_PROBE_EVERY == 0 {
                     0
-                } else if best == 0 && n % DRAFT_PROBE_EVERY == 0 {
+                } else if best == 0 && n % self.draft_probe_every() == 0 {
                     1
                 } else {
                     best
@@ -131,16 +174,37 @@ impl AdaptiveGamma {
         gamma
     }
 
+    /// Rounds between γ = 1 probes while not drafting: [`DRAFT_PROBE_EVERY`] near break-even,
+    /// up to 8× as far apart the more drafting is estimated to lose. Across a 50 ms link a
+    /// probe costs four target passes and, with drafting at half the target-only speed, has
+    /// little to find.
+    fn draft_probe_every(&self) -> u64 {
+        let plain = self.speed(0);
+        let drafting = (1..=self.max)
+            .filter_map(|g| self.speed(g))
+            .fold(None, |best: Option<f64>, s| Some(best.map_or(s, |b| b.max(s))));
+        let loss = match (plain, drafting) {
+            (Some(plain), Some(drafting)) if drafting > 0.0 => (plain / drafting).powi(2).clamp(1.0, 8.0),
+            _ => 1.0,
+        };
+        (DRAFT_PROBE_EVERY as f64 * loss).round() as u64
+    }
+
     /// Expected tokens per millisecond at `gamma`; `None` while a cost is unmeasured.
     pub fn speed(&self, gamma: u32) -> Option<f64> {
-        let verify_plain = self.verify_plain_ms.0?;
+        self.speed_at(gamma, self.alpha())
+    }
+
+    /// [`Self::speed`] had the acceptance been `alpha`.
+    fn speed_at(&self, gamma: u32, alpha: f64) -> Option<f64> {
+        let verify_plain = self.verify_plain_ms.get()?;
         if gamma == 0 {
-            return Some(1.0 / (verify_plain + self.plain_overhead_ms.0?).max(1e-6));
+            return Some(1.0 / (verify_plain + self.plain_overhead_ms.get()?).max(1e-6));
         }
         let g = f64::from(gamma);
-        let verify = verify_plain + self.verify_slope_ms.0.unwrap_or(0.0).max(0.0) * g;
-        let round_ms = g * self.draft_step_ms.0? + verify + self.spec_overhead_ms.0?;
-        Some(expected_tokens_per_round(self.alpha().clamp(0.0, 0.999), gamma) / round_ms.max(1e-6))
+        let verify = verify_plain + self.verify_slope_ms.get().unwrap_or(0.0).max(0.0) * g;
+        let round_ms = g * self.draft_step_ms.get()? + verify + self.spec_overhead_ms.get()?;
+        Some(expected_tokens_per_round(alpha.clamp(0.0, 0.999), gamma) / round_ms.max(1e-6))
     }
 
     /// The γ with the highest expected speed; near-ties go to the smaller γ.
@@ -155,6 +219,22 @@ impl AdaptiveGamma {
             }
         }
         best.0
+    }
+
+    /// The estimates and the γ they pick, for logs: `α 0.78, draft step 1.7 ms, verify 11.0 +
+    /// 0.3·γ ms, overhead 5.5 / 0.4 ms, best γ 4`.
+    pub fn summary(&self) -> String {
+        let ms = |a: Average| a.get().map_or_else(|| "?".to_owned(), |x| format!("{x:.2}"));
+        format!(
+            "α {:.3}, draft step {} ms, verify {} + {}·γ ms, overhead {} (speculative) / {} (target-only) ms, best γ {}",
+            self.alpha(),
+            ms(self.draft_step_ms),
+            ms(self.verify_plain_ms),
+            ms(self.verify_slope_ms),
+            ms(self.spec_overhead_ms),
+            ms(self.plain_overhead_ms),
+            self.best_gamma()
+        )
     }
 
     /// Learns from a finished round.
@@ -174,7 +254,7 @@ impl AdaptiveGamma {
         }
         self.draft_step_ms.add(draft / g, SMOOTHING);
         self.spec_overhead_ms.add(overhead, SMOOTHING);
-        if let Some(plain) = self.verify_plain_ms.0 {
+        if let Some(plain) = self.verify_plain_ms.get() {
             self.verify_slope_ms.add((verify - plain) / g, SMOOTHING);
         }
     }
@@ -186,8 +266,10 @@ impl AdaptiveGamma {
 /// Which γ a round uses never depends on that round's own draws, so the law stays exact.
 ///
 /// When what was learnt says drafting does not pay, only one new session in
-/// [`EXPLORE_EVERY`] drafts at all (its probes keep the memory current); the others get a
-/// maximum of 0, so they open no draft session and pay nothing for a draft they would not use.
+/// [`EXPLORE_EVERY`] drafts at all (from its first round, so the memory stays current); the
+/// others get a maximum of 0, so they open no draft session and pay nothing for a draft they
+/// would not use. Until the α estimate rests on [`CONFIDENT_POSITIONS`] positions every new
+/// session explores.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyMemory(Arc<Mutex<HashMap<String, Learnt>>>);
 
@@ -204,15 +286,28 @@ const REMEMBERED_SETTINGS: usize = 256;
 /// While drafting does not pay, one session in this many still drafts (and probes).
 pub const EXPLORE_EVERY: u64 = 8;
 
+/// Below this many positions behind the α estimate, "drafting does not pay" is not trusted
+/// and every new session explores, unless drafting would not pay even with α one standard
+/// error higher: one prompt's acceptance can be far from the next one's (greedy on the demo
+/// pair: 0.24 on one prompt, 0.78 over eight).
+pub const CONFIDENT_POSITIONS: u64 = 32;
+
 impl PolicyMemory {
     /// The policy a new session with these settings starts with.
     pub fn start(&self, settings: &str, max: u32) -> AdaptiveGamma {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(learnt) = memory.get_mut(settings) else { return AdaptiveGamma::new(max) };
         learnt.starts += 1;
-        let explores = learnt.starts.is_multiple_of(EXPLORE_EVERY);
-        let max = if learnt.policy.best_gamma() == 0 && !explores { 0 } else { max };
-        learnt.policy.warm_copy(max)
+        let policy = &learnt.policy;
+        if policy.best_gamma() > 0 {
+            return policy.warm_copy(max);
+        }
+        let unsure = policy.alpha_positions() < CONFIDENT_POSITIONS && policy.could_pay();
+        if unsure || learnt.starts.is_multiple_of(EXPLORE_EVERY) {
+            policy.exploring_copy(max)
+        } else {
+            policy.warm_copy(0)
+        }
     }
 
     /// Keeps a session's estimates for the sessions that start after it.
@@ -344,6 +439,86 @@ mod tests {
     }
 
     #[test]
+    fn one_speculative_round_outweighs_the_prior_acceptance() {
+        // The demo pair at a 5 ms RTT to the draft: a 1.7 ms draft step, an 11 ms target
+        // pass (+0.3 ms a token in a verify pass), 5.5 ms of network a speculative round and
+        // 0.5 ms a target-only one, α = 0.8. γ = 4 gives ~1.3×, so after the two measuring
+        // rounds the policy must draft. A prior α = 0.5 that one round barely moves says
+        // γ = 0 (the bug this guards against).
+        let mut policy = AdaptiveGamma::new(8);
+        assert_eq!(policy.next_gamma(), START_GAMMA);
+        policy.observe(&report(4, 3, 0.8, 4.0 * 1.7, 11.0 + 4.0 * 0.3, 5.5));
+        assert_eq!(policy.next_gamma(), 0);
+        policy.observe(&report(0, 0, 0.0, 0.0, 11.0, 0.5));
+        assert!((policy.alpha() - 0.8).abs() < 0.11, "{}", policy.alpha());
+        assert!(policy.next_gamma() >= 2, "{policy:?}");
+    }
+
+    #[test]
+    fn one_prompt_s_poor_acceptance_does_not_stop_the_next_sessions_drafting() {
+        // A first session whose prompt drafts badly: few positions say drafting does not pay.
+        // α = 0.3 with these costs loses a little (γ = 1: 0.93×); α = 0.5 would win.
+        let memory = PolicyMemory::default();
+        let mut first = memory.start("greedy", 8);
+        run(&mut first, 20, 0.3, 20.0, 50.0, 0.0);
+        memory.remember("greedy", &first);
+        assert_eq!(first.best_gamma(), 0);
+        assert!(first.alpha_positions() < CONFIDENT_POSITIONS);
+        assert!(first.could_pay());
+        // Every next session still drafts from its first round until the evidence suffices.
+        for _ in 0..EXPLORE_EVERY {
+            let mut next = memory.start("greedy", 8);
+            assert_eq!((next.max(), next.next_gamma()), (8, START_GAMMA));
+        }
+        // Not so where drafting would lose even with a higher α: a draft step dearer than
+        // a target pass loses at any α.
+        let mut hopeless = memory.start("T=1", 8);
+        run(&mut hopeless, 20, 0.5, 120.0, 100.0, 0.0);
+        memory.remember("T=1", &hopeless);
+        assert!(hopeless.alpha_positions() < CONFIDENT_POSITIONS && !hopeless.could_pay());
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("T=1", 8).max() > 0).count();
+        assert_eq!(explorers, 1);
+    }
+
+    #[test]
+    fn probes_are_rarer_the_more_drafting_loses() {
+        // A draft across a 50 ms link: γ = 1 rounds cost 2 + 14 + 53 ms for ~1.8 tokens
+        // against 14 ms a token target-only.
+        let mut far = AdaptiveGamma::new(8);
+        for gamma in [4, 0, 1, 0] {
+            far.observe(&report(
+                gamma,
+                gamma.min(3),
+                0.8,
+                2.0 * gamma as f64,
+                14.0,
+                if gamma == 0 { 0.3 } else { 53.0 },
+            ));
+        }
+        assert_eq!(far.best_gamma(), 0);
+        // Drafting at ~0.58× target-only: probes 3× as far apart.
+        assert!(
+            (2 * DRAFT_PROBE_EVERY..=4 * DRAFT_PROBE_EVERY).contains(&far.draft_probe_every()),
+            "{}",
+            far.summary()
+        );
+        // Near break-even (a 20 ms link) they stay about DRAFT_PROBE_EVERY apart.
+        let mut near = AdaptiveGamma::new(8);
+        for gamma in [4, 0, 1, 0] {
+            near.observe(&report(
+                gamma,
+                gamma.min(3),
+                0.8,
+                2.0 * gamma as f64,
+                14.0,
+                if gamma == 0 { 0.3 } else { 20.0 },
+            ));
+        }
+        assert_eq!(near.best_gamma(), 0, "{}", near.summary());
+        assert!(near.draft_probe_every() <= DRAFT_PROBE_EVERY * 5 / 4, "{}", near.draft_probe_every());
+    }
+
+    #[test]
     fn max_zero_never_drafts() {
         let mut policy = AdaptiveGamma::new(0);
         assert!(run(&mut policy, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
@@ -356,16 +531,27 @@ mod tests {
         let mut first = memory.start("greedy", 8);
         let chosen = run(&mut first, 2, 0.05, 20.0, 50.0, 0.0);
         assert_eq!(chosen, [START_GAMMA, 0]);
-        let chosen = run(&mut first, 100, 0.05, 20.0, 50.0, 0.0);
+        // γ = 1 probes every DRAFT_PROBE_EVERY rounds, one position each: enough of them to
+        // trust the estimate.
+        for _ in 0..100 {
+            if first.alpha_positions() >= CONFIDENT_POSITIONS {
+                break;
+            }
+            run(&mut first, 64, 0.05, 20.0, 50.0, 0.0);
+        }
         memory.remember("greedy", &first);
-        assert_eq!(first.best_gamma(), 0, "{chosen:?}");
+        assert!(first.alpha_positions() >= CONFIDENT_POSITIONS);
+        assert_eq!(first.best_gamma(), 0);
         // The next ones with the same settings do not draft at all, but one in EXPLORE_EVERY
-        // starts from the same estimates and probes…
-        let starts: Vec<u32> = (0..2 * EXPLORE_EVERY).map(|_| memory.start("greedy", 8).max()).collect();
-        let exploring = starts.iter().filter(|&&m| m == 8).count();
-        assert_eq!(exploring, 2, "{starts:?}");
-        assert!(starts.iter().all(|&m| m == 0 || m == 8), "{starts:?}");
+        // starts from the same estimates and measures drafting again from its first round…
+        let starts: Vec<AdaptiveGamma> = (0..2 * EXPLORE_EVERY).map(|_| memory.start("greedy", 8)).collect();
+        let exploring: Vec<_> = starts.into_iter().filter(|p| p.max() == 8).collect();
+        assert_eq!(exploring.len(), 2);
+        for mut explorer in exploring {
+            assert_eq!(explorer.next_gamma(), START_GAMMA);
+        }
         let mut next = memory.start("greedy", 8);
+        assert_eq!(next.max(), 0);
         assert_eq!(next.next_gamma(), 0);
         // …and others still start by measuring.
         assert_eq!(memory.start("T=1", 8).next_gamma(), START_GAMMA);

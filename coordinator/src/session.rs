@@ -15,7 +15,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
-use crate::policy::PolicyMemory;
+use crate::policy::{AdaptiveGamma, PolicyMemory};
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
 use crate::text::TextOutput;
@@ -348,6 +348,7 @@ impl SessionActor {
             drafted = stats.draft_tokens,
             draft_ms = Duration::from_nanos(stats.draft_ns).as_secs_f64() * 1e3,
             verify_ms = Duration::from_nanos(stats.verify_ns).as_secs_f64() * 1e3,
+            adaptive = adaptive.as_ref().map(AdaptiveGamma::summary),
             "generation finished"
         );
         let span = tracing::Span::current();
