@@ -124,11 +124,13 @@ impl AdaptiveGamma {
         Self { max, rounds: 0, last_choice: 0, ..self.clone() }
     }
 
-    /// Whether drafting would pay were α one standard error higher than estimated: while
-    /// the estimate is uncertain, whether exploring is worth its cost.
+    /// Whether drafting would pay were α two standard errors higher than estimated: while
+    /// the estimate is uncertain, whether exploring is worth its cost. (One was too few: the
+    /// first session's prompt drafted badly, its costs were measured on its few rounds, and a
+    /// 5 ms link where γ = 6 gives 1.26× was left undrafted until the eighth session.)
     fn could_pay(&self) -> bool {
         let (alpha, n) = (self.alpha(), self.alpha_positions().max(1) as f64);
-        let optimistic = alpha + (alpha * (1.0 - alpha) / n).sqrt();
+        let optimistic = alpha + 2.0 * (alpha * (1.0 - alpha) / n).sqrt();
         let Some(plain) = self.speed(0) else { return true };
         (1..=self.max).any(|g| self.speed_at(g, optimistic).is_some_and(|s| s > plain))
     }
@@ -273,12 +275,31 @@ impl AdaptiveGamma {
 #[derive(Debug, Clone, Default)]
 pub struct PolicyMemory(Arc<Mutex<HashMap<String, Learnt>>>);
 
-/// One key's latest estimates, and how many sessions started from them.
+/// One key's latest cost estimates, the acceptance of all its sessions, and how many
+/// sessions started from them.
 #[derive(Debug)]
 struct Learnt {
     policy: AdaptiveGamma,
+    /// α over every position of every session, slowly smoothed: a session's own α follows
+    /// its prompt (the demo pair's greedy α is 0.24 on one prompt, 0.78 over eight) and one
+    /// poor prompt must not switch drafting off for everyone after it.
+    population_alpha: Average,
     starts: u64,
 }
+
+impl Learnt {
+    /// The learnt costs with the population's α: what new sessions decide from.
+    fn shared(&self) -> AdaptiveGamma {
+        AdaptiveGamma { alpha: self.population_alpha, ..self.policy.clone() }
+    }
+}
+
+/// Weight of one position in the population α (a horizon of about 500 positions).
+const POPULATION_ALPHA_SMOOTHING: f64 = 0.002;
+
+/// How many positions the population α counts for in a new session's own α: after that
+/// many of its own positions, a session's α is half its prompt's.
+const SESSION_ALPHA_PRIOR_WEIGHT: u64 = 8;
 
 /// Distinct sampling settings remembered; past this the memory starts again.
 const REMEMBERED_SETTINGS: usize = 256;
@@ -287,8 +308,8 @@ const REMEMBERED_SETTINGS: usize = 256;
 pub const EXPLORE_EVERY: u64 = 8;
 
 /// Below this many positions behind the α estimate, "drafting does not pay" is not trusted
-/// and every new session explores, unless drafting would not pay even with α one standard
-/// error higher: one prompt's acceptance can be far from the next one's (greedy on the demo
+/// and every new session explores, unless drafting would not pay even with α two standard
+/// errors higher: one prompt's acceptance can be far from the next one's (greedy on the demo
 /// pair: 0.24 on one prompt, 0.78 over eight).
 pub const CONFIDENT_POSITIONS: u64 = 32;
 
@@ -298,33 +319,43 @@ impl PolicyMemory {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(learnt) = memory.get_mut(settings) else { return AdaptiveGamma::new(max) };
         learnt.starts += 1;
-        let policy = &learnt.policy;
-        if policy.best_gamma() > 0 {
-            return policy.warm_copy(max);
-        }
-        let unsure = policy.alpha_positions() < CONFIDENT_POSITIONS && policy.could_pay();
-        if unsure || learnt.starts.is_multiple_of(EXPLORE_EVERY) {
-            policy.exploring_copy(max)
+        let shared = learnt.shared();
+        let start = if shared.best_gamma() > 0 {
+            shared.warm_copy(max)
+        } else if (shared.alpha_positions() < CONFIDENT_POSITIONS && shared.could_pay())
+            || learnt.starts.is_multiple_of(EXPLORE_EVERY)
+        {
+            shared.exploring_copy(max)
         } else {
-            policy.warm_copy(0)
-        }
+            shared.warm_copy(0)
+        };
+        let alpha =
+            Average { count: start.alpha.count.min(ALPHA_PRIOR_WEIGHT + SESSION_ALPHA_PRIOR_WEIGHT), ..start.alpha };
+        AdaptiveGamma { alpha, ..start }
     }
 
-    /// Keeps a session's estimates for the sessions that start after it.
-    pub fn remember(&self, settings: &str, policy: &AdaptiveGamma) {
+    /// Keeps a session's cost estimates for the sessions that start after it, and adds the
+    /// Σ min(p, q) of the positions its last round evaluated to the population's α.
+    pub fn remember(&self, settings: &str, policy: &AdaptiveGamma, positions: &[f64]) {
+        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(learnt) = memory.get_mut(settings) {
+            for &a in positions {
+                learnt.population_alpha.add(a, POPULATION_ALPHA_SMOOTHING);
+            }
+            if policy.measured() {
+                learnt.policy = policy.clone();
+            }
+            return;
+        }
         if !policy.measured() {
             return;
         }
-        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if memory.len() >= REMEMBERED_SETTINGS && !memory.contains_key(settings) {
+        if memory.len() >= REMEMBERED_SETTINGS {
             memory.clear();
         }
-        match memory.get_mut(settings) {
-            Some(learnt) => learnt.policy = policy.clone(),
-            None => {
-                memory.insert(settings.to_owned(), Learnt { policy: policy.clone(), starts: 0 });
-            }
-        }
+        // The first session of its kind: its own α so far is all there is.
+        let learnt = Learnt { policy: policy.clone(), population_alpha: policy.alpha, starts: 0 };
+        memory.insert(settings.to_owned(), learnt);
     }
 }
 
@@ -461,7 +492,7 @@ mod tests {
         let memory = PolicyMemory::default();
         let mut first = memory.start("greedy", 8);
         run(&mut first, 20, 0.3, 20.0, 50.0, 0.0);
-        memory.remember("greedy", &first);
+        memory.remember("greedy", &first, &[]);
         assert_eq!(first.best_gamma(), 0);
         assert!(first.alpha_positions() < CONFIDENT_POSITIONS);
         assert!(first.could_pay());
@@ -474,7 +505,7 @@ mod tests {
         // a target pass loses at any α.
         let mut hopeless = memory.start("T=1", 8);
         run(&mut hopeless, 20, 0.5, 120.0, 100.0, 0.0);
-        memory.remember("T=1", &hopeless);
+        memory.remember("T=1", &hopeless, &[]);
         assert!(hopeless.alpha_positions() < CONFIDENT_POSITIONS && !hopeless.could_pay());
         let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("T=1", 8).max() > 0).count();
         assert_eq!(explorers, 1);
@@ -519,6 +550,36 @@ mod tests {
     }
 
     #[test]
+    fn one_poor_prompt_does_not_switch_drafting_off_for_the_sessions_after_it() {
+        let memory = PolicyMemory::default();
+        // Sessions at α = 0.8 in a world where that pays (draft 8 ms, pass 40 ms)…
+        for _ in 0..4 {
+            let mut session = memory.start("greedy", 8);
+            for _ in 0..40 {
+                let gamma = session.next_gamma();
+                let accepted = (0.8 * f64::from(gamma)).round() as usize;
+                let round = report(gamma as usize, accepted, 0.8, 8.0 * f64::from(gamma), 40.0, 0.3);
+                session.observe(&round);
+                memory.remember("greedy", &session, &round.outcome.expected_acceptance);
+            }
+        }
+        assert!(memory.start("greedy", 8).best_gamma() > 0);
+        // …then one whose prompt the draft gets wrong (α = 0.1): it stops drafting itself…
+        let mut poor = memory.start("greedy", 8);
+        for _ in 0..60 {
+            let gamma = poor.next_gamma();
+            let round = report(gamma as usize, 0, 0.1, 8.0 * f64::from(gamma), 40.0, 0.3);
+            poor.observe(&round);
+            memory.remember("greedy", &poor, &round.outcome.expected_acceptance);
+        }
+        assert_eq!(poor.best_gamma(), 0, "{}", poor.summary());
+        // …but the next session still starts drafting.
+        let mut next = memory.start("greedy", 8);
+        assert_eq!(next.max(), 8);
+        assert!(next.next_gamma() > 0, "{}", next.summary());
+    }
+
+    #[test]
     fn max_zero_never_drafts() {
         let mut policy = AdaptiveGamma::new(0);
         assert!(run(&mut policy, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
@@ -539,7 +600,7 @@ mod tests {
             }
             run(&mut first, 64, 0.05, 20.0, 50.0, 0.0);
         }
-        memory.remember("greedy", &first);
+        memory.remember("greedy", &first, &[]);
         assert!(first.alpha_positions() >= CONFIDENT_POSITIONS);
         assert_eq!(first.best_gamma(), 0);
         // The next ones with the same settings do not draft at all, but one in EXPLORE_EVERY
@@ -556,7 +617,7 @@ mod tests {
         // …and others still start by measuring.
         assert_eq!(memory.start("T=1", 8).next_gamma(), START_GAMMA);
         // A session that has measured nothing yet leaves the memory as it was.
-        memory.remember("greedy", &AdaptiveGamma::new(8));
+        memory.remember("greedy", &AdaptiveGamma::new(8), &[]);
         assert_eq!(memory.start("greedy", 8).next_gamma(), 0);
         // The memory keeps its own maximum per session.
         let mut capped = memory.start("greedy", 0);

@@ -297,7 +297,7 @@ impl SessionActor {
             stats.record(&report);
             if let Some(policy) = &mut adaptive {
                 policy.observe(&report);
-                self.policy_memory.remember(&settings, policy);
+                self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);
             }
             target_cursor.advance(base, &report.outcome);
             if let Some(link) = draft_link.as_mut() {
