@@ -271,7 +271,10 @@ impl AdaptiveGamma {
 /// [`EXPLORE_EVERY`] drafts at all (from its first round, so the memory stays current); the
 /// others get a maximum of 0, so they open no draft session and pay nothing for a draft they
 /// would not use. Until the α estimate rests on [`CONFIDENT_POSITIONS`] positions every new
-/// session explores.
+/// session explores, but only while it runs alone: under load a session that drafts while the
+/// others do not arrives at the target out of step with them and splits their batches, which
+/// costs every session (8 clients on the demo pair: 0.89× target-only with every new session
+/// exploring, 1.00× with one in 8).
 #[derive(Debug, Clone, Default)]
 pub struct PolicyMemory(Arc<Mutex<HashMap<String, Learnt>>>);
 
@@ -314,15 +317,16 @@ pub const EXPLORE_EVERY: u64 = 8;
 pub const CONFIDENT_POSITIONS: u64 = 32;
 
 impl PolicyMemory {
-    /// The policy a new session with these settings starts with.
-    pub fn start(&self, settings: &str, max: u32) -> AdaptiveGamma {
+    /// The policy a new session with these settings starts with, `running` generations
+    /// (this one included) running now.
+    pub fn start(&self, settings: &str, max: u32, running: usize) -> AdaptiveGamma {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(learnt) = memory.get_mut(settings) else { return AdaptiveGamma::new(max) };
         learnt.starts += 1;
         let shared = learnt.shared();
         let start = if shared.best_gamma() > 0 {
             shared.warm_copy(max)
-        } else if (shared.alpha_positions() < CONFIDENT_POSITIONS && shared.could_pay())
+        } else if (running <= 1 && shared.alpha_positions() < CONFIDENT_POSITIONS && shared.could_pay())
             || learnt.starts.is_multiple_of(EXPLORE_EVERY)
         {
             shared.exploring_copy(max)
@@ -490,7 +494,7 @@ mod tests {
         // A first session whose prompt drafts badly: few positions say drafting does not pay.
         // α = 0.3 with these costs loses a little (γ = 1: 0.93×); α = 0.5 would win.
         let memory = PolicyMemory::default();
-        let mut first = memory.start("greedy", 8);
+        let mut first = memory.start("greedy", 8, 1);
         run(&mut first, 20, 0.3, 20.0, 50.0, 0.0);
         memory.remember("greedy", &first, &[]);
         assert_eq!(first.best_gamma(), 0);
@@ -498,16 +502,19 @@ mod tests {
         assert!(first.could_pay());
         // Every next session still drafts from its first round until the evidence suffices.
         for _ in 0..EXPLORE_EVERY {
-            let mut next = memory.start("greedy", 8);
+            let mut next = memory.start("greedy", 8, 1);
             assert_eq!((next.max(), next.next_gamma()), (8, START_GAMMA));
         }
+        // Under load only one in EXPLORE_EVERY does: the others' batches stay in step.
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("greedy", 8, 8).max() > 0).count();
+        assert_eq!(explorers, 1);
         // Not so where drafting would lose even with a higher α: a draft step dearer than
         // a target pass loses at any α.
-        let mut hopeless = memory.start("T=1", 8);
+        let mut hopeless = memory.start("T=1", 8, 1);
         run(&mut hopeless, 20, 0.5, 120.0, 100.0, 0.0);
         memory.remember("T=1", &hopeless, &[]);
         assert!(hopeless.alpha_positions() < CONFIDENT_POSITIONS && !hopeless.could_pay());
-        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("T=1", 8).max() > 0).count();
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("T=1", 8, 1).max() > 0).count();
         assert_eq!(explorers, 1);
     }
 
@@ -554,7 +561,7 @@ mod tests {
         let memory = PolicyMemory::default();
         // Sessions at α = 0.8 in a world where that pays (draft 8 ms, pass 40 ms)…
         for _ in 0..4 {
-            let mut session = memory.start("greedy", 8);
+            let mut session = memory.start("greedy", 8, 1);
             for _ in 0..40 {
                 let gamma = session.next_gamma();
                 let accepted = (0.8 * f64::from(gamma)).round() as usize;
@@ -563,9 +570,9 @@ mod tests {
                 memory.remember("greedy", &session, &round.outcome.expected_acceptance);
             }
         }
-        assert!(memory.start("greedy", 8).best_gamma() > 0);
+        assert!(memory.start("greedy", 8, 1).best_gamma() > 0);
         // …then one whose prompt the draft gets wrong (α = 0.1): it stops drafting itself…
-        let mut poor = memory.start("greedy", 8);
+        let mut poor = memory.start("greedy", 8, 1);
         for _ in 0..60 {
             let gamma = poor.next_gamma();
             let round = report(gamma as usize, 0, 0.1, 8.0 * f64::from(gamma), 40.0, 0.3);
@@ -574,7 +581,7 @@ mod tests {
         }
         assert_eq!(poor.best_gamma(), 0, "{}", poor.summary());
         // …but the next session still starts drafting.
-        let mut next = memory.start("greedy", 8);
+        let mut next = memory.start("greedy", 8, 1);
         assert_eq!(next.max(), 8);
         assert!(next.next_gamma() > 0, "{}", next.summary());
     }
@@ -589,7 +596,7 @@ mod tests {
     fn a_new_session_starts_from_what_earlier_sessions_learnt() {
         let memory = PolicyMemory::default();
         // A first session of its kind measures both sides: γ = START_GAMMA, then 0.
-        let mut first = memory.start("greedy", 8);
+        let mut first = memory.start("greedy", 8, 1);
         let chosen = run(&mut first, 2, 0.05, 20.0, 50.0, 0.0);
         assert_eq!(chosen, [START_GAMMA, 0]);
         // γ = 1 probes every DRAFT_PROBE_EVERY rounds, one position each: enough of them to
@@ -605,22 +612,22 @@ mod tests {
         assert_eq!(first.best_gamma(), 0);
         // The next ones with the same settings do not draft at all, but one in EXPLORE_EVERY
         // starts from the same estimates and measures drafting again from its first round…
-        let starts: Vec<AdaptiveGamma> = (0..2 * EXPLORE_EVERY).map(|_| memory.start("greedy", 8)).collect();
+        let starts: Vec<AdaptiveGamma> = (0..2 * EXPLORE_EVERY).map(|_| memory.start("greedy", 8, 1)).collect();
         let exploring: Vec<_> = starts.into_iter().filter(|p| p.max() == 8).collect();
         assert_eq!(exploring.len(), 2);
         for mut explorer in exploring {
             assert_eq!(explorer.next_gamma(), START_GAMMA);
         }
-        let mut next = memory.start("greedy", 8);
+        let mut next = memory.start("greedy", 8, 1);
         assert_eq!(next.max(), 0);
         assert_eq!(next.next_gamma(), 0);
         // …and others still start by measuring.
-        assert_eq!(memory.start("T=1", 8).next_gamma(), START_GAMMA);
+        assert_eq!(memory.start("T=1", 8, 1).next_gamma(), START_GAMMA);
         // A session that has measured nothing yet leaves the memory as it was.
         memory.remember("greedy", &AdaptiveGamma::new(8), &[]);
-        assert_eq!(memory.start("greedy", 8).next_gamma(), 0);
+        assert_eq!(memory.start("greedy", 8, 1).next_gamma(), 0);
         // The memory keeps its own maximum per session.
-        let mut capped = memory.start("greedy", 0);
+        let mut capped = memory.start("greedy", 0, 1);
         assert!(run(&mut capped, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
     }
 }

@@ -213,7 +213,7 @@ impl SessionActor {
         // latency of a pass is. Sessions learn from those of the same settings and load.
         let settings = format!("{:?} load 2^{}", spec.params, self.load.max(1).next_power_of_two().ilog2());
         let mut adaptive = match spec.gamma {
-            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max)),
+            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max, self.load)),
             GammaChoice::Fixed(_) => None,
         };
         // No draft session for a generation that will not draft.
