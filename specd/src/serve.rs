@@ -29,7 +29,7 @@ fn parse_device(s: &str) -> Result<DeviceSpec, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
 }
 
-fn parse_dtype(s: &str) -> Result<DType, String> {
+pub(crate) fn parse_dtype(s: &str) -> Result<DType, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
 }
 
@@ -369,6 +369,10 @@ pub struct UpArgs {
     /// then applies to the target only).
     #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
     draft_threads: usize,
+    /// dtype of the draft model (default: --dtype). A small draft's steps are per-operation
+    /// overhead, which f32 has least of on a CPU, even beside a bf16 target.
+    #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
+    draft_dtype: Option<DType>,
     #[command(flatten)]
     policy: PolicyOptions,
     #[command(flatten)]
@@ -410,10 +414,15 @@ impl NodeOptions {
 
     /// The flags that give a `specd target` or `specd draft` process these options
     /// (`specd bench --netns`), with the forward delay and threads replaced where given.
-    pub(crate) fn to_args(&self, forward_delay_ms: Option<f64>, threads: Option<usize>) -> Vec<String> {
+    pub(crate) fn to_args(
+        &self,
+        forward_delay_ms: Option<f64>,
+        threads: Option<usize>,
+        dtype: Option<DType>,
+    ) -> Vec<String> {
         let mut args = vec![
             format!("--device={}", self.device),
-            format!("--dtype={}", self.dtype),
+            format!("--dtype={}", dtype.unwrap_or(self.dtype)),
             format!("--max-sessions={}", self.max_sessions),
             format!("--forward-delay-ms={}", forward_delay_ms.unwrap_or(self.forward_delay_ms)),
             format!("--session-ttl-s={}", self.session_ttl_s),
@@ -637,6 +646,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let mut target_config = args.node.config(args.target_model.clone())?;
     let mut draft_config = args.node.config(args.draft_model.clone())?;
     draft_config.threads = Some(args.draft_threads);
+    draft_config.dtype = args.draft_dtype.unwrap_or(draft_config.dtype);
     let grace = args.drain.grace()?;
     if args.check.check_config {
         args.policy.config(Vec::new(), Vec::new())?;
