@@ -1,5 +1,6 @@
 //! Adaptive draft length (DESIGN.md §2): per session, pick the γ in 0..=max that maximises
-//! expected tokens per millisecond, from what the session's own rounds measured.
+//! expected tokens per millisecond, from what the session's own rounds measured, starting
+//! from what earlier sessions learnt.
 //!
 //! The model of a round, every term measured:
 //! - α: the per-position acceptance, from Σ min(p, q) of every evaluated position (exact from
@@ -18,14 +19,18 @@
 //! is plain target decoding.
 //!
 //! A session starts from what the coordinator's earlier sessions with the same sampling
-//! settings and about the same number of concurrent generations learnt ([`PolicyMemory`]): a short request must not spend its few rounds
-//! re-learning that drafting does not pay (a 20 ms link to the draft, a draft that knows
-//! nothing of the target, a target whose passes are shared by many sessions). The first
-//! session of its kind starts with one speculative and one target-only round, so both sides
-//! are measured. Either way it then re-measures the side it is not using now and then: a target-only round
-//! every [`PLAIN_PROBE_EVERY`] rounds while drafting, a γ = 1 round every
-//! [`DRAFT_PROBE_EVERY`] rounds while not. The law stays exact whatever γ is chosen: each
-//! round's rule is exact for its γ, and γ depends only on earlier rounds.
+//! settings and about the same number of concurrent generations learnt ([`PolicyMemory`]):
+//! their latest costs, and the α of all their positions (its own α starts there, counted as
+//! [`SESSION_ALPHA_PRIOR_WEIGHT`] positions, and then follows its prompt). A short request
+//! must not spend its few rounds re-learning that drafting does not pay (a 20 ms link to the
+//! draft, a draft that knows nothing of the target, a target whose passes are shared by many
+//! sessions). The first session of its kind, and a session that explores, starts with one
+//! speculative and one target-only round, so both sides are measured. Either way it then
+//! re-measures the side it is not using now and then: a target-only round every
+//! [`PLAIN_PROBE_EVERY`] rounds while drafting, a γ = 1 round every [`DRAFT_PROBE_EVERY`] to
+//! 8× that many rounds while not (the more drafting is estimated to lose, the rarer). The law
+//! stays exact whatever γ is chosen: each round's rule is exact for its γ, and γ depends only
+//! on earlier rounds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -46,8 +51,8 @@ const SMOOTHING: f64 = 0.15;
 /// Weight of one position's Σ min(p, q) in the running α.
 const ALPHA_SMOOTHING: f64 = 0.05;
 
-/// How many observations the prior α = 0.5 counts for: one speculative round of γ ≥ 2
-/// outweighs it.
+/// How many observations the prior α = 0.5 counts for: a round that evaluates 3 or more
+/// positions outweighs it.
 const ALPHA_PRIOR_WEIGHT: u64 = 2;
 
 /// An exponentially weighted running average that starts as a plain mean: the k-th
@@ -140,6 +145,12 @@ impl AdaptiveGamma {
         self.alpha.count.saturating_sub(ALPHA_PRIOR_WEIGHT)
     }
 
+    /// Takes `other`'s target-only costs, keeping everything else.
+    fn refresh_target_only(&mut self, other: &AdaptiveGamma) {
+        self.verify_plain_ms = other.verify_plain_ms;
+        self.plain_overhead_ms = other.plain_overhead_ms;
+    }
+
     /// Whether both sides (target-only and speculative rounds) have been measured.
     fn measured(&self) -> bool {
         self.speed(0).is_some() && self.speed(1).is_some()
@@ -223,8 +234,8 @@ impl AdaptiveGamma {
         best.0
     }
 
-    /// The estimates and the γ they pick, for logs: `α 0.78, draft step 1.7 ms, verify 11.0 +
-    /// 0.3·γ ms, overhead 5.5 / 0.4 ms, best γ 4`.
+    /// The estimates and the γ they pick, for logs: `α 0.780, draft step 1.70 ms, verify
+    /// 11.00 + 0.30·γ ms, overhead 5.50 (speculative) / 0.40 (target-only) ms, best γ 4`.
     pub fn summary(&self) -> String {
         let ms = |a: Average| a.get().map_or_else(|| "?".to_owned(), |x| format!("{x:.2}"));
         format!(
@@ -264,7 +275,8 @@ impl AdaptiveGamma {
 
 /// What finished rounds taught, shared by a coordinator's sessions: per key (the session
 /// picks it: sampling settings, on which acceptance depends, and the load, on which the
-/// costs do), the latest estimates of any session.
+/// costs do), the latest cost estimates of any session that may draft, the target-only costs
+/// of any session, and the α over all positions of all sessions.
 /// Which γ a round uses never depends on that round's own draws, so the law stays exact.
 ///
 /// When what was learnt says drafting does not pay, only one new session in
@@ -300,9 +312,10 @@ impl Learnt {
 /// Weight of one position in the population α (a horizon of about 500 positions).
 const POPULATION_ALPHA_SMOOTHING: f64 = 0.002;
 
-/// How many positions the population α counts for in a new session's own α: after that
-/// many of its own positions, a session's α is half its prompt's.
-const SESSION_ALPHA_PRIOR_WEIGHT: u64 = 8;
+/// How many positions the population α counts for in a new session's own α (with the
+/// prior's [`ALPHA_PRIOR_WEIGHT`]): after about 10 of its own positions, a session's α is
+/// half its prompt's.
+pub const SESSION_ALPHA_PRIOR_WEIGHT: u64 = 8;
 
 /// Distinct sampling settings remembered; past this the memory starts again.
 const REMEMBERED_SETTINGS: usize = 256;
@@ -323,7 +336,8 @@ impl PolicyMemory {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(learnt) = memory.get_mut(settings) else { return AdaptiveGamma::new(max) };
         learnt.starts += 1;
-        let shared = learnt.shared();
+        // Decided with this session's maximum: the latest session may have had none.
+        let shared = AdaptiveGamma { max, ..learnt.shared() };
         let start = if shared.best_gamma() > 0 {
             shared.warm_copy(max)
         } else if (running <= 1 && shared.alpha_positions() < CONFIDENT_POSITIONS && shared.could_pay())
@@ -346,7 +360,11 @@ impl PolicyMemory {
             for &a in positions {
                 learnt.population_alpha.add(a, POPULATION_ALPHA_SMOOTHING);
             }
-            if policy.measured() {
+            if policy.max == 0 {
+                // A session that may not draft measures only target-only rounds; its draft
+                // costs are a stale copy and would overwrite what an explorer just learnt.
+                learnt.policy.refresh_target_only(policy);
+            } else if policy.measured() {
                 learnt.policy = policy.clone();
             }
             return;
@@ -450,6 +468,7 @@ mod tests {
         let settled = &chosen[50..];
         let drafting = settled.iter().filter(|g| **g > 0).count();
         assert!(drafting <= settled.len() / DRAFT_PROBE_EVERY as usize + 1, "{chosen:?}");
+        assert!(drafting >= 1, "still probes: {chosen:?}");
         assert!(settled.iter().all(|g| *g <= 1), "probes use γ = 1: {chosen:?}");
     }
 
@@ -584,6 +603,36 @@ mod tests {
         let mut next = memory.start("greedy", 8, 1);
         assert_eq!(next.max(), 8);
         assert!(next.next_gamma() > 0, "{}", next.summary());
+    }
+
+    #[test]
+    fn sessions_that_may_not_draft_do_not_overwrite_what_an_explorer_learnt() {
+        let memory = PolicyMemory::default();
+        // Drafting does not pay (α = 0.05), confidently.
+        let mut first = memory.start("greedy", 8, 1);
+        while first.alpha_positions() < CONFIDENT_POSITIONS {
+            run(&mut first, 64, 0.05, 20.0, 50.0, 0.0);
+        }
+        memory.remember("greedy", &first, &[]);
+        let mut starts: Vec<AdaptiveGamma> = (0..EXPLORE_EVERY).map(|_| memory.start("greedy", 8, 1)).collect();
+        let explorer = starts.iter().position(|p| p.max() == 8).expect("one explores");
+        let mut explorer = starts.remove(explorer);
+        // The draft has become cheap and good: the explorer learns it.
+        for _ in 0..100 {
+            let gamma = explorer.next_gamma();
+            let accepted = (0.9 * f64::from(gamma)).round() as usize;
+            let round = report(gamma as usize, accepted, 0.9, 1.0 * f64::from(gamma), 50.0, 0.0);
+            explorer.observe(&round);
+            memory.remember("greedy", &explorer, &round.outcome.expected_acceptance);
+        }
+        assert!(explorer.best_gamma() > 0, "{}", explorer.summary());
+        // A session without a draft finishes afterwards and remembers its target-only rounds.
+        let mut plain = starts.pop().expect("a session that may not draft");
+        assert_eq!(plain.max(), 0);
+        run(&mut plain, 10, 0.0, 0.0, 50.0, 0.0);
+        memory.remember("greedy", &plain, &[]);
+        let mut next = memory.start("greedy", 8, 1);
+        assert!(next.next_gamma() > 0, "the explorer's estimates were kept");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Opening a model from a path: a checkpoint directory or a table file.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use crate::device::{DType, DeviceSpec};
 use crate::error::{ModelError, Result};
@@ -42,13 +43,18 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
     }
 }
 
-/// Gives the calling thread (the model's) its own libtorch thread count: `threads`, or one
-/// per core. libtorch keeps a process-wide count that a thread adopts the first time it asks
-/// for one, so in one process (`specd up`) the draft's count of 1, set first, made the target
-/// single-threaded too: its pass took 19.5 ms instead of 12.6 (BENCHMARKS.md). Asking first
-/// fixes this thread's count before it is set, and OpenMP keeps it per thread from then on.
+/// Gives the calling thread (the model's) its own libtorch thread count: `threads`, or
+/// libtorch's default (one per core, or `OMP_NUM_THREADS`). libtorch keeps a process-wide
+/// count that a thread adopts the first time it asks for one, so in one process (`specd up`)
+/// the draft's count of 1, set first, made the target single-threaded too: its pass took
+/// 20.5 ms instead of 9.6 (BENCHMARKS.md). Asking first fixes this thread's count before it
+/// is set, and OpenMP keeps it per thread from then on.
 fn set_model_thread_count(threads: Option<usize>) {
+    // Read before any model thread sets a count: later the process-wide count is whatever
+    // the last model set.
+    static DEFAULT: OnceLock<i32> = OnceLock::new();
+    let default = *DEFAULT.get_or_init(tch::get_num_threads);
     let _ = tch::get_num_threads();
-    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    tch::set_num_threads(i32::try_from(threads.max(1)).unwrap_or(i32::MAX));
+    let threads = threads.map_or(default, |t| i32::try_from(t).unwrap_or(i32::MAX));
+    tch::set_num_threads(threads.max(1));
 }

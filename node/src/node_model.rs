@@ -10,11 +10,12 @@ use specd_model::{
 };
 
 use crate::history::SessionHistory;
-
-/// Pass lengths built at start: every verify block (γ ≤ MAX_GAMMA, plus the bonus position)
-/// and the small batched passes of a few sessions.
-const WARM_UP_TOKENS: usize = specd_sampling::MAX_GAMMA as usize + 1;
 use crate::registry::{RegistryError, SessionRegistry};
+
+/// Pass lengths built at start: 1 to MAX_GAMMA + 1 tokens, every verify block of one session
+/// and every batched pass of up to that many tokens in all. Longer passes (prefills, larger
+/// batches) build their kernels when they first come.
+const WARM_UP_TOKENS: usize = specd_sampling::MAX_GAMMA as usize + 1;
 
 /// A role's per-session state.
 pub trait NodeSessionState: Clone + Send + 'static {

@@ -18,9 +18,8 @@ use tonic::transport::Channel;
 use crate::bench_netns::{NetnsOptions, draft_delay};
 use crate::cli_error::{RpcFailure, invalid};
 use crate::serve::{
-    GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_dtype, parse_gamma, parse_on_off,
+    DraftOptions, GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma, parse_on_off,
 };
-use specd_model::DType;
 
 /// The default prompts: beginnings of Python code, written for this benchmark.
 const DEFAULT_PROMPTS: &str = include_str!("../bench/prompts.txt");
@@ -90,12 +89,9 @@ pub struct BenchArgs {
     /// coordinator's default, off). With --endpoint it is the coordinator's setting.
     #[arg(long, env = "SPECD_BENCH_OPTIMISTIC", value_parser = parse_on_off, conflicts_with = "endpoint")]
     optimistic: Option<bool>,
-    /// libtorch threads of the draft model, for --embedded (see `specd up --help`).
-    #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
-    draft_threads: usize,
-    /// dtype of the draft model, for --embedded and --netns (default: --dtype).
-    #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
-    draft_dtype: Option<DType>,
+    /// For --embedded and --netns.
+    #[command(flatten)]
+    draft: DraftOptions,
     /// Milliseconds added to every forward pass of the draft model only (a deliberately slow
     /// draft), for --embedded and --netns; overrides --forward-delay-ms for the draft.
     #[arg(long, env = "SPECD_DRAFT_DELAY_MS")]
@@ -259,7 +255,7 @@ impl BenchArgs {
     pub(crate) fn dtype_label(&self) -> serde_json::Value {
         match self.endpoint {
             Some(_) => serde_json::Value::Null,
-            None => match self.draft_dtype.filter(|d| *d != self.node.dtype()) {
+            None => match self.draft.draft_dtype.filter(|d| *d != self.node.dtype()) {
                 Some(draft) => json!(format!("{} (draft {draft})", self.node.dtype())),
                 None => json!(self.node.dtype().to_string()),
             },
@@ -525,7 +521,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let prompts = load_prompts(args.prompts.as_deref())?;
     if args.netns.netns && args.netns.netns_child.is_none() {
         let target = args.node.to_args(None, None, None);
-        let draft = args.node.to_args(args.draft_delay_ms, Some(args.draft_threads), args.draft_dtype);
+        let draft = args.node.to_args(args.draft_delay_ms, Some(args.draft.draft_threads), args.draft.draft_dtype);
         let mut netns = args.netns.clone();
         if let Some(on) = args.optimistic {
             netns.coordinator_arg.push(format!("--optimistic={}", if on { "on" } else { "off" }));
@@ -543,9 +539,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             Some(endpoint) => measure(args, endpoint.clone(), &prompts).await,
             None => {
                 let target = args.node.config(args.demo_dir.join("target"))?;
-                let mut draft = args.node.config(args.demo_dir.join("draft"))?;
-                draft.threads = Some(args.draft_threads);
-                draft.dtype = args.draft_dtype.unwrap_or(draft.dtype);
+                let mut draft = args.draft.apply(args.node.config(args.demo_dir.join("draft"))?);
                 if let Some(delay) = draft_delay(args.draft_delay_ms)? {
                     draft.forward_delay = delay;
                 }

@@ -12,6 +12,7 @@ use std::io::Write;
 use specd_model::{DType, DeviceSpec, LoadOptions, Logits, ModelError, ModelInfo, ModelWorker, load_model};
 
 use crate::cli_error::invalid;
+use crate::serve::{parse_device, parse_dtype};
 
 /// Score a run of tokens with a model: logits for every position, in one forward pass.
 #[derive(Debug, clap::Args)]
@@ -46,14 +47,6 @@ pub struct LogitsArgs {
     /// Print `{"tokens": [...], "logits": [[...], ...]}` instead of a summary.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
-}
-
-fn parse_device(s: &str) -> Result<DeviceSpec, String> {
-    s.parse().map_err(|e: ModelError| e.to_string())
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse().map_err(|e: ModelError| e.to_string())
 }
 
 /// Runs the subcommand.

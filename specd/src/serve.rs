@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 
 use crate::cli_error::invalid;
 
-fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+pub(crate) fn parse_device(s: &str) -> Result<DeviceSpec, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
 }
 
@@ -89,6 +89,29 @@ pub struct NodeOptions {
     /// only those already waiting.
     #[arg(long, env = "SPECD_BATCH_WINDOW_US", default_value_t = BatchPolicy::default().window.as_micros() as u64)]
     batch_window_us: u64,
+}
+
+/// How the draft model runs where one process starts both nodes (`specd up`, `specd bench
+/// --embedded` and `--netns`); the other node flags apply to both.
+#[derive(Debug, Clone, Args)]
+pub struct DraftOptions {
+    /// libtorch threads of the draft model (its steps are too short to split; --threads
+    /// then applies to the target only).
+    #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
+    pub(crate) draft_threads: usize,
+    /// dtype of the draft model (default: --dtype). A small draft's steps are per-operation
+    /// overhead, which f32 has least of on a CPU, even beside a bf16 target.
+    #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
+    pub(crate) draft_dtype: Option<DType>,
+}
+
+impl DraftOptions {
+    /// The draft node's configuration: the shared node options with the draft's own.
+    pub(crate) fn apply(&self, mut config: NodeConfig) -> NodeConfig {
+        config.threads = Some(self.draft_threads);
+        config.dtype = self.draft_dtype.unwrap_or(config.dtype);
+        config
+    }
 }
 
 /// Where to serve Prometheus metrics (off by default).
@@ -365,14 +388,8 @@ pub struct UpArgs {
     listen: SocketAddr,
     #[command(flatten)]
     node: NodeOptions,
-    /// libtorch threads of the draft model (its steps are too short to split; --threads
-    /// then applies to the target only).
-    #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
-    draft_threads: usize,
-    /// dtype of the draft model (default: --dtype). A small draft's steps are per-operation
-    /// overhead, which f32 has least of on a CPU, even beside a bf16 target.
-    #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
-    draft_dtype: Option<DType>,
+    #[command(flatten)]
+    draft: DraftOptions,
     #[command(flatten)]
     policy: PolicyOptions,
     #[command(flatten)]
@@ -644,19 +661,18 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let mut target_config = args.node.config(args.target_model.clone())?;
-    let mut draft_config = args.node.config(args.draft_model.clone())?;
-    draft_config.threads = Some(args.draft_threads);
-    draft_config.dtype = args.draft_dtype.unwrap_or(draft_config.dtype);
+    let mut draft_config = args.draft.apply(args.node.config(args.draft_model.clone())?);
     let grace = args.drain.grace()?;
     if args.check.check_config {
         args.policy.config(Vec::new(), Vec::new())?;
         let (target, draft) = (check_model(&target_config.model)?, check_model(&draft_config.model)?);
         let traces = traces_summary(&args.telemetry)?;
         outln!(
-            "config ok: up on {}, target {target}, draft {draft}, {} {}{}{traces}",
+            "config ok: up on {}, target {target}, draft {draft}, {} {} (draft {}){}{traces}",
             args.listen,
             target_config.device,
             target_config.dtype,
+            draft_config.dtype,
             metrics_summary(&args.metrics),
         );
         return Ok(());
