@@ -539,38 +539,23 @@ mod tests {
 
     #[test]
     fn probes_are_rarer_the_more_drafting_loses() {
-        // A draft across a 50 ms link: γ = 1 rounds cost 2 + 14 + 53 ms for ~1.8 tokens
-        // against 14 ms a token target-only.
-        let mut far = AdaptiveGamma::new(8);
-        for gamma in [4, 0, 1, 0] {
-            far.observe(&report(
-                gamma,
-                gamma.min(3),
-                0.8,
-                2.0 * gamma as f64,
-                14.0,
-                if gamma == 0 { 0.3 } else { 53.0 },
-            ));
-        }
+        // A session that measured a draft across a link of `link_ms`: a 2 ms draft step, a
+        // 14 ms target pass, α = 0.8.
+        let measured = |link_ms: f64| {
+            let mut policy = AdaptiveGamma::new(8);
+            for gamma in [4, 0, 1, 0] {
+                let overhead = if gamma == 0 { 0.3 } else { link_ms };
+                policy.observe(&report(gamma, gamma.min(3), 0.8, 2.0 * gamma as f64, 14.0, overhead));
+            }
+            policy
+        };
+        // Across 53 ms drafting runs at ~0.58× target-only: probes 3× as far apart.
+        let far = measured(53.0);
         assert_eq!(far.best_gamma(), 0);
-        // Drafting at ~0.58× target-only: probes 3× as far apart.
-        assert!(
-            (2 * DRAFT_PROBE_EVERY..=4 * DRAFT_PROBE_EVERY).contains(&far.draft_probe_every()),
-            "{}",
-            far.summary()
-        );
+        let every = far.draft_probe_every();
+        assert!((2 * DRAFT_PROBE_EVERY..=4 * DRAFT_PROBE_EVERY).contains(&every), "{}", far.summary());
         // Near break-even (a 20 ms link) they stay about DRAFT_PROBE_EVERY apart.
-        let mut near = AdaptiveGamma::new(8);
-        for gamma in [4, 0, 1, 0] {
-            near.observe(&report(
-                gamma,
-                gamma.min(3),
-                0.8,
-                2.0 * gamma as f64,
-                14.0,
-                if gamma == 0 { 0.3 } else { 20.0 },
-            ));
-        }
+        let near = measured(20.0);
         assert_eq!(near.best_gamma(), 0, "{}", near.summary());
         assert!(near.draft_probe_every() <= DRAFT_PROBE_EVERY * 5 / 4, "{}", near.draft_probe_every());
     }
