@@ -7,6 +7,9 @@
 //! at context 256. Set `SPECD_BENCH_DEVICE=cuda:0` to run it on a GPU and
 //! `SPECD_BENCH_DTYPE=bf16|f16` for another dtype (the recorded numbers are f32). The group
 //! is named for f32 whatever the dtype; the summary line states the real one.
+//! `SPECD_BENCH_MODEL_DIR=/abs/path/models/demo/target` measures a checkpoint instead of the random
+//! model (the ratio of a verify pass to a decode step is what speculation's bound assumes
+//! to be 1).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -50,9 +53,14 @@ fn setup() -> (LlamaModel, SessionId) {
     let device = device();
     let dtype: DType = std::env::var("SPECD_BENCH_DTYPE").ok().and_then(|d| d.parse().ok()).unwrap_or_default();
     let opts = LoadOptions { device, dtype, memory_budget: None, threads: None };
-    let mut m = LlamaModel::random(config(), 7, &opts).expect("random model");
-    let s = m.open_session(Some(1024)).expect("session");
-    let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| (i * 7919) % 32_000).collect();
+    let mut m = match std::env::var_os("SPECD_BENCH_MODEL_DIR") {
+        Some(dir) => LlamaModel::load(dir.as_ref(), &opts).expect("checkpoint"),
+        None => LlamaModel::random(config(), 7, &opts).expect("random model"),
+    };
+    m.warm_up(9).expect("warm-up");
+    let s = m.open_session(Some(1024.min(m.config().max_position_embeddings))).expect("session");
+    let vocab = m.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| (i * 7919) % vocab).collect();
     m.forward(s, &prompt).expect("prefill");
     (m, s)
 }
