@@ -389,11 +389,13 @@ impl PolicyMemory {
         } else if (running <= 1 && evidence < CONFIDENT_POSITIONS && shared.could_pay(evidence))
             || learnt.starts.is_multiple_of(EXPLORE_EVERY)
         {
-            // An explorer goes against what the population's α says, so its own positions
-            // decide: with the population's α counted as 8 positions, a prompt at α = 0.78
-            // after one at 0.25 stood at 0.40 after its first round, stopped drafting, and
-            // left the population's α where it was.
-            (shared.exploring_copy(max), 0)
+            // A lone explorer goes against what the population's α says, so its own
+            // positions decide: with the population's α counted as 8 positions, a prompt at
+            // α = 0.78 after one at 0.25 stood at 0.40 after its first round, stopped
+            // drafting, and left the population's α where it was. Under load an explorer
+            // re-measures the costs, and a prompt the draft knows well must not keep it
+            // drafting out of step with the others.
+            (shared.exploring_copy(max), if running <= 1 { 0 } else { SESSION_ALPHA_PRIOR_WEIGHT })
         } else {
             (shared.warm_copy(0), SESSION_ALPHA_PRIOR_WEIGHT)
         };
@@ -638,6 +640,19 @@ mod tests {
         assert!(second.best_gamma() >= 3, "{}", second.summary());
         let mut third = memory.start("greedy", 8, 1);
         assert!(third.next_gamma() >= 3, "{}", third.summary());
+        // Under load an explorer measures costs, and its α starts from the population's.
+        let memory = PolicyMemory::default();
+        let mut first = memory.start("load 8", 8, 1);
+        play(&memory, "load 8", &mut first, 20, link_5ms(0.25));
+        let weights: Vec<u64> = (0..EXPLORE_EVERY)
+            .map(|_| memory.start("load 8", 8, 8))
+            .filter(|p| p.max() > 0)
+            .map(|p| p.alpha.count)
+            .collect();
+        assert_eq!(weights.len(), 1);
+        assert!(weights[0] > ALPHA_PRIOR_WEIGHT, "{weights:?}");
+        let alone = memory.start("load 8", 8, 1);
+        assert_eq!((alone.max(), alone.alpha.count), (8, ALPHA_PRIOR_WEIGHT));
     }
 
     #[test]
