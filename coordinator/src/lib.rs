@@ -23,6 +23,7 @@ pub mod admission;
 pub mod discovery;
 pub mod draft_link;
 pub mod error;
+pub mod governor;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;

@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex};
 
 use specd_sampling::cost::expected_tokens_per_round;
 
+use crate::governor::{LoadLevel, LoadMode};
 use crate::round::RoundReport;
 
 /// γ of the first round, before anything is measured.
@@ -311,6 +312,8 @@ struct Memory {
     learnt: HashMap<String, Learnt>,
     /// Sessions started per key with nothing learnt for it yet.
     unlearnt_starts: HashMap<String, u64>,
+    /// Per key of a load above one: whether its sessions draft ([`crate::governor`]).
+    loaded: HashMap<String, LoadLevel>,
 }
 
 /// One key's latest cost estimates, the acceptance of all its sessions, and how many
@@ -401,6 +404,26 @@ impl PolicyMemory {
         };
         let alpha = Average { count: start.alpha.count.min(ALPHA_PRIOR_WEIGHT + prior_positions), ..start.alpha };
         AdaptiveGamma { alpha, own_positions: 0, ..start }
+    }
+
+    /// What the sessions of a load level above one do now.
+    pub fn load_mode(&self, level: &str) -> LoadMode {
+        let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        memory.loaded.get(level).map_or(LoadMode::Plain, LoadLevel::mode)
+    }
+
+    /// Adds a finished round of a session at a load level above one to that level's period.
+    pub fn record_loaded_round(&self, level: &str, tokens: usize, wall_ns: u64) {
+        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !memory.loaded.contains_key(level) && memory.loaded.len() >= REMEMBERED_SETTINGS {
+            memory.loaded.clear();
+        }
+        let loaded = memory.loaded.entry(level.to_owned()).or_default();
+        let before = loaded.mode();
+        loaded.record(tokens, wall_ns as f64 * MS);
+        if loaded.mode() != before {
+            tracing::info!(level, state = %loaded.summary(), "load level changes mode");
+        }
     }
 
     /// Keeps a session's cost estimates for the sessions that start after it, and adds the

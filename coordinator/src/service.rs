@@ -29,7 +29,7 @@ use crate::error::CoordinatorError;
 use crate::nodes::{ModelFacts, NodePool};
 use crate::policy::PolicyMemory;
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
-use crate::session::SessionActor;
+use crate::session::{RunningCount, SessionActor};
 
 /// A generation in flight, for operators.
 #[derive(Debug, Clone)]
@@ -144,7 +144,8 @@ impl GenerationService {
         record_request(&span, &spec, &self.pool.facts);
         let vocab_size = self.pool.facts.vocab_size;
         let spare_targets = self.pool.spare_targets(&target);
-        let (policy_memory, load) = (self.policy_memory.clone(), self.active.len());
+        let active = Arc::clone(&self.active);
+        let (policy_memory, running) = (self.policy_memory.clone(), RunningCount(Arc::new(move || active.len())));
         let actor = SessionActor {
             session_id,
             spec,
@@ -156,7 +157,7 @@ impl GenerationService {
             metrics,
             deadline,
             policy_memory,
-            load,
+            running,
         };
         tokio::spawn(
             async move {

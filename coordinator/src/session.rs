@@ -1,6 +1,7 @@
 //! One generation: a session actor that opens both nodes' sessions, runs rounds until a stop
 //! condition, streams each round's tokens, and releases both nodes' sessions however it ends.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
@@ -14,6 +15,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
+use crate::governor::LoadMode;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
 use crate::policy::{AdaptiveGamma, PolicyMemory};
 use crate::request::{GammaChoice, GenerationSpec};
@@ -36,8 +38,29 @@ pub struct SessionActor {
     pub deadline: Option<Instant>,
     /// What earlier sessions' adaptive γ learnt; this one starts from it and adds to it.
     pub policy_memory: PolicyMemory,
-    /// Generations running on the coordinator when this one started (itself included).
-    pub load: usize,
+    /// Generations running on the coordinator now (this one included).
+    pub running: RunningCount,
+}
+
+/// Reads how many generations the coordinator is running at the moment.
+#[derive(Clone)]
+pub struct RunningCount(pub Arc<dyn Fn() -> usize + Send + Sync>);
+
+impl RunningCount {
+    fn get(&self) -> usize {
+        (self.0)().max(1)
+    }
+}
+
+impl std::fmt::Debug for RunningCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunningCount({})", self.get())
+    }
+}
+
+/// The load level a policy is learnt for: running generations, rounded up to a power of two.
+fn load_level(running: usize) -> u32 {
+    running.max(1).next_power_of_two().ilog2()
 }
 
 /// Releases the target's session when the generation ends, whichever way: finish, error,
@@ -211,9 +234,11 @@ impl SessionActor {
         // What pays depends on the sampling settings (α) and on the load: with many sessions
         // the nodes' passes are shared and the machine's compute is the limit, alone the
         // latency of a pass is. Sessions learn from those of the same settings and load.
-        let settings = format!("{:?} load 2^{}", spec.params, self.load.max(1).next_power_of_two().ilog2());
+        let settings_at = |running: usize| format!("{:?} load 2^{}", spec.params, load_level(running));
+        let running = self.running.get();
+        let settings = settings_at(running);
         let mut adaptive = match spec.gamma {
-            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max, self.load)),
+            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max, running)),
             GammaChoice::Fixed(_) => None,
         };
         // No draft session for a generation that will not draft.
@@ -265,6 +290,14 @@ impl SessionActor {
                 (Some(policy), _) => policy.next_gamma(),
                 (None, gamma) => gamma.max(),
             };
+            // Under load, whether sessions draft at all is decided for the load level as a
+            // whole, from what it measured in aggregate (crate::governor).
+            let running = self.running.get();
+            let loaded_level = (adaptive.is_some() && running > 1).then(|| settings_at(running));
+            let wanted = match &loaded_level {
+                Some(level) if self.policy_memory.load_mode(level) == LoadMode::Plain => 0,
+                _ => wanted,
+            };
             let gamma = wanted.min(remaining.saturating_sub(1) as u32);
             if gamma > 0
                 && let Some(link) = draft_link.as_mut()
@@ -295,6 +328,9 @@ impl SessionActor {
                 result => result?,
             };
             stats.record(&report);
+            if let Some(level) = &loaded_level {
+                self.policy_memory.record_loaded_round(level, report.outcome.tokens.len(), report.wall_ns);
+            }
             if let Some(policy) = &mut adaptive {
                 policy.observe(&report);
                 self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);

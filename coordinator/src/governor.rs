@@ -1,0 +1,190 @@
+//! Under load, whether the sessions' own draft lengths beat plain decoding for all of them.
+//!
+//! Alone, a session can compare its drafting rounds with its target-only rounds: the machine
+//! does the same thing in both. Under load it cannot: its target-only rounds share passes with
+//! other sessions' long blocks, its drafting rounds with their one-token rounds, and a session
+//! that drafts while the others do not splits their batches, which its own times do not show.
+//! On the demo pair at 8 clients the drafting sessions estimated γ = 3–4 at 1.25× their
+//! target-only rounds, while drafting cost 7–20% of the aggregate (BENCHMARKS.md, #10).
+//!
+//! So per load level (sampling settings and running generations, as the policy memory keys
+//! them) the coordinator alternates periods of [`PERIOD_ROUNDS`] rounds: in a `Plain` period
+//! every session of the level decodes target-only, in an `Adaptive` one each follows its own
+//! policy. A period's result is tokens per session-second (committed tokens ÷ the summed wall
+//! time of the rounds that committed them), which is the aggregate rate ÷ the sessions running.
+//! After one period of each, the better mode runs, and one period in [`OTHER_MODE_EVERY`]
+//! re-measures the other. A level starts `Plain`: under load the safe default is to not draft.
+//! The law is untouched: a round's γ still depends only on what happened before it.
+
+/// Rounds (of all the level's sessions) in one period.
+pub const PERIOD_ROUNDS: u64 = 64;
+/// One period in this many runs the mode that measured worse.
+pub const OTHER_MODE_EVERY: u64 = 8;
+/// Weight of a period's rate once a mode has a few (the first ones are averaged plainly).
+const RATE_SMOOTHING: f64 = 0.25;
+
+/// What the sessions of a load level do in the current period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadMode {
+    /// Every session decodes target-only.
+    Plain,
+    /// Each session picks its own γ.
+    Adaptive,
+}
+
+/// A running mean that becomes exponentially weighted after 1 / [`RATE_SMOOTHING`] values.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rate {
+    mean: f64,
+    count: u64,
+}
+
+impl Rate {
+    fn get(&self) -> Option<f64> {
+        (self.count > 0).then_some(self.mean)
+    }
+
+    fn add(&mut self, x: f64) {
+        self.count += 1;
+        let w = (1.0 / self.count as f64).max(RATE_SMOOTHING);
+        self.mean += w * (x - self.mean);
+    }
+}
+
+/// One load level's periods.
+#[derive(Debug, Clone)]
+pub struct LoadLevel {
+    mode: LoadMode,
+    rounds: u64,
+    tokens: u64,
+    session_ms: f64,
+    periods: u64,
+    plain: Rate,
+    adaptive: Rate,
+}
+
+impl Default for LoadLevel {
+    fn default() -> Self {
+        Self {
+            mode: LoadMode::Plain,
+            rounds: 0,
+            tokens: 0,
+            session_ms: 0.0,
+            periods: 0,
+            plain: Rate::default(),
+            adaptive: Rate::default(),
+        }
+    }
+}
+
+impl LoadLevel {
+    /// What the level's sessions do now.
+    pub fn mode(&self) -> LoadMode {
+        self.mode
+    }
+
+    /// Adds a finished round: `tokens` committed in `wall_ms`.
+    pub fn record(&mut self, tokens: usize, wall_ms: f64) {
+        if !(wall_ms.is_finite() && wall_ms > 0.0) {
+            return;
+        }
+        self.rounds += 1;
+        self.tokens += tokens as u64;
+        self.session_ms += wall_ms;
+        if self.rounds >= PERIOD_ROUNDS {
+            self.end_period();
+        }
+    }
+
+    fn end_period(&mut self) {
+        let rate = self.tokens as f64 / self.session_ms;
+        match self.mode {
+            LoadMode::Plain => self.plain.add(rate),
+            LoadMode::Adaptive => self.adaptive.add(rate),
+        }
+        (self.rounds, self.tokens, self.session_ms) = (0, 0, 0.0);
+        self.periods += 1;
+        self.mode = match (self.plain.get(), self.adaptive.get()) {
+            (None, _) => LoadMode::Plain,
+            (_, None) => LoadMode::Adaptive,
+            (Some(plain), Some(adaptive)) => {
+                let (best, other) = if adaptive > plain {
+                    (LoadMode::Adaptive, LoadMode::Plain)
+                } else {
+                    (LoadMode::Plain, LoadMode::Adaptive)
+                };
+                if self.periods.is_multiple_of(OTHER_MODE_EVERY) { other } else { best }
+            }
+        };
+    }
+
+    /// Tokens per session-second measured in each mode, for logs.
+    pub fn summary(&self) -> String {
+        let rate = |r: Rate| r.get().map_or_else(|| "?".to_owned(), |x| format!("{:.1}", x * 1e3));
+        format!(
+            "{:?} now; tokens per session-second: plain {}, adaptive {}",
+            self.mode,
+            rate(self.plain),
+            rate(self.adaptive)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `periods` periods of a world where plain rounds commit 1 token in 20 ms and
+    /// adaptive ones `tokens` in `ms`; returns the mode of each period.
+    fn run(level: &mut LoadLevel, periods: u64, (tokens, ms): (usize, f64)) -> Vec<LoadMode> {
+        (0..periods)
+            .map(|_| {
+                let mode = level.mode();
+                for _ in 0..PERIOD_ROUNDS {
+                    match level.mode() {
+                        LoadMode::Plain => level.record(1, 20.0),
+                        LoadMode::Adaptive => level.record(tokens, ms),
+                    }
+                }
+                mode
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_level_measures_plain_then_adaptive_then_runs_the_better_one() {
+        // Drafting loses 10% in aggregate (3 tokens in 66 ms: it splits the batches).
+        let mut losing = LoadLevel::default();
+        let modes = run(&mut losing, 40, (3, 66.0));
+        assert_eq!(&modes[..2], [LoadMode::Plain, LoadMode::Adaptive]);
+        let adaptive = modes[2..].iter().filter(|m| **m == LoadMode::Adaptive).count();
+        assert!(adaptive <= 38 / OTHER_MODE_EVERY as usize + 1, "{modes:?}");
+        assert!(adaptive >= 1, "the other mode is re-measured: {modes:?}");
+        // Drafting wins 10% (3 tokens in 54 ms).
+        let mut winning = LoadLevel::default();
+        let modes = run(&mut winning, 40, (3, 54.0));
+        let plain = modes[2..].iter().filter(|m| **m == LoadMode::Plain).count();
+        assert!(plain <= 38 / OTHER_MODE_EVERY as usize + 1, "{modes:?}");
+        assert!(winning.summary().ends_with("plain 50.0, adaptive 55.6"), "{}", winning.summary());
+    }
+
+    #[test]
+    fn a_level_follows_when_drafting_starts_paying() {
+        let mut level = LoadLevel::default();
+        run(&mut level, 17, (3, 66.0));
+        assert_eq!(level.mode(), LoadMode::Plain);
+        // The re-measuring periods see the change, and the level switches within a few.
+        let modes = run(&mut level, 40, (3, 40.0));
+        assert!(modes[24..].iter().filter(|m| **m == LoadMode::Adaptive).count() >= 14, "{modes:?}");
+    }
+
+    #[test]
+    fn rounds_without_time_are_ignored() {
+        let mut level = LoadLevel::default();
+        for _ in 0..2 * PERIOD_ROUNDS {
+            level.record(5, 0.0);
+            level.record(5, f64::NAN);
+        }
+        assert_eq!((level.mode(), level.periods), (LoadMode::Plain, 0));
+    }
+}
