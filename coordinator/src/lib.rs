@@ -5,6 +5,8 @@
 //! - [`session`]: a generation's loop (rounds, stop conditions, streaming) and the drop guard
 //!   that releases both nodes' sessions on finish, error, timeout and client cancel;
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
+//! - [`governor`]: under load, whether a load level's sessions draft at all, from aggregate
+//!   tokens per session-second in alternating periods;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
 //! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
