@@ -9,8 +9,8 @@
 //!
 //! So per load level (sampling settings and running generations, as the policy memory keys
 //! them) the coordinator alternates periods of [`PERIOD_ROUNDS`] rounds: in a `Plain` period
-//! every session of the level decodes target-only, in an `Adaptive` one each follows its own
-//! policy. A period's result is tokens per session-second (committed tokens ÷ the summed wall
+//! every adaptive session of the level decodes target-only (requests with a fixed γ are not
+//! governed), in an `Adaptive` one each follows its own policy. A period's result is tokens per session-second (committed tokens ÷ the summed wall
 //! time of the rounds that committed them), which is the aggregate rate ÷ the sessions running.
 //! After one period of each, the better mode runs, and one period in [`OTHER_MODE_EVERY`]
 //! re-measures the other. A level starts `Plain`: under load the safe default is to not draft.
@@ -83,9 +83,10 @@ impl LoadLevel {
         self.mode
     }
 
-    /// Adds a finished round: `tokens` committed in `wall_ms`.
-    pub fn record(&mut self, tokens: usize, wall_ms: f64) {
-        if !(wall_ms.is_finite() && wall_ms > 0.0) {
+    /// Adds a finished round that ran in `mode`: `tokens` committed in `wall_ms`. Rounds
+    /// that started before the current period (in flight at its change) are left out.
+    pub fn record(&mut self, mode: LoadMode, tokens: usize, wall_ms: f64) {
+        if mode != self.mode || !(wall_ms.is_finite() && wall_ms > 0.0) {
             return;
         }
         self.rounds += 1;
@@ -142,8 +143,8 @@ mod tests {
                 let mode = level.mode();
                 for _ in 0..PERIOD_ROUNDS {
                     match level.mode() {
-                        LoadMode::Plain => level.record(1, 20.0),
-                        LoadMode::Adaptive => level.record(tokens, ms),
+                        LoadMode::Plain => level.record(LoadMode::Plain, 1, 20.0),
+                        LoadMode::Adaptive => level.record(LoadMode::Adaptive, tokens, ms),
                     }
                 }
                 mode
@@ -182,9 +183,25 @@ mod tests {
     fn rounds_without_time_are_ignored() {
         let mut level = LoadLevel::default();
         for _ in 0..2 * PERIOD_ROUNDS {
-            level.record(5, 0.0);
-            level.record(5, f64::NAN);
+            level.record(LoadMode::Plain, 5, 0.0);
+            level.record(LoadMode::Plain, 5, f64::NAN);
         }
         assert_eq!((level.mode(), level.periods), (LoadMode::Plain, 0));
+    }
+
+    #[test]
+    fn rounds_of_the_previous_period_are_left_out() {
+        let mut level = LoadLevel::default();
+        for _ in 0..PERIOD_ROUNDS {
+            level.record(LoadMode::Plain, 1, 20.0);
+        }
+        assert_eq!(level.mode(), LoadMode::Adaptive);
+        // A plain round still in flight when the period changed, 50× faster than any other.
+        level.record(LoadMode::Plain, 50, 20.0);
+        for _ in 0..PERIOD_ROUNDS {
+            level.record(LoadMode::Adaptive, 1, 25.0);
+        }
+        assert!(level.summary().ends_with("plain 50.0, adaptive 40.0"), "{}", level.summary());
+        assert_eq!(level.mode(), LoadMode::Plain);
     }
 }

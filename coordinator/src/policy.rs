@@ -25,8 +25,9 @@
 //! must not spend its few rounds re-learning that drafting does not pay (a 20 ms link to the
 //! draft, a draft that knows nothing of the target, a target whose passes are shared by many
 //! sessions). The first session of its kind, and a session that explores, starts with one
-//! speculative and one target-only round, so both sides are measured; an explorer's α rests
-//! on its own positions alone. That drafting does not pay is trusted only once the α behind
+//! speculative and one target-only round, so both sides are measured; the α of an explorer
+//! that runs alone starts from the population's counted as only 2 positions, so its own
+//! soon decide. That drafting does not pay is trusted only once the α behind
 //! it is several sessions' worth: one prompt's positions are not independent. Either way a
 //! session re-measures the side it is not using now and then: a target-only round every
 //! [`PLAIN_PROBE_EVERY`] rounds while drafting, a γ = 1 round every [`DRAFT_PROBE_EVERY`] to
@@ -378,6 +379,9 @@ impl PolicyMemory {
             // A new load level starts with all its sessions at once (8 clients: the whole
             // first pass of the demo pair drafted its first rounds, at 0.86× target-only).
             // One measures; the rest decode plainly until it has.
+            if !memory.unlearnt_starts.contains_key(settings) && memory.unlearnt_starts.len() >= REMEMBERED_SETTINGS {
+                memory.unlearnt_starts.clear();
+            }
             let starts = memory.unlearnt_starts.entry(settings.to_owned()).or_default();
             *starts += 1;
             let explores = running <= 1 || *starts % EXPLORE_EVERY == 1;
@@ -412,15 +416,16 @@ impl PolicyMemory {
         memory.loaded.get(level).map_or(LoadMode::Plain, LoadLevel::mode)
     }
 
-    /// Adds a finished round of a session at a load level above one to that level's period.
-    pub fn record_loaded_round(&self, level: &str, tokens: usize, wall_ns: u64) {
+    /// Adds a finished round of a session at a load level above one, run in `mode`, to that
+    /// level's period.
+    pub fn record_loaded_round(&self, level: &str, mode: LoadMode, tokens: usize, wall_ns: u64) {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !memory.loaded.contains_key(level) && memory.loaded.len() >= REMEMBERED_SETTINGS {
             memory.loaded.clear();
         }
         let loaded = memory.loaded.entry(level.to_owned()).or_default();
         let before = loaded.mode();
-        loaded.record(tokens, wall_ns as f64 * MS);
+        loaded.record(mode, tokens, wall_ns as f64 * MS);
         if loaded.mode() != before {
             tracing::info!(level, state = %loaded.summary(), "load level changes mode");
         }
@@ -452,9 +457,6 @@ impl PolicyMemory {
         }
         if memory.learnt.len() >= REMEMBERED_SETTINGS {
             memory.learnt.clear();
-        }
-        if memory.unlearnt_starts.len() >= REMEMBERED_SETTINGS {
-            memory.unlearnt_starts.clear();
         }
         memory.unlearnt_starts.remove(settings);
         // The first session of its kind: its own α so far is all there is.
@@ -697,6 +699,44 @@ mod tests {
         });
         let next: Vec<AdaptiveGamma> = (0..8).map(|_| memory.start("load 8", 8, 8)).collect();
         assert!(next.iter().all(|p| p.max() == 8 && p.best_gamma() > 0), "{}", next[0].summary());
+    }
+
+    #[test]
+    fn several_sessions_evidence_that_drafting_does_not_pay_is_trusted() {
+        // α = 0.45 loses across a 5 ms link (γ = 2: 0.93×); 0.45 + 2 standard errors of 32
+        // positions (0.63) would win, so only the amount of evidence stops the exploring.
+        let link_5ms = |gamma: u32| {
+            let g = f64::from(gamma);
+            let overhead = if gamma == 0 { 0.5 } else { 5.5 };
+            report(gamma as usize, (0.45 * g).round() as usize, 0.45, 1.7 * g, 11.0 + 0.3 * g, overhead)
+        };
+        let memory = PolicyMemory::default();
+        let evidence = || memory.0.lock().unwrap().learnt.get("greedy").map_or(0, Learnt::alpha_evidence);
+        while evidence() < CONFIDENT_POSITIONS {
+            let mut session = memory.start("greedy", 8, 1);
+            play(&memory, "greedy", &mut session, 100, link_5ms);
+        }
+        let shared = memory.0.lock().unwrap().learnt["greedy"].shared();
+        assert!(shared.best_gamma() == 0 && shared.could_pay(CONFIDENT_POSITIONS), "{}", shared.summary());
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("greedy", 8, 1).max() > 0).count();
+        assert_eq!(explorers, 1);
+    }
+
+    #[test]
+    fn load_levels_keep_their_own_periods() {
+        let memory = PolicyMemory::default();
+        assert_eq!(memory.load_mode("load 2^3"), LoadMode::Plain);
+        for _ in 0..crate::governor::PERIOD_ROUNDS {
+            memory.record_loaded_round("load 2^3", LoadMode::Plain, 1, 20_000_000);
+        }
+        assert_eq!(memory.load_mode("load 2^3"), LoadMode::Adaptive);
+        assert_eq!(memory.load_mode("load 2^2"), LoadMode::Plain);
+        // Past REMEMBERED_SETTINGS levels the memory starts again.
+        for i in 0..REMEMBERED_SETTINGS {
+            memory.record_loaded_round(&format!("T={i} load 2^1"), LoadMode::Plain, 1, 20_000_000);
+        }
+        assert!(memory.0.lock().unwrap().loaded.len() <= REMEMBERED_SETTINGS);
+        assert_eq!(memory.load_mode("load 2^3"), LoadMode::Plain);
     }
 
     #[test]

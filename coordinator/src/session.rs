@@ -285,18 +285,19 @@ impl SessionActor {
         let finish = loop {
             let base = spec.prompt.len() + output.len();
             let remaining = spec.max_new_tokens - output.len();
-            // A round commits up to γ+1 tokens: never draft past what is still wanted.
-            let wanted = match (&mut adaptive, spec.gamma) {
-                (Some(policy), _) => policy.next_gamma(),
-                (None, gamma) => gamma.max(),
-            };
             // Under load, whether sessions draft at all is decided for the load level as a
-            // whole, from what it measured in aggregate (crate::governor).
+            // whole, from what it measured in aggregate (crate::governor). A round it makes
+            // plain is not the session's policy's: the policy neither advances (an explorer
+            // keeps its measuring rounds for a period that drafts) nor learns from it.
             let running = self.running.get();
             let loaded_level = (adaptive.is_some() && running > 1).then(|| settings_at(running));
-            let wanted = match &loaded_level {
-                Some(level) if self.policy_memory.load_mode(level) == LoadMode::Plain => 0,
-                _ => wanted,
+            let load_mode = loaded_level.as_deref().map(|level| self.policy_memory.load_mode(level));
+            let governed_plain = load_mode == Some(LoadMode::Plain);
+            // A round commits up to γ+1 tokens: never draft past what is still wanted.
+            let wanted = match (&mut adaptive, spec.gamma) {
+                _ if governed_plain => 0,
+                (Some(policy), _) => policy.next_gamma(),
+                (None, gamma) => gamma.max(),
             };
             let gamma = wanted.min(remaining.saturating_sub(1) as u32);
             if gamma > 0
@@ -328,10 +329,10 @@ impl SessionActor {
                 result => result?,
             };
             stats.record(&report);
-            if let Some(level) = &loaded_level {
-                self.policy_memory.record_loaded_round(level, report.outcome.tokens.len(), report.wall_ns);
+            if let (Some(level), Some(mode)) = (&loaded_level, load_mode) {
+                self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }
-            if let Some(policy) = &mut adaptive {
+            if let Some(policy) = adaptive.as_mut().filter(|_| !governed_plain) {
                 policy.observe(&report);
                 self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);
             }
