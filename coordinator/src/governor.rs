@@ -16,6 +16,8 @@
 //! re-measures the other. A level starts `Plain`: under load the safe default is to not draft.
 //! The law is untouched: a round's γ still depends only on what happened before it.
 
+use crate::average::Average;
+
 /// Rounds (of all the level's sessions) in one period.
 pub const PERIOD_ROUNDS: u64 = 64;
 /// One period in this many runs the mode that measured worse.
@@ -32,25 +34,6 @@ pub enum LoadMode {
     Adaptive,
 }
 
-/// A running mean that becomes exponentially weighted after 1 / [`RATE_SMOOTHING`] values.
-#[derive(Debug, Clone, Copy, Default)]
-struct Rate {
-    mean: f64,
-    count: u64,
-}
-
-impl Rate {
-    fn get(&self) -> Option<f64> {
-        (self.count > 0).then_some(self.mean)
-    }
-
-    fn add(&mut self, x: f64) {
-        self.count += 1;
-        let w = (1.0 / self.count as f64).max(RATE_SMOOTHING);
-        self.mean += w * (x - self.mean);
-    }
-}
-
 /// One load level's periods.
 #[derive(Debug, Clone)]
 pub struct LoadLevel {
@@ -59,8 +42,8 @@ pub struct LoadLevel {
     tokens: u64,
     session_ms: f64,
     periods: u64,
-    plain: Rate,
-    adaptive: Rate,
+    plain: Average,
+    adaptive: Average,
 }
 
 impl Default for LoadLevel {
@@ -71,8 +54,8 @@ impl Default for LoadLevel {
             tokens: 0,
             session_ms: 0.0,
             periods: 0,
-            plain: Rate::default(),
-            adaptive: Rate::default(),
+            plain: Average::default(),
+            adaptive: Average::default(),
         }
     }
 }
@@ -100,8 +83,8 @@ impl LoadLevel {
     fn end_period(&mut self) {
         let rate = self.tokens as f64 / self.session_ms;
         match self.mode {
-            LoadMode::Plain => self.plain.add(rate),
-            LoadMode::Adaptive => self.adaptive.add(rate),
+            LoadMode::Plain => self.plain.add(rate, RATE_SMOOTHING),
+            LoadMode::Adaptive => self.adaptive.add(rate, RATE_SMOOTHING),
         }
         (self.rounds, self.tokens, self.session_ms) = (0, 0, 0.0);
         self.periods += 1;
@@ -121,7 +104,7 @@ impl LoadLevel {
 
     /// Tokens per session-second measured in each mode, for logs.
     pub fn summary(&self) -> String {
-        let rate = |r: Rate| r.get().map_or_else(|| "?".to_owned(), |x| format!("{:.1}", x * 1e3));
+        let rate = |r: Average| r.get().map_or_else(|| "?".to_owned(), |x| format!("{:.1}", x * 1e3));
         format!(
             "{:?} now; tokens per session-second: plain {}, adaptive {}",
             self.mode,

@@ -7,6 +7,7 @@
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
 //! - [`governor`]: under load, whether a load level's sessions draft at all, from aggregate
 //!   tokens per session-second in alternating periods;
+//! - `average`: the running average both learn with;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
 //! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
@@ -22,6 +23,7 @@
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
 pub mod admission;
+mod average;
 pub mod discovery;
 pub mod draft_link;
 pub mod error;

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use specd_sampling::cost::expected_tokens_per_round;
 
+use crate::average::Average;
 use crate::governor::{LoadLevel, LoadMode};
 use crate::round::RoundReport;
 
@@ -58,41 +59,6 @@ const ALPHA_SMOOTHING: f64 = 0.05;
 /// How many observations the prior α = 0.5 counts for: a round that evaluates 3 or more
 /// positions outweighs it.
 const ALPHA_PRIOR_WEIGHT: u64 = 2;
-
-/// An exponentially weighted running average that starts as a plain mean: the k-th
-/// observation weighs max(1/k, weight). Early estimates then rest on all the data so far,
-/// not on a prior that a small smoothing weight would keep for dozens of observations
-/// (with 0.05 per position, a first round of 4 positions at α = 0.8 left α at 0.56, and at a
-/// 5 ms RTT that was enough to turn drafting off for good).
-#[derive(Debug, Clone, Copy, Default)]
-struct Average {
-    mean: Option<f64>,
-    count: u64,
-}
-
-impl Average {
-    /// An average that starts at `prior`, counted as `weight` observations.
-    fn prior(prior: f64, weight: u64) -> Self {
-        Self { mean: Some(prior), count: weight }
-    }
-
-    fn get(&self) -> Option<f64> {
-        self.mean
-    }
-
-    fn add(&mut self, x: f64, weight: f64) {
-        self.add_share(x, weight, 1.0);
-    }
-
-    /// [`Self::add`] for an observation worth `share` (≤ 1) of a full one.
-    fn add_share(&mut self, x: f64, weight: f64, share: f64) {
-        if x.is_finite() {
-            self.count += 1;
-            let w = (1.0 / self.count as f64).max(weight) * share;
-            self.mean = Some(self.mean.map_or(x, |m| m + w * (x - m)));
-        }
-    }
-}
 
 /// One session's adaptive γ.
 #[derive(Debug, Clone)]
@@ -360,6 +326,14 @@ pub const SESSION_ALPHA_PRIOR_WEIGHT: u64 = 8;
 /// Distinct sampling settings remembered; past this the memory starts again.
 const REMEMBERED_SETTINGS: usize = 256;
 
+/// Clears `map` when `key` would be one key past [`REMEMBERED_SETTINGS`]: the keys hold
+/// clients' sampling settings, so nothing else bounds them.
+fn make_room<V>(map: &mut HashMap<String, V>, key: &str) {
+    if !map.contains_key(key) && map.len() >= REMEMBERED_SETTINGS {
+        map.clear();
+    }
+}
+
 /// While drafting does not pay, one session in this many still drafts (and probes).
 pub const EXPLORE_EVERY: u64 = 8;
 
@@ -379,9 +353,7 @@ impl PolicyMemory {
             // A new load level starts with all its sessions at once (8 clients: the whole
             // first pass of the demo pair drafted its first rounds, at 0.86× target-only).
             // One measures; the rest decode plainly until it has.
-            if !memory.unlearnt_starts.contains_key(settings) && memory.unlearnt_starts.len() >= REMEMBERED_SETTINGS {
-                memory.unlearnt_starts.clear();
-            }
+            make_room(&mut memory.unlearnt_starts, settings);
             let starts = memory.unlearnt_starts.entry(settings.to_owned()).or_default();
             *starts += 1;
             let explores = running <= 1 || *starts % EXPLORE_EVERY == 1;
@@ -420,9 +392,7 @@ impl PolicyMemory {
     /// level's period.
     pub fn record_loaded_round(&self, level: &str, mode: LoadMode, tokens: usize, wall_ns: u64) {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !memory.loaded.contains_key(level) && memory.loaded.len() >= REMEMBERED_SETTINGS {
-            memory.loaded.clear();
-        }
+        make_room(&mut memory.loaded, level);
         let loaded = memory.loaded.entry(level.to_owned()).or_default();
         let before = loaded.mode();
         loaded.record(mode, tokens, wall_ns as f64 * MS);
@@ -455,9 +425,7 @@ impl PolicyMemory {
         if !policy.measured() {
             return;
         }
-        if memory.learnt.len() >= REMEMBERED_SETTINGS {
-            memory.learnt.clear();
-        }
+        make_room(&mut memory.learnt, settings);
         memory.unlearnt_starts.remove(settings);
         // The first session of its kind: its own α so far is all there is.
         let alpha_sessions = u64::from(policy.own_positions > 0);

@@ -282,6 +282,8 @@ impl SessionActor {
         let mut stats = Stats::default();
         let mut text = spec.detokenize.then(|| TextOutput::new(spec.stop_strings.clone()));
         let mut round = 0u32;
+        // The load level this session last ran at above one, and its memory key.
+        let mut level_key = (u32::MAX, String::new());
         let finish = loop {
             let base = spec.prompt.len() + output.len();
             let remaining = spec.max_new_tokens - output.len();
@@ -290,8 +292,13 @@ impl SessionActor {
             // plain is not the session's policy's: the policy neither advances (an explorer
             // keeps its measuring rounds for a period that drafts) nor learns from it.
             let running = self.running.get();
-            let loaded_level = (adaptive.is_some() && running > 1).then(|| settings_at(running));
-            let load_mode = loaded_level.as_deref().map(|level| self.policy_memory.load_mode(level));
+            let loaded = adaptive.is_some() && running > 1;
+            if loaded && level_key.0 != load_level(running) {
+                // The key is formatted only when the level changes, not every round.
+                level_key = (load_level(running), settings_at(running));
+            }
+            let loaded_level = loaded.then_some(level_key.1.as_str());
+            let load_mode = loaded_level.map(|level| self.policy_memory.load_mode(level));
             let governed_plain = load_mode == Some(LoadMode::Plain);
             // A round commits up to γ+1 tokens: never draft past what is still wanted.
             let wanted = match (&mut adaptive, spec.gamma) {
@@ -329,7 +336,7 @@ impl SessionActor {
                 result => result?,
             };
             stats.record(&report);
-            if let (Some(level), Some(mode)) = (&loaded_level, load_mode) {
+            if let (Some(level), Some(mode)) = (loaded_level, load_mode) {
                 self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }
             if let Some(policy) = adaptive.as_mut().filter(|_| !governed_plain) {

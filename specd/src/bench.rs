@@ -520,8 +520,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
     let prompts = load_prompts(args.prompts.as_deref())?;
     if args.netns.netns && args.netns.netns_child.is_none() {
-        let target = args.node.to_args(None, None, None);
-        let draft = args.node.to_args(args.draft_delay_ms, Some(args.draft.draft_threads), args.draft.draft_dtype);
+        let target = args.node.to_args(None, None);
+        let draft = args.node.to_args(args.draft_delay_ms, Some(&args.draft));
         let mut netns = args.netns.clone();
         if let Some(on) = args.optimistic {
             netns.coordinator_arg.push(format!("--optimistic={}", if on { "on" } else { "off" }));

@@ -430,16 +430,14 @@ impl NodeOptions {
     }
 
     /// The flags that give a `specd target` or `specd draft` process these options
-    /// (`specd bench --netns`), with the forward delay and threads replaced where given.
-    pub(crate) fn to_args(
-        &self,
-        forward_delay_ms: Option<f64>,
-        threads: Option<usize>,
-        dtype: Option<DType>,
-    ) -> Vec<String> {
+    /// (`specd bench --netns`), with the forward delay replaced where given, and for the
+    /// draft its own options over the shared ones, as [`DraftOptions::apply`] does.
+    pub(crate) fn to_args(&self, forward_delay_ms: Option<f64>, draft: Option<&DraftOptions>) -> Vec<String> {
+        let threads = draft.map(|d| d.draft_threads).or(self.threads);
+        let dtype = draft.and_then(|d| d.draft_dtype).unwrap_or(self.dtype);
         let mut args = vec![
             format!("--device={}", self.device),
-            format!("--dtype={}", dtype.unwrap_or(self.dtype)),
+            format!("--dtype={dtype}"),
             format!("--max-sessions={}", self.max_sessions),
             format!("--forward-delay-ms={}", forward_delay_ms.unwrap_or(self.forward_delay_ms)),
             format!("--session-ttl-s={}", self.session_ttl_s),
@@ -448,7 +446,7 @@ impl NodeOptions {
         args.push(format!("--max-batch-tokens={}", self.max_batch_tokens));
         args.push(format!("--batch-window-us={}", self.batch_window_us));
         args.extend(self.kv_budget_mib.map(|m| format!("--kv-budget-mib={m}")));
-        args.extend(threads.or(self.threads).map(|t| format!("--threads={t}")));
+        args.extend(threads.map(|t| format!("--threads={t}")));
         args
     }
 
