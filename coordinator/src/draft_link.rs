@@ -30,6 +30,8 @@ pub struct DraftSession {
     /// For each Propose whose block was taken from a push, oldest first, the candidates of
     /// that block: its reply is still to come and must agree.
     pub unanswered: VecDeque<Vec<u32>>,
+    /// The node has run a pass of this session: its cache holds the prompt.
+    pub cache_filled: bool,
 }
 
 #[derive(Debug)]
@@ -70,6 +72,13 @@ impl DraftLink {
         link
     }
 
+    /// Whether the draft's times in the next round will be a round's cost: its cache holds
+    /// the prompt, and it catches up on at most the corrected token of its last round and one
+    /// target-only round's token (a plain probe), which ride along with its first step.
+    pub fn steady(&mut self) -> bool {
+        self.session().is_some_and(|d| d.cache_filled && d.cursor.pending.len() <= 2)
+    }
+
     /// The open draft session, if there is one.
     pub fn session(&mut self) -> Option<&mut DraftSession> {
         match &mut self.state {
@@ -82,6 +91,7 @@ impl DraftLink {
     pub fn after_round(&mut self, base: usize, report: &RoundReport) {
         if let State::Up(session) = &mut self.state {
             if report.gamma > 0 {
+                session.cache_filled = true;
                 session.cursor.advance(base, &report.outcome);
             } else {
                 session.cursor.append(&report.outcome.tokens);
@@ -125,6 +135,7 @@ impl DraftLink {
             drafting_ahead: false,
             pushed: VecDeque::new(),
             unanswered: VecDeque::new(),
+            cache_filled: false,
         }));
         Ok(())
     }

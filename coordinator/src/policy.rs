@@ -146,6 +146,10 @@ impl AdaptiveGamma {
             _ if self.max == 0 => 0,
             0 => START_GAMMA.min(self.max),
             1 => 0,
+            // The first rounds' passes filled the caches and measured no cost: measure each
+            // side once before comparing them.
+            _ if self.speed(0).is_none() => 0,
+            _ if self.speed(START_GAMMA.min(self.max)).is_none() => START_GAMMA.min(self.max),
             n => {
                 let best = self.best_gamma();
                 if best > 0 && n % PLAIN_PROBE_EVERY == 0 {
@@ -224,15 +228,18 @@ impl AdaptiveGamma {
         )
     }
 
-    /// Learns from a finished round.
-    pub fn observe(&mut self, report: &RoundReport) {
+    /// Learns from a finished round: α from every round, a node's costs only from rounds whose
+    /// pass on that node was `steady`.
+    pub fn observe(&mut self, report: &RoundReport, steady: SteadyCosts) {
         self.rounds += 1;
         let (draft, verify, wall) =
             (report.draft_ns as f64 * MS, report.verify_ns as f64 * MS, report.wall_ns as f64 * MS);
         let overhead = (wall - draft - verify).max(0.0);
         if report.gamma == 0 {
-            self.verify_plain_ms.add(verify, SMOOTHING);
-            self.plain_overhead_ms.add(overhead, SMOOTHING);
+            if steady.target {
+                self.verify_plain_ms.add(verify, SMOOTHING);
+                self.plain_overhead_ms.add(overhead, SMOOTHING);
+            }
             return;
         }
         let g = report.gamma as f64;
@@ -248,12 +255,33 @@ impl AdaptiveGamma {
         // (5 ms RTT, α 0.6). So they count for a share that grows with γ: its square for the
         // slope, whose error shrinks as 1/γ.
         let share = (g / f64::from(START_GAMMA)).min(1.0);
-        self.draft_step_ms.add_share(draft / g, SMOOTHING, share);
-        self.spec_overhead_ms.add(overhead, SMOOTHING);
-        if let Some(plain) = self.verify_plain_ms.get() {
-            self.verify_slope_ms.add_share((verify - plain) / g, SMOOTHING, share * share);
+        if steady.draft {
+            self.draft_step_ms.add_share(draft / g, SMOOTHING, share);
+        }
+        if steady.target {
+            if let Some(plain) = self.verify_plain_ms.get() {
+                self.verify_slope_ms.add_share((verify - plain) / g, SMOOTHING, share * share);
+            }
+            if steady.draft {
+                self.spec_overhead_ms.add(overhead, SMOOTHING);
+            }
         }
     }
+}
+
+/// Which nodes' times in a round are what a round at that γ costs. A node's first pass of a
+/// session also fills its cache with the prompt, and a draft's first pass after target-only
+/// rounds catches up on their tokens: taken as per-token costs, the demo's 60-token prompts
+/// priced a verified token at several ms, and every session started from memory wrote that
+/// back for the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteadyCosts {
+    pub target: bool,
+    pub draft: bool,
+}
+
+impl SteadyCosts {
+    pub const BOTH: Self = Self { target: true, draft: true };
 }
 
 /// What finished rounds taught, shared by a coordinator's sessions: per key (the session
@@ -489,7 +517,8 @@ mod tests {
                 let g = gamma as usize;
                 let accepted = (alpha * g as f64).round() as usize;
                 let verify = verify_ms + slope_ms * f64::from(gamma);
-                policy.observe(&report(g, accepted, alpha, draft_ms * f64::from(gamma), verify, 0.3));
+                policy
+                    .observe(&report(g, accepted, alpha, draft_ms * f64::from(gamma), verify, 0.3), SteadyCosts::BOTH);
                 gamma
             })
             .collect()
@@ -506,7 +535,7 @@ mod tests {
     ) {
         for _ in 0..rounds {
             let round = world(session.next_gamma());
-            session.observe(&round);
+            session.observe(&round, SteadyCosts::BOTH);
             memory.remember(settings, session, &round.outcome.expected_acceptance);
         }
     }
@@ -570,10 +599,34 @@ mod tests {
         // γ = 0 (the bug this guards against).
         let mut policy = AdaptiveGamma::new(8);
         assert_eq!(policy.next_gamma(), START_GAMMA);
-        policy.observe(&report(4, 3, 0.8, 4.0 * 1.7, 11.0 + 4.0 * 0.3, 5.5));
+        policy.observe(&report(4, 3, 0.8, 4.0 * 1.7, 11.0 + 4.0 * 0.3, 5.5), SteadyCosts::BOTH);
         assert_eq!(policy.next_gamma(), 0);
-        policy.observe(&report(0, 0, 0.0, 0.0, 11.0, 0.5));
+        policy.observe(&report(0, 0, 0.0, 0.0, 11.0, 0.5), SteadyCosts::BOTH);
         assert!((policy.alpha() - 0.8).abs() < 0.11, "{}", policy.alpha());
+        assert!(policy.next_gamma() >= 2, "{policy:?}");
+    }
+
+    #[test]
+    fn passes_that_fill_a_cache_teach_acceptance_but_no_costs() {
+        // The same world as above, but the first round's passes also filled both caches with
+        // a 60-token prompt: +30 ms at the target, +12 ms at the draft. Taken as costs, they
+        // price a verified token at 7.5 ms and a draft step at 4.7 ms, and γ = 0 wins.
+        let mut policy = AdaptiveGamma::new(8);
+        assert_eq!(policy.next_gamma(), START_GAMMA);
+        let filling = SteadyCosts { target: false, draft: false };
+        policy.observe(&report(4, 3, 0.8, 4.0 * 1.7 + 12.0, 11.0 + 4.0 * 0.3 + 30.0, 5.5), filling);
+        assert!((policy.alpha() - 0.8).abs() < 0.11, "α is learnt: {}", policy.alpha());
+        assert_eq!(policy.next_gamma(), 0);
+        // The target-only round measures that side; the drafting side is measured next.
+        policy.observe(&report(0, 0, 0.0, 0.0, 11.0, 0.5), SteadyCosts::BOTH);
+        assert_eq!(policy.next_gamma(), START_GAMMA, "{policy:?}");
+        // A draft that caught up on target-only rounds' tokens: its time is not a step's.
+        let catching_up = SteadyCosts { target: true, draft: false };
+        policy.observe(&report(4, 3, 0.8, 4.0 * 1.7 + 12.0, 11.0 + 4.0 * 0.3, 5.5), catching_up);
+        assert_eq!(policy.next_gamma(), START_GAMMA, "the draft step is still unmeasured: {policy:?}");
+        policy.observe(&report(4, 3, 0.8, 4.0 * 1.7, 11.0 + 4.0 * 0.3, 5.5), SteadyCosts::BOTH);
+        assert!((policy.verify_slope_ms.get().unwrap() - 0.3).abs() < 1e-6, "{policy:?}");
+        assert!((policy.draft_step_ms.get().unwrap() - 1.7).abs() < 1e-6, "{policy:?}");
         assert!(policy.next_gamma() >= 2, "{policy:?}");
     }
 
@@ -713,13 +766,13 @@ mod tests {
         let mut policy = AdaptiveGamma::new(8);
         for gamma in [4, 0, 4, 4] {
             let g = gamma as f64;
-            policy.observe(&report(gamma, gamma.min(3), 0.7, 2.0 * g, 16.0 + 0.5 * g, 8.0));
+            policy.observe(&report(gamma, gamma.min(3), 0.7, 2.0 * g, 16.0 + 0.5 * g, 8.0), SteadyCosts::BOTH);
         }
         let (slope, step) = (policy.verify_slope_ms.get().unwrap(), policy.draft_step_ms.get().unwrap());
         // Five γ = 1 probes: a draft call with its fixed 0.8 ms, and verify passes 2 ms slower
         // than usual (noise of a loaded machine).
         for _ in 0..5 {
-            policy.observe(&report(1, 0, 0.7, 2.0 + 0.8, 16.0 + 0.5 + 2.0, 8.0));
+            policy.observe(&report(1, 0, 0.7, 2.0 + 0.8, 16.0 + 0.5 + 2.0, 8.0), SteadyCosts::BOTH);
         }
         let moved = |now: Option<f64>, before: f64| now.unwrap() - before;
         assert!(moved(policy.verify_slope_ms.get(), slope) < 0.3, "{}", policy.summary());
@@ -734,7 +787,8 @@ mod tests {
             let mut policy = AdaptiveGamma::new(8);
             for gamma in [4, 0, 1, 0] {
                 let overhead = if gamma == 0 { 0.3 } else { link_ms };
-                policy.observe(&report(gamma, gamma.min(3), 0.8, 2.0 * gamma as f64, 14.0, overhead));
+                policy
+                    .observe(&report(gamma, gamma.min(3), 0.8, 2.0 * gamma as f64, 14.0, overhead), SteadyCosts::BOTH);
             }
             policy
         };

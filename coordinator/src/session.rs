@@ -17,7 +17,7 @@ use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
 use crate::governor::LoadMode;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
-use crate::policy::{AdaptiveGamma, PolicyMemory};
+use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
 use crate::text::TextOutput;
@@ -284,6 +284,9 @@ impl SessionActor {
         let mut round = 0u32;
         // The load level this session last ran at above one, and its memory key.
         let mut level_key = (u32::MAX, String::new());
+        // Whether the next round's target pass also fills the cache with everything committed
+        // (the first round, and the first on a replica failed over to).
+        let mut target_refills = true;
         let finish = loop {
             let base = spec.prompt.len() + output.len();
             let remaining = spec.max_new_tokens - output.len();
@@ -312,6 +315,8 @@ impl SessionActor {
             {
                 link.reconnect_if_due(&committed).await;
             }
+            let steady =
+                SteadyCosts { target: !target_refills, draft: draft_link.as_mut().is_some_and(DraftLink::steady) };
             let draft_arg = draft_link.as_mut().and_then(DraftLink::session).map(|d| (d, gamma));
             let target_arg = (&mut target_rounds, &target_cursor);
             let report = match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
@@ -323,6 +328,7 @@ impl SessionActor {
                     guard.move_to(next.clone());
                     (target, target_rounds) = (next, rounds);
                     target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
+                    target_refills = true;
                     continue;
                 }
                 Err(CoordinatorError::DraftLost(err)) => {
@@ -336,11 +342,15 @@ impl SessionActor {
                 result => result?,
             };
             stats.record(&report);
-            if let (Some(level), Some(mode)) = (loaded_level, load_mode) {
+            // A round that filled the cache costs the prompt's pass, whichever mode the level
+            // is in: counted, it would make the mode measured first (the period the sessions
+            // start in) look slower than it is.
+            if let (Some(level), Some(mode), false) = (loaded_level, load_mode, target_refills) {
                 self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }
+            target_refills = false;
             if let Some(policy) = adaptive.as_mut().filter(|_| !governed_plain) {
-                policy.observe(&report);
+                policy.observe(&report, steady);
                 self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);
             }
             target_cursor.advance(base, &report.outcome);
