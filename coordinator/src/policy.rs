@@ -30,8 +30,11 @@
 //! soon decide. That drafting does not pay is trusted only once the α behind
 //! it is several sessions' worth: one prompt's positions are not independent. Either way a
 //! session re-measures the side it is not using now and then: a target-only round every
-//! [`PLAIN_PROBE_EVERY`] rounds while drafting, a γ = 1 round every [`DRAFT_PROBE_EVERY`] to
-//! 8× that many rounds while not (the more drafting is estimated to lose, the rarer). The law
+//! [`PLAIN_PROBE_EVERY`] rounds while drafting, a round at the best drafting γ while not, as
+//! often as costs at most [`DRAFT_PROBE_BUDGET`] of the session's rate (every
+//! [`DRAFT_PROBE_MIN`] to [`DRAFT_PROBE_MAX`] rounds: near break-even often, since a probe
+//! there loses little and a session whose α dipped must get back, rarely across a slow link,
+//! where a probe costs several target passes). The law
 //! stays exact whatever γ is chosen: each round's rule is exact for its γ, and γ depends only
 //! on earlier rounds.
 
@@ -48,9 +51,15 @@ use crate::round::RoundReport;
 pub const START_GAMMA: u32 = 4;
 /// While drafting, one target-only round this often refreshes its costs.
 pub const PLAIN_PROBE_EVERY: u64 = 64;
-/// While not drafting, one γ = 1 round this often (more rarely the more drafting is estimated
-/// to lose) checks whether drafting pays again.
-pub const DRAFT_PROBE_EVERY: u64 = 16;
+/// While not drafting, a drafting round checks whether drafting pays again, as often as its
+/// expected loss against target-only rounds stays under this share of the session's tokens.
+/// (One γ = 1 probe in 16 to 128 rounds whatever it cost left sessions whose α had dipped
+/// below break-even at a 5 ms RTT target-only for the rest of their 48 tokens, and at 20 ms
+/// spent 4% of the rate on probes that could not pay.)
+pub const DRAFT_PROBE_BUDGET: f64 = 0.01;
+/// Bounds on the target-only rounds between two probes.
+pub const DRAFT_PROBE_MIN: u64 = 8;
+pub const DRAFT_PROBE_MAX: u64 = 128;
 /// Weight of a new observation in the running averages.
 const SMOOTHING: f64 = 0.15;
 /// Weight of one position's Σ min(p, q) in the running α.
@@ -72,6 +81,8 @@ pub struct AdaptiveGamma {
     plain_overhead_ms: Average,
     rounds: u64,
     last_choice: u32,
+    /// Target-only rounds since the last drafting one.
+    plain_streak: u64,
     /// Positions this session's own rounds evaluated (its α's prior excluded).
     own_positions: u64,
 }
@@ -91,6 +102,7 @@ impl AdaptiveGamma {
             plain_overhead_ms: Average::default(),
             rounds: 0,
             last_choice: 0,
+            plain_streak: 0,
             own_positions: 0,
         }
     }
@@ -98,13 +110,19 @@ impl AdaptiveGamma {
     /// A session's start from what an earlier one learnt: the same estimates, its own
     /// maximum, past the two measuring rounds of a first session.
     fn warm_copy(&self, max: u32) -> Self {
-        Self { max, rounds: self.rounds.max(2), last_choice: self.last_choice.min(max), ..self.clone() }
+        Self {
+            max,
+            rounds: self.rounds.max(2),
+            last_choice: self.last_choice.min(max),
+            plain_streak: 0,
+            ..self.clone()
+        }
     }
 
     /// A session's start that measures drafting again from its first round (γ =
     /// START_GAMMA, then a target-only round), with the estimates learnt so far.
     fn exploring_copy(&self, max: u32) -> Self {
-        Self { max, rounds: 0, last_choice: 0, ..self.clone() }
+        Self { max, rounds: 0, last_choice: 0, plain_streak: 0, ..self.clone() }
     }
 
     /// Whether drafting would pay were α two standard errors higher than estimated from
@@ -154,31 +172,38 @@ impl AdaptiveGamma {
                 let best = self.best_gamma();
                 if best > 0 && n % PLAIN_PROBE_EVERY == 0 {
                     0
-                } else if best == 0 && n % self.draft_probe_every() == 0 {
-                    1
+                } else if best == 0 && self.plain_streak >= self.draft_probe_every() {
+                    self.best_drafting().map_or(1, |(gamma, _)| gamma)
                 } else {
                     best
                 }
             }
         };
         self.last_choice = gamma;
+        self.plain_streak = if gamma == 0 { self.plain_streak + 1 } else { 0 };
         gamma
     }
 
-    /// Rounds between γ = 1 probes while not drafting: [`DRAFT_PROBE_EVERY`] near break-even,
-    /// up to 8× as far apart the more drafting is estimated to lose. Across a 50 ms link a
-    /// probe costs four target passes and, with drafting at half the target-only speed, has
-    /// little to find.
+    /// Target-only rounds between probes while not drafting: as many as keeps a probe's
+    /// expected loss (the tokens target-only rounds would have committed in its time, less
+    /// its own) under [`DRAFT_PROBE_BUDGET`] of theirs.
     fn draft_probe_every(&self) -> u64 {
-        let plain = self.speed(0);
-        let drafting = (1..=self.max)
-            .filter_map(|g| self.speed(g))
-            .fold(None, |best: Option<f64>, s| Some(best.map_or(s, |b| b.max(s))));
-        let loss = match (plain, drafting) {
-            (Some(plain), Some(drafting)) if drafting > 0.0 => (plain / drafting).powi(2).clamp(1.0, 8.0),
-            _ => 1.0,
+        let (Some(plain), Some((gamma, drafting))) = (self.speed(0), self.best_drafting()) else {
+            return DRAFT_PROBE_MIN;
         };
-        (DRAFT_PROBE_EVERY as f64 * loss).round() as u64
+        let probe_ms = expected_tokens_per_round(self.alpha().clamp(0.0, 0.999), gamma) / drafting.max(1e-9);
+        let lost_tokens = probe_ms * (plain - drafting).max(0.0);
+        ((lost_tokens / DRAFT_PROBE_BUDGET).round() as u64).clamp(DRAFT_PROBE_MIN, DRAFT_PROBE_MAX)
+    }
+
+    /// The drafting γ (≥ 1) with the highest expected speed, and that speed.
+    fn best_drafting(&self) -> Option<(u32, f64)> {
+        (1..=self.max).filter_map(|g| self.speed(g).map(|s| (g, s))).fold(None, |best: Option<(u32, f64)>, (g, s)| {
+            match best {
+                Some((_, b)) if b >= s => best,
+                _ => Some((g, s)),
+            }
+        })
     }
 
     /// Expected tokens per millisecond at `gamma`; `None` while a cost is unmeasured.
@@ -565,9 +590,9 @@ mod tests {
         assert_eq!(policy.best_gamma(), 0);
         let settled = &chosen[50..];
         let drafting = settled.iter().filter(|g| **g > 0).count();
-        assert!(drafting <= settled.len() / DRAFT_PROBE_EVERY as usize + 1, "{chosen:?}");
+        assert!(drafting <= settled.len() / policy.draft_probe_every() as usize + 1, "{chosen:?}");
         assert!(drafting >= 1, "still probes: {chosen:?}");
-        assert!(settled.iter().all(|g| *g <= 1), "probes use γ = 1: {chosen:?}");
+        assert!(settled.iter().all(|g| *g <= 1), "probes use the best drafting γ, here 1: {chosen:?}");
     }
 
     #[test]
@@ -792,15 +817,26 @@ mod tests {
             }
             policy
         };
-        // Across 53 ms drafting runs at ~0.58× target-only: probes 3× as far apart.
+        // Across 53 ms drafting runs at ~0.57× target-only (α ≈ 0.71 after these rounds): a
+        // probe loses 2.5 tokens, so they are as far apart as allowed.
         let far = measured(53.0);
         assert_eq!(far.best_gamma(), 0);
-        let every = far.draft_probe_every();
-        assert!((2 * DRAFT_PROBE_EVERY..=4 * DRAFT_PROBE_EVERY).contains(&every), "{}", far.summary());
-        // Near break-even (a 20 ms link) they stay about DRAFT_PROBE_EVERY apart.
-        let near = measured(20.0);
+        assert_eq!(far.draft_probe_every(), DRAFT_PROBE_MAX, "{}", far.summary());
+        // Near break-even (a 20 ms link, γ = 5 at 0.98×) a probe loses 0.06 tokens: as often
+        // as allowed, and at the best drafting γ, so a session whose α had dipped finds out
+        // within a few probes (one position each would take dozens).
+        let mut near = measured(20.0);
         assert_eq!(near.best_gamma(), 0, "{}", near.summary());
-        assert!(near.draft_probe_every() <= DRAFT_PROBE_EVERY * 5 / 4, "{}", near.draft_probe_every());
+        assert_eq!(near.draft_probe_every(), DRAFT_PROBE_MIN, "{}", near.summary());
+        let chosen: Vec<u32> = (0..=DRAFT_PROBE_MIN).map(|_| near.next_gamma()).collect();
+        assert_eq!(chosen[..DRAFT_PROBE_MIN as usize], [0; DRAFT_PROBE_MIN as usize]);
+        let (probe, drafting) = near.best_drafting().unwrap();
+        assert!(probe >= 4, "{}", near.summary());
+        assert_eq!(chosen[DRAFT_PROBE_MIN as usize], probe, "{}", near.summary());
+        // Each probe's expected loss is within the budget of the rounds between probes.
+        let plain = near.speed(0).unwrap();
+        let probe_ms = expected_tokens_per_round(near.alpha(), probe) / drafting;
+        assert!(probe_ms * (plain - drafting) <= DRAFT_PROBE_BUDGET * DRAFT_PROBE_MIN as f64);
     }
 
     #[test]
@@ -867,8 +903,8 @@ mod tests {
         let mut first = memory.start("greedy", 8, 1);
         let chosen = run(&mut first, 2, 0.05, 20.0, 50.0, 0.0);
         assert_eq!(chosen, [START_GAMMA, 0]);
-        // γ = 1 probes every DRAFT_PROBE_EVERY rounds, one position each: enough of them to
-        // trust the estimate.
+        // γ = 1 probes (the best drafting γ here), one position each: enough of them to trust
+        // the estimate.
         for _ in 0..100 {
             if first.own_positions >= CONFIDENT_POSITIONS {
                 break;
