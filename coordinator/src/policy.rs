@@ -262,7 +262,7 @@ impl AdaptiveGamma {
         let overhead = (wall - draft - verify).max(0.0);
         if report.gamma == 0 {
             if steady.target {
-                self.verify_plain_ms.add(verify, SMOOTHING);
+                self.verify_plain_ms.add(within_spikes(verify, self.verify_plain_ms.get()), SMOOTHING);
                 self.plain_overhead_ms.add(overhead, SMOOTHING);
             }
             return;
@@ -281,16 +281,35 @@ impl AdaptiveGamma {
         // slope, whose error shrinks as 1/γ.
         let share = (g / f64::from(START_GAMMA)).min(1.0);
         if steady.draft {
-            self.draft_step_ms.add_share(draft / g, SMOOTHING, share);
+            self.draft_step_ms.add_share(within_spikes(draft / g, self.draft_step_ms.get()), SMOOTHING, share);
         }
         if steady.target {
             if let Some(plain) = self.verify_plain_ms.get() {
+                let expected = plain + self.verify_slope_ms.get().unwrap_or(0.0).max(0.0) * g;
+                let verify = within_spikes(verify, Some(expected));
                 self.verify_slope_ms.add_share((verify - plain) / g, SMOOTHING, share * share);
             }
             if steady.draft {
                 self.spec_overhead_ms.add(overhead, SMOOTHING);
             }
         }
+    }
+}
+
+/// How far from the running estimate one pass's time counts: times on this 2-core machine
+/// have spikes of 2–4× the median (a 5 ms RTT run: target-only passes of median 18.4 ms and
+/// up to 45 ms, γ = 3 passes of median 19.6 ms and up to 78 ms). Target-only rounds are rare
+/// while drafting, so one spike taken whole stayed in that estimate for dozens of rounds: at
+/// 20 ms RTT it read 42 ms against 19, and drafting looked like it paid for every session
+/// started from it. Clipped, a spike moves an estimate a little and a lasting change still
+/// moves it all the way, in a few rounds.
+const SPIKE_RATIO: f64 = 1.5;
+
+/// `x` clipped to within [`SPIKE_RATIO`] of `estimate` (taken whole while there is none).
+fn within_spikes(x: f64, estimate: Option<f64>) -> f64 {
+    match estimate {
+        Some(m) if m > 0.0 && x.is_finite() => x.clamp(m / SPIKE_RATIO, m * SPIKE_RATIO),
+        _ => x,
     }
 }
 
@@ -653,6 +672,33 @@ mod tests {
         assert!((policy.verify_slope_ms.get().unwrap() - 0.3).abs() < 1e-6, "{policy:?}");
         assert!((policy.draft_step_ms.get().unwrap() - 1.7).abs() < 1e-6, "{policy:?}");
         assert!(policy.next_gamma() >= 2, "{policy:?}");
+    }
+
+    #[test]
+    fn a_pass_that_spiked_moves_the_costs_a_little_and_a_lasting_change_all_the_way() {
+        // A 20 ms link where drafting loses a little: α = 0.7, a 3 ms draft step, a 19 ms
+        // target pass plus 0.5 ms a token, 26 ms of network a speculative round.
+        let round = |gamma: u32, verify: f64| {
+            let g = f64::from(gamma);
+            let (overhead, accepted) = if gamma == 0 { (0.6, 0) } else { (26.0, 3) };
+            report(gamma as usize, accepted, 0.7, 3.0 * g, verify, overhead)
+        };
+        let mut policy = AdaptiveGamma::new(8);
+        for gamma in [4, 0].repeat(8) {
+            policy.observe(&round(gamma, 19.0 + 0.5 * f64::from(gamma)), SteadyCosts::BOTH);
+        }
+        assert_eq!(policy.best_gamma(), 0, "{}", policy.summary());
+        // One target-only pass spikes to 42 ms: taken whole, it made the target-only estimate
+        // 22.5 ms, and γ = 5 look like it paid.
+        policy.observe(&round(0, 42.0), SteadyCosts::BOTH);
+        let plain = policy.verify_plain_ms.get().unwrap();
+        assert!(plain < 21.0, "{}", policy.summary());
+        assert_eq!(policy.best_gamma(), 0, "{}", policy.summary());
+        // The machine slows down for good: passes take 30 ms. A dozen rounds follow it.
+        for _ in 0..12 {
+            policy.observe(&round(0, 30.0), SteadyCosts::BOTH);
+        }
+        assert!(policy.verify_plain_ms.get().unwrap() > 28.0, "{}", policy.summary());
     }
 
     #[test]
