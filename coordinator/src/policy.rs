@@ -25,14 +25,16 @@
 //! must not spend its few rounds re-learning that drafting does not pay (a 20 ms link to the
 //! draft, a draft that knows nothing of the target, a target whose passes are shared by many
 //! sessions). The first session of its kind, and a session that explores, starts with one
-//! speculative and one target-only round, so both sides are measured; the α of an explorer
+//! speculative and one target-only round, so both sides are measured (the first round's
+//! passes also fill the caches and teach only α: a first session drafts once more to measure
+//! the draft, an explorer keeps the learnt draft costs); the α of an explorer
 //! that runs alone starts from the population's counted as only 2 positions, so its own
 //! soon decide. That drafting does not pay is trusted only once the α behind
 //! it is several sessions' worth: one prompt's positions are not independent. Either way a
 //! session re-measures the side it is not using now and then: a target-only round every
 //! [`PLAIN_PROBE_EVERY`] rounds while drafting, a round at the best drafting γ while not, as
-//! often as costs at most [`DRAFT_PROBE_BUDGET`] of the session's rate (every
-//! [`DRAFT_PROBE_MIN`] to [`DRAFT_PROBE_MAX`] rounds: near break-even often, since a probe
+//! often as costs at most [`DRAFT_PROBE_BUDGET`] of the session's rate (after
+//! [`DRAFT_PROBE_MIN`] to [`DRAFT_PROBE_MAX`] target-only rounds: near break-even often, since a probe
 //! there loses little and a session whose α dipped must get back, rarely across a slow link,
 //! where a probe costs several target passes). The law
 //! stays exact whatever γ is chosen: each round's rule is exact for its γ, and γ depends only
@@ -49,6 +51,9 @@ use crate::round::RoundReport;
 
 /// γ of the first round, before anything is measured.
 pub const START_GAMMA: u32 = 4;
+/// Rounds a session that starts from nothing (or explores) measures with: γ = START_GAMMA,
+/// then 0.
+pub const MEASURING_ROUNDS: u64 = 2;
 /// While drafting, one target-only round this often refreshes its costs.
 pub const PLAIN_PROBE_EVERY: u64 = 64;
 /// While not drafting, a drafting round checks whether drafting pays again, as often as its
@@ -60,6 +65,8 @@ pub const DRAFT_PROBE_BUDGET: f64 = 0.01;
 /// Bounds on the target-only rounds between two probes.
 pub const DRAFT_PROBE_MIN: u64 = 8;
 pub const DRAFT_PROBE_MAX: u64 = 128;
+/// Relative difference in expected speed below which two γ are a tie (the smaller wins).
+const NEAR_TIE: f64 = 1e-9;
 /// Weight of a new observation in the running averages.
 const SMOOTHING: f64 = 0.15;
 /// Weight of one position's Σ min(p, q) in the running α.
@@ -108,11 +115,11 @@ impl AdaptiveGamma {
     }
 
     /// A session's start from what an earlier one learnt: the same estimates, its own
-    /// maximum, past the two measuring rounds of a first session.
+    /// maximum, past the measuring rounds of a first session.
     fn warm_copy(&self, max: u32) -> Self {
         Self {
             max,
-            rounds: self.rounds.max(2),
+            rounds: self.rounds.max(MEASURING_ROUNDS),
             last_choice: self.last_choice.min(max),
             plain_streak: 0,
             ..self.clone()
@@ -160,14 +167,15 @@ impl AdaptiveGamma {
 
     /// γ for the next round.
     pub fn next_gamma(&mut self) -> u32 {
+        let start = START_GAMMA.min(self.max);
         let gamma = match self.rounds {
             _ if self.max == 0 => 0,
-            0 => START_GAMMA.min(self.max),
+            0 => start,
             1 => 0,
-            // The first rounds' passes filled the caches and measured no cost: measure each
-            // side once before comparing them.
+            // Round 0's passes also filled the caches and taught only α: a side still
+            // unmeasured (a session with nothing learnt yet) is measured now.
             _ if self.speed(0).is_none() => 0,
-            _ if self.speed(START_GAMMA.min(self.max)).is_none() => START_GAMMA.min(self.max),
+            _ if self.speed(start).is_none() => start,
             n => {
                 let best = self.best_gamma();
                 if best > 0 && n % PLAIN_PROBE_EVERY == 0 {
@@ -180,7 +188,6 @@ impl AdaptiveGamma {
             }
         };
         self.last_choice = gamma;
-        self.plain_streak = if gamma == 0 { self.plain_streak + 1 } else { 0 };
         gamma
     }
 
@@ -193,14 +200,15 @@ impl AdaptiveGamma {
         };
         let probe_ms = expected_tokens_per_round(self.alpha().clamp(0.0, 0.999), gamma) / drafting.max(1e-9);
         let lost_tokens = probe_ms * (plain - drafting).max(0.0);
-        ((lost_tokens / DRAFT_PROBE_BUDGET).round() as u64).clamp(DRAFT_PROBE_MIN, DRAFT_PROBE_MAX)
+        within_budget(lost_tokens, DRAFT_PROBE_BUDGET, DRAFT_PROBE_MIN, DRAFT_PROBE_MAX)
     }
 
-    /// The drafting γ (≥ 1) with the highest expected speed, and that speed.
+    /// The drafting γ (≥ 1) with the highest expected speed, and that speed; near-ties go to
+    /// the smaller γ.
     fn best_drafting(&self) -> Option<(u32, f64)> {
         (1..=self.max).filter_map(|g| self.speed(g).map(|s| (g, s))).fold(None, |best: Option<(u32, f64)>, (g, s)| {
             match best {
-                Some((_, b)) if b >= s => best,
+                Some((_, b)) if s <= b * (1.0 + NEAR_TIE) => best,
                 _ => Some((g, s)),
             }
         })
@@ -226,15 +234,10 @@ impl AdaptiveGamma {
     /// The γ with the highest expected speed; near-ties go to the smaller γ.
     pub fn best_gamma(&self) -> u32 {
         let Some(plain) = self.speed(0) else { return self.last_choice };
-        let mut best = (0, plain);
-        for gamma in 1..=self.max {
-            if let Some(s) = self.speed(gamma)
-                && s > best.1 * (1.0 + 1e-9)
-            {
-                best = (gamma, s);
-            }
+        match self.best_drafting() {
+            Some((gamma, drafting)) if drafting > plain * (1.0 + NEAR_TIE) => gamma,
+            _ => 0,
         }
-        best.0
     }
 
     /// The estimates and the γ they pick, for logs: `α 0.780, draft step 1.70 ms, verify
@@ -257,12 +260,14 @@ impl AdaptiveGamma {
     /// pass on that node was `steady`.
     pub fn observe(&mut self, report: &RoundReport, steady: SteadyCosts) {
         self.rounds += 1;
+        // Counted from the rounds that ran: a round retried after a lost node chose twice.
+        self.plain_streak = if report.gamma == 0 { self.plain_streak + 1 } else { 0 };
         let (draft, verify, wall) =
             (report.draft_ns as f64 * MS, report.verify_ns as f64 * MS, report.wall_ns as f64 * MS);
         let overhead = (wall - draft - verify).max(0.0);
         if report.gamma == 0 {
             if steady.target {
-                self.verify_plain_ms.add(within_spikes(verify, self.verify_plain_ms.get()), SMOOTHING);
+                self.verify_plain_ms.add(within_spikes(verify, self.verify_plain_ms), SMOOTHING);
                 self.plain_overhead_ms.add(overhead, SMOOTHING);
             }
             return;
@@ -281,36 +286,44 @@ impl AdaptiveGamma {
         // slope, whose error shrinks as 1/γ.
         let share = (g / f64::from(START_GAMMA)).min(1.0);
         if steady.draft {
-            self.draft_step_ms.add_share(within_spikes(draft / g, self.draft_step_ms.get()), SMOOTHING, share);
+            self.draft_step_ms.add_share(within_spikes(draft / g, self.draft_step_ms), SMOOTHING, share);
         }
         if steady.target {
             if let Some(plain) = self.verify_plain_ms.get() {
                 let expected = plain + self.verify_slope_ms.get().unwrap_or(0.0).max(0.0) * g;
-                let verify = within_spikes(verify, Some(expected));
+                let verify = within_spikes(verify, Average { mean: Some(expected), ..self.verify_plain_ms });
                 self.verify_slope_ms.add_share((verify - plain) / g, SMOOTHING, share * share);
             }
-            if steady.draft {
-                self.spec_overhead_ms.add(overhead, SMOOTHING);
-            }
+            // The draft's own time (a catch-up included) is in `draft`, not in the overhead.
+            self.spec_overhead_ms.add(overhead, SMOOTHING);
         }
     }
 }
 
-/// How far from the running estimate one pass's time counts: times on this 2-core machine
+/// How far above the running estimate one pass's time counts: times on this 2-core machine
 /// have spikes of 2–4× the median (a 5 ms RTT run: target-only passes of median 18.4 ms and
 /// up to 45 ms, γ = 3 passes of median 19.6 ms and up to 78 ms). Target-only rounds are rare
 /// while drafting, so one spike taken whole stayed in that estimate for dozens of rounds: at
 /// 20 ms RTT it read 42 ms against 19, and drafting looked like it paid for every session
-/// started from it. Clipped, a spike moves an estimate a little and a lasting change still
-/// moves it all the way, in a few rounds.
+/// started from it. Clipped, a spike moves an estimate a little and a lasting slow-down still
+/// moves it all the way, in about ten rounds. Spikes go up only, so times below the estimate
+/// count whole, and so do the first few, which an estimate that is still a plain mean needs.
 const SPIKE_RATIO: f64 = 1.5;
 
-/// `x` clipped to within [`SPIKE_RATIO`] of `estimate` (taken whole while there is none).
-fn within_spikes(x: f64, estimate: Option<f64>) -> f64 {
-    match estimate {
-        Some(m) if m > 0.0 && x.is_finite() => x.clamp(m / SPIKE_RATIO, m * SPIKE_RATIO),
+/// `x`, at most [`SPIKE_RATIO`] × `estimate` once that rests on 1/[`SMOOTHING`] observations.
+fn within_spikes(x: f64, estimate: Average) -> f64 {
+    match estimate.mean {
+        Some(m) if m > 0.0 && estimate.count as f64 * SMOOTHING >= 1.0 => x.min(m * SPIKE_RATIO),
         _ => x,
     }
+}
+
+/// Periods (or rounds) between two re-measurings of the side not in use, each of which loses
+/// `lost` (in the unit the budget is a share of), so that they cost at most `budget`.
+pub(crate) fn within_budget(lost: f64, budget: f64, min: u64, max: u64) -> u64 {
+    // Less a hair: a loss of exactly 25 budgets is 25 periods, not 26.
+    let every = (lost / budget - 1e-9).ceil();
+    if every.is_finite() { (every.max(0.0) as u64).clamp(min, max) } else { min }
 }
 
 /// Which nodes' times in a round are what a round at that γ costs. A node's first pass of a
@@ -638,7 +651,7 @@ mod tests {
     fn one_speculative_round_outweighs_the_prior_acceptance() {
         // The demo pair at a 5 ms RTT to the draft: a 1.7 ms draft step, an 11 ms target
         // pass (+0.3 ms a token in a verify pass), 5.5 ms of network a speculative round and
-        // 0.5 ms a target-only one, α = 0.8. γ = 4 gives ~1.3×, so after the two measuring
+        // 0.5 ms a target-only one, α = 0.8. γ = 4 gives ~1.3×, so after the measuring
         // rounds the policy must draft. A prior α = 0.5 that one round barely moves says
         // γ = 0 (the bug this guards against).
         let mut policy = AdaptiveGamma::new(8);
@@ -672,6 +685,22 @@ mod tests {
         assert!((policy.verify_slope_ms.get().unwrap() - 0.3).abs() < 1e-6, "{policy:?}");
         assert!((policy.draft_step_ms.get().unwrap() - 1.7).abs() < 1e-6, "{policy:?}");
         assert!(policy.next_gamma() >= 2, "{policy:?}");
+        // A session started from these estimates: its first round fills both caches, and its
+        // costs stay where they were.
+        let memory = PolicyMemory::default();
+        memory.remember("greedy", &policy, &[]);
+        let mut warm = memory.start("greedy", 8, 1);
+        let gamma = warm.next_gamma();
+        assert!(gamma >= 2, "{warm:?}");
+        let g = f64::from(gamma);
+        warm.observe(&report(gamma as usize, 1, 0.8, 1.7 * g + 12.0, 11.0 + 0.3 * g + 30.0, 5.5), filling);
+        for (after, before) in [
+            (warm.verify_plain_ms, policy.verify_plain_ms),
+            (warm.verify_slope_ms, policy.verify_slope_ms),
+            (warm.draft_step_ms, policy.draft_step_ms),
+        ] {
+            assert_eq!(after.get(), before.get(), "{warm:?}");
+        }
     }
 
     #[test]
@@ -874,9 +903,20 @@ mod tests {
         let mut near = measured(20.0);
         assert_eq!(near.best_gamma(), 0, "{}", near.summary());
         assert_eq!(near.draft_probe_every(), DRAFT_PROBE_MIN, "{}", near.summary());
-        let chosen: Vec<u32> = (0..=DRAFT_PROBE_MIN).map(|_| near.next_gamma()).collect();
-        assert_eq!(chosen[..DRAFT_PROBE_MIN as usize], [0; DRAFT_PROBE_MIN as usize]);
+        // The streak is counted from rounds that ran: choosing alone does not advance it.
+        near.plain_streak = 0;
+        assert_eq!((near.next_gamma(), near.next_gamma()), (0, 0));
         let (probe, drafting) = near.best_drafting().unwrap();
+        let chosen: Vec<u32> = (0..=DRAFT_PROBE_MIN)
+            .map(|_| {
+                let gamma = near.next_gamma();
+                let g = gamma as usize;
+                let overhead = if gamma == 0 { 0.3 } else { 20.0 };
+                near.observe(&report(g, g.min(3), 0.8, 2.0 * g as f64, 14.0, overhead), SteadyCosts::BOTH);
+                gamma
+            })
+            .collect();
+        assert_eq!(chosen[..DRAFT_PROBE_MIN as usize], [0; DRAFT_PROBE_MIN as usize]);
         assert!(probe >= 4, "{}", near.summary());
         assert_eq!(chosen[DRAFT_PROBE_MIN as usize], probe, "{}", near.summary());
         // Each probe's expected loss is within the budget of the rounds between probes.
