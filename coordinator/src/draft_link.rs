@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use specd_proto::v1::{OpenSessionRequest, ProposeResponse};
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::error::CoordinatorError;
@@ -34,11 +35,26 @@ pub struct DraftSession {
     pub cache_filled: bool,
 }
 
+/// What opening a draft session gives: the session, or why there is none.
+type Opened = Result<DraftSession, CoordinatorError>;
+
 #[derive(Debug)]
 enum State {
     // Boxed: a session with its stream is ten times the size of the waiting state.
     Up(Box<DraftSession>),
-    Down { retry_at: Instant, wait: Duration },
+    /// A draft session being opened in the background: rounds go on target-only meanwhile
+    /// (across a 50 ms link, opening costs two round trips, 10% of a 48-token generation),
+    /// and what they commit is pending for it.
+    /// `wait`: the wait before this try, doubled if it fails.
+    Opening {
+        opened: oneshot::Receiver<Opened>,
+        pending: Vec<u32>,
+        wait: Duration,
+    },
+    Down {
+        retry_at: Instant,
+        wait: Duration,
+    },
 }
 
 /// The link; releases every draft session it opened when dropped.
@@ -55,8 +71,9 @@ pub struct DraftLink {
 }
 
 impl DraftLink {
-    /// Opens the draft's session and round stream; a draft that fails here is only logged.
-    pub async fn open(client: DraftClient, template: OpenSessionRequest) -> Self {
+    /// Starts opening the draft's session and round stream in the background; a draft that
+    /// fails to open is only logged.
+    pub fn start(client: DraftClient, template: OpenSessionRequest) -> Self {
         let mut link = Self {
             client,
             template,
@@ -64,12 +81,29 @@ impl DraftLink {
             opened: Vec::new(),
             fallbacks: 0,
         };
-        let session_id = link.template.session_id.clone();
-        let prompt = link.template.prompt_token_ids.clone();
-        if let Err(err) = link.connect(session_id, prompt).await {
-            link.down(&err, "cannot open a draft session: decoding target-only for now");
-        }
+        let (session_id, prompt) = (link.template.session_id.clone(), link.template.prompt_token_ids.clone());
+        link.open_in_background(session_id, prompt, FIRST_RETRY / 2);
         link
+    }
+
+    /// Waits for a draft session being opened, at most `grace` (`None`: until it is open or
+    /// has failed).
+    pub async fn wait_until_open(&mut self, grace: Option<Duration>) {
+        let State::Opening { opened, .. } = &mut self.state else { return };
+        let result = match grace {
+            None => opened.await,
+            Some(grace) => match tokio::time::timeout(grace, opened).await {
+                Ok(result) => result,
+                Err(_) => return,
+            },
+        };
+        self.settle(result.ok());
+    }
+
+    /// Whether a draft session is being opened in the background.
+    pub fn opening(&mut self) -> bool {
+        self.settle_if_done();
+        matches!(self.state, State::Opening { .. })
     }
 
     /// Whether the draft's times in the next round will be a round's cost: its cache holds
@@ -79,23 +113,26 @@ impl DraftLink {
         self.session().is_some_and(|d| d.cache_filled && d.cursor.pending.len() <= 2)
     }
 
-    /// The open draft session, if there is one.
+    /// The open draft session, if there is one (one opened in the background counts once it
+    /// is).
     pub fn session(&mut self) -> Option<&mut DraftSession> {
+        self.settle_if_done();
         match &mut self.state {
             State::Up(session) => Some(session),
-            State::Down { .. } => None,
+            State::Opening { .. } | State::Down { .. } => None,
         }
     }
 
     /// After a round: the draft's cursor follows the committed sequence.
     pub fn after_round(&mut self, base: usize, report: &RoundReport) {
-        if let State::Up(session) = &mut self.state {
-            if report.gamma > 0 {
+        match &mut self.state {
+            State::Up(session) if report.gamma > 0 => {
                 session.cache_filled = true;
                 session.cursor.advance(base, &report.outcome);
-            } else {
-                session.cursor.append(&report.outcome.tokens);
             }
+            State::Up(session) => session.cursor.append(&report.outcome.tokens),
+            State::Opening { pending, .. } => pending.extend_from_slice(&report.outcome.tokens),
+            State::Down { .. } => {}
         }
     }
 
@@ -105,44 +142,84 @@ impl DraftLink {
         self.down(err, "draft lost: decoding target-only until it answers again");
     }
 
-    /// When the draft is down and its wait is over, opens a fresh draft session holding
-    /// `committed` (prompt and output so far).
-    pub async fn reconnect_if_due(&mut self, committed: &[u32]) {
-        let State::Down { retry_at, .. } = self.state else { return };
+    /// When the draft is down and its wait is over, starts opening a fresh draft session
+    /// holding `committed` (prompt and output so far) in the background.
+    pub fn reconnect_if_due(&mut self, committed: &[u32]) {
+        let State::Down { retry_at, wait } = self.state else { return };
         if Instant::now() < retry_at {
             return;
         }
         let session_id = format!("{}.{}", self.template.session_id, self.opened.len());
-        match self.connect(session_id, committed.to_vec()).await {
-            Ok(()) => tracing::info!(address = %self.client.address, "draft back: speculating again"),
-            Err(err) => self.down(&err, "draft still unavailable"),
-        }
+        self.open_in_background(session_id, committed.to_vec(), wait);
     }
 
-    async fn connect(&mut self, session_id: String, prompt: Vec<u32>) -> Result<(), CoordinatorError> {
+    fn open_in_background(&mut self, session_id: String, prompt: Vec<u32>, wait: Duration) {
         let request =
             OpenSessionRequest { session_id: session_id.clone(), prompt_token_ids: prompt, ..self.template.clone() };
-        let valid = request.prompt_token_ids.len();
         // Registered before the call: a session the node opened just as the call timed out
         // is released with the rest.
         self.opened.push(session_id.clone());
-        self.client.open_session(request).await?;
-        let rounds = self.client.open_rounds().await?;
-        self.state = State::Up(Box::new(DraftSession {
-            session_id,
-            rounds,
-            cursor: Cursor { valid, pending: Vec::new() },
-            drafting_ahead: false,
-            pushed: VecDeque::new(),
-            unanswered: VecDeque::new(),
-            cache_filled: false,
-        }));
-        Ok(())
+        let client = self.client.clone();
+        let (send, opened) = oneshot::channel();
+        let open = async move {
+            let valid = request.prompt_token_ids.len();
+            let result = async {
+                client.open_session(request).await?;
+                let rounds = client.open_rounds().await?;
+                Ok(DraftSession {
+                    session_id,
+                    rounds,
+                    cursor: Cursor { valid, pending: Vec::new() },
+                    drafting_ahead: false,
+                    pushed: VecDeque::new(),
+                    unanswered: VecDeque::new(),
+                    cache_filled: false,
+                })
+            };
+            // A link dropped meanwhile releases the session once this has ended.
+            let _ = send.send(result.await);
+        };
+        // Still the generation's span: the calls belong to its trace.
+        tokio::spawn(open.instrument(tracing::Span::current()));
+        self.state = State::Opening { opened, pending: Vec::new(), wait };
+    }
+
+    fn settle_if_done(&mut self) {
+        let State::Opening { opened, .. } = &mut self.state else { return };
+        match opened.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => {}
+            Ok(result) => self.settle(Some(result)),
+            Err(oneshot::error::TryRecvError::Closed) => self.settle(None),
+        }
+    }
+
+    /// Takes the result of an open: the session, holding what was committed meanwhile as
+    /// pending, or a wait before the next try. `None`: the opening task ended without an
+    /// answer.
+    fn settle(&mut self, result: Option<Opened>) {
+        let State::Opening { pending, .. } = &mut self.state else { return };
+        let pending = std::mem::take(pending);
+        let unanswered = || CoordinatorError::Unreachable {
+            role: self.client.role,
+            address: self.client.address.clone(),
+            message: "opening the draft session ended without an answer".into(),
+        };
+        match result.unwrap_or_else(|| Err(unanswered())) {
+            Ok(mut session) => {
+                session.cursor.pending = pending;
+                if self.opened.len() > 1 {
+                    tracing::info!(address = %self.client.address, "draft back: speculating again");
+                }
+                self.state = State::Up(Box::new(session));
+            }
+            Err(err) if self.opened.len() > 1 => self.down(&err, "draft still unavailable"),
+            Err(err) => self.down(&err, "cannot open a draft session: decoding target-only for now"),
+        }
     }
 
     fn down(&mut self, err: &CoordinatorError, what: &str) {
         let wait = match self.state {
-            State::Down { wait, .. } => (wait * 2).min(MAX_RETRY),
+            State::Down { wait, .. } | State::Opening { wait, .. } => (wait * 2).min(MAX_RETRY),
             State::Up(_) => FIRST_RETRY,
         };
         tracing::warn!(address = %self.client.address, %err, retry_in_s = wait.as_secs_f64(), "{what}");
@@ -153,9 +230,26 @@ impl DraftLink {
 impl DraftLink {
     /// Releases every draft session of this link now and waits for it.
     pub async fn close(mut self) {
-        for id in std::mem::take(&mut self.opened) {
-            if let Err(err) = self.client.release(id.clone()).await {
-                tracing::warn!(session = %id, %err, "draft release failed");
+        self.release_all().await;
+    }
+
+    /// Releasing every draft session this link opened, once one still being opened has
+    /// opened (or failed): released before, the node would open it afterwards and keep it.
+    fn release_all(&mut self) -> impl Future<Output = ()> + Send + 'static {
+        let (client, ids) = (self.client.clone(), std::mem::take(&mut self.opened));
+        let opening =
+            match std::mem::replace(&mut self.state, State::Down { retry_at: Instant::now(), wait: MAX_RETRY }) {
+                State::Opening { opened, .. } => Some(opened),
+                State::Up(_) | State::Down { .. } => None,
+            };
+        async move {
+            if let Some(opened) = opening {
+                let _ = opened.await;
+            }
+            for id in ids {
+                if let Err(err) = client.release(id.clone()).await {
+                    tracing::warn!(session = %id, %err, "draft release failed");
+                }
             }
         }
     }
@@ -163,22 +257,14 @@ impl DraftLink {
 
 impl Drop for DraftLink {
     fn drop(&mut self) {
-        let (client, ids) = (self.client.clone(), std::mem::take(&mut self.opened));
-        if ids.is_empty() {
+        if self.opened.is_empty() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(sessions = ?ids, "no runtime to release draft sessions on");
+            tracing::warn!(sessions = ?self.opened, "no runtime to release draft sessions on");
             return;
         };
-        let release = async move {
-            for id in ids {
-                if let Err(err) = client.release(id.clone()).await {
-                    tracing::warn!(session = %id, %err, "draft release failed");
-                }
-            }
-        };
         // Still the generation's span: the releases belong to its trace.
-        runtime.spawn(release.instrument(tracing::Span::current()));
+        runtime.spawn(self.release_all().instrument(tracing::Span::current()));
     }
 }

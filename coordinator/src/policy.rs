@@ -42,6 +42,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use specd_sampling::cost::expected_tokens_per_round;
 
@@ -229,6 +230,20 @@ impl AdaptiveGamma {
         let verify = verify_plain + self.verify_slope_ms.get().unwrap_or(0.0).max(0.0) * g;
         let round_ms = g * self.draft_step_ms.get()? + verify + self.spec_overhead_ms.get()?;
         Some(expected_tokens_per_round(alpha.clamp(0.0, 0.999), gamma) / round_ms.max(1e-6))
+    }
+
+    /// How long a session should wait for its draft session to open before its first round,
+    /// rather than start target-only and draft once it is open; `None`: until it is open
+    /// (nothing measured yet to weigh it by). Not waiting, the round in flight when the draft
+    /// opens commits one token in a target pass t; waiting d for the draft, the time t - d
+    /// left goes to drafting at s times the speed. So waiting pays while d < t·(1 − 1/s),
+    /// and never where drafting does not pay.
+    pub fn draft_open_grace(&self) -> Option<Duration> {
+        let plain = self.speed(0)?;
+        let (_, drafting) = self.best_drafting()?;
+        let pass_ms = 1.0 / plain;
+        let grace_ms = (pass_ms * (1.0 - plain / drafting)).max(0.0);
+        Some(Duration::from_secs_f64(grace_ms / 1e3))
     }
 
     /// The γ with the highest expected speed; near-ties go to the smaller γ.
@@ -636,6 +651,23 @@ mod tests {
         assert!((1..=2).contains(&best), "{best}");
         let speedup = policy.speed(best).unwrap() / policy.speed(0).unwrap();
         assert!((speedup - 1.25).abs() < 0.02, "{speedup}");
+    }
+
+    #[test]
+    fn a_session_waits_for_its_draft_only_as_long_as_drafting_wins_it_back() {
+        let mut winning = AdaptiveGamma::new(8);
+        assert_eq!(winning.draft_open_grace(), None, "nothing measured: it waits");
+        // The design's winning case: a pass of 100 ms (100.3 with the round's overhead) and
+        // 1.25× from drafting: waiting pays up to 100.3·(1 − 1/1.25) ≈ 20 ms.
+        run(&mut winning, 100, 0.5, 20.0, 100.0, 0.0);
+        let speedup = winning.speed(winning.best_gamma()).unwrap() / winning.speed(0).unwrap();
+        let expected_ms = 100.3 * (1.0 - 1.0 / speedup);
+        let grace_ms = winning.draft_open_grace().unwrap().as_secs_f64() * 1e3;
+        assert!((grace_ms - expected_ms).abs() < 0.1 && (19.0..21.0).contains(&grace_ms), "{grace_ms} ms");
+        // The losing case: drafting does not pay, so nothing is worth waiting for.
+        let mut losing = AdaptiveGamma::new(8);
+        run(&mut losing, 200, 0.5, 60.0, 100.0, 0.0);
+        assert_eq!(losing.draft_open_grace(), Some(Duration::ZERO));
     }
 
     #[test]

@@ -253,18 +253,12 @@ impl SessionActor {
             sampling: Some(SamplingSettings::from(&spec.params)),
             seed: spec.seed,
         };
-        let target_side = async {
+        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), open.clone()));
+        let target_rounds = async {
             self.target.open_session(open.clone()).await?;
             self.target.open_rounds().await
         };
-        let draft_side = async {
-            match draft {
-                Some(d) => Some(DraftLink::open(d.clone(), open.clone()).await),
-                None => None,
-            }
-        };
-        let (target_rounds, mut draft_link) = tokio::join!(target_side, draft_side);
-        let mut target_rounds = match target_rounds {
+        let mut target_rounds = match target_rounds.await {
             Ok(rounds) => rounds,
             // The replica picked went away before the session started (it was draining, or
             // discovery has not caught up yet): start on a spare instead.
@@ -276,6 +270,10 @@ impl SessionActor {
             }
             Err(err) => return Err(err),
         };
+        if let Some(link) = draft_link.as_mut() {
+            // A fixed γ asked for every round to draft; the adaptive policy weighs waiting.
+            link.wait_until_open(adaptive.as_ref().and_then(AdaptiveGamma::draft_open_grace)).await;
+        }
         let mut target_cursor = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
         let mut committed = spec.prompt.clone();
         let mut output: Vec<u32> = Vec::new();
@@ -313,11 +311,16 @@ impl SessionActor {
             if gamma > 0
                 && let Some(link) = draft_link.as_mut()
             {
-                link.reconnect_if_due(&committed).await;
+                link.reconnect_if_due(&committed);
             }
+            // A round that would have drafted but runs target-only while the draft session
+            // opens is not the policy's either: an explorer keeps its measuring rounds.
+            let awaiting_draft = gamma > 0 && draft_link.as_mut().is_some_and(DraftLink::opening);
             let steady =
                 SteadyCosts { target: !target_refills, draft: draft_link.as_mut().is_some_and(DraftLink::steady) };
-            let draft_arg = draft_link.as_mut().and_then(DraftLink::session).map(|d| (d, gamma));
+            // Not a session that opened since: the policy was told this round is not its.
+            let draft_arg =
+                draft_link.as_mut().filter(|_| !awaiting_draft).and_then(DraftLink::session).map(|d| (d, gamma));
             let target_arg = (&mut target_rounds, &target_cursor);
             let report = match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
                 Err(CoordinatorError::TargetLost(err)) => {
@@ -349,7 +352,7 @@ impl SessionActor {
                 self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }
             target_refills = false;
-            if let Some(policy) = adaptive.as_mut().filter(|_| !governed_plain) {
+            if let Some(policy) = adaptive.as_mut().filter(|_| !governed_plain && !awaiting_draft) {
                 policy.observe(&report, steady);
                 self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);
             }

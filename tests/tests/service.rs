@@ -381,3 +381,53 @@ async fn nodes_release_sessions_nobody_uses_after_the_ttl() {
     }
     cluster.shutdown().await;
 }
+
+/// Across a slow link to the draft, a session that knows drafting pays only by so much does
+/// not wait two round trips for its draft session to open: its first rounds run target-only,
+/// and the draft, once open, is handed the tokens they committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_decodes_target_only_while_its_draft_session_opens() {
+    let target = suffix_table(1);
+    let options = ClusterOptions {
+        gamma: GammaChoice::Adaptive { max: 6 },
+        optimistic: false,
+        // A target pass of 40 ms and a 50 ms round trip to a draft that agrees with it:
+        // drafting pays about 3×, so waiting for the draft is worth 40·(1 − 1/3) ≈ 27 ms,
+        // less than the 100 ms its two calls take.
+        forward_delays: (Duration::from_millis(40), Duration::ZERO),
+        draft_one_way_delay: Some(Duration::from_millis(25)),
+        ..ClusterOptions::default()
+    };
+    let cluster = start_with("draft-opens", &target, &target, &options).await;
+    let mut client = cluster.client().await.unwrap();
+    let first_round = |stats: &Option<specd_proto::v1::SpeculationStats>| stats.as_ref().map(|s| s.draft_tokens);
+    for (i, prompt) in prompts().into_iter().take(4).enumerate() {
+        let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
+        let mut stream = client.generate_stream(request(prompt.clone(), 30, 0.0, None)).await.unwrap().into_inner();
+        let first = stream.next().await.unwrap().unwrap();
+        let (mut tokens, mut last) = (first.token_ids.clone(), None);
+        while let Some(message) = stream.next().await {
+            let message = message.unwrap();
+            tokens.extend_from_slice(&message.token_ids);
+            last = message.stats.or(last);
+        }
+        assert_eq!(tokens, plain.token_ids, "prompt {prompt:?}");
+        let stats = last.unwrap();
+        if i == 0 {
+            // Nothing learnt yet to weigh the wait by: the first session waits.
+            assert!(first_round(&first.stats).unwrap() > 0, "{:?}", first.stats);
+        } else {
+            assert_eq!(first_round(&first.stats), Some(0), "session {i} waited for its draft: {:?}", first.stats);
+            assert!(stats.draft_tokens > 0, "it drafts once the draft is open: {stats:?}");
+        }
+        // A draft equal to the target has every token accepted, so long as it holds what
+        // the rounds before it committed.
+        assert_eq!(stats.accepted_tokens, stats.draft_tokens, "session {i}: {stats:?}");
+    }
+    // One token is one target-only round, over before the draft session has opened; the
+    // generation releases it all the same before it answers.
+    let reply = client.generate(request(vec![2], 1, 0.0, None)).await.unwrap().into_inner();
+    assert_eq!(reply.usage.unwrap().completion_tokens, 1);
+    assert_eq!(cluster.draft_info().await.unwrap().active_sessions, 0, "a draft session was left open");
+    cluster.shutdown().await;
+}
