@@ -6,17 +6,17 @@
 //! tokens per prompt and tokens/s compare like with like.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use serde_json::json;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
-use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, SpeculationStats, StoppingCriteria};
-use tonic::transport::Channel;
+use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria};
 
 use crate::bench_netns::{NetnsOptions, draft_delay};
-use crate::cli_error::{RpcFailure, invalid};
+use crate::bench_sample::{Sample, run_one};
+use crate::cli_error::invalid;
 use crate::serve::{
     DraftOptions, GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma, parse_on_off,
 };
@@ -103,15 +103,6 @@ pub struct BenchArgs {
     pub(crate) concurrency: usize,
 }
 
-/// One request's outcome.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Sample {
-    pub(crate) tokens: u64,
-    pub(crate) wall: Duration,
-    pub(crate) stats: SpeculationStats,
-    pub(crate) token_ids: Vec<u32>,
-}
-
 /// How often greedy speculative output equals target-only output on the same prompt. Exact
 /// in law does not mean identical in bits: a verify pass scores several tokens at once, and
 /// its floating-point sums may round differently from one-token passes, which can flip an
@@ -194,6 +185,29 @@ impl Totals {
 
     fn per_round(&self, x: f64) -> f64 {
         if self.rounds == 0 { 0.0 } else { x / self.rounds as f64 }
+    }
+}
+
+/// One mode's totals over whole requests, and over their rounds after the first
+/// ([`Sample::after_first_round`]): the decoding the per-round costs and the bound are about.
+#[derive(Debug, Default)]
+struct ModeTotals {
+    whole: Totals,
+    decode: Totals,
+    first_round_wall: Duration,
+    requests: u64,
+}
+
+impl ModeTotals {
+    fn add(&mut self, s: &Sample) {
+        self.whole.add(s);
+        self.decode.add(&s.after_first_round());
+        self.first_round_wall += s.first_round.as_ref().map_or(s.wall, |f| f.wall);
+        self.requests += 1;
+    }
+
+    fn first_round_ms(&self) -> f64 {
+        self.first_round_wall.as_secs_f64() * 1e3 / self.requests.max(1) as f64
     }
 }
 
@@ -288,17 +302,6 @@ impl BenchArgs {
     }
 }
 
-pub(crate) async fn run_one(
-    client: &mut GenerationClient<Channel>,
-    request: tonic::Request<GenerateRequest>,
-) -> anyhow::Result<Sample> {
-    let started = Instant::now();
-    let response = client.generate(request).await.map_err(RpcFailure)?.into_inner();
-    let wall = started.elapsed();
-    let tokens = response.usage.map_or(response.token_ids.len() as u64, |u| u64::from(u.completion_tokens));
-    Ok(Sample { tokens, wall, stats: response.stats.unwrap_or_default(), token_ids: response.token_ids })
-}
-
 /// (1 − α^(γ+1)) / ((1 − α)(γc + 1)), Leviathan et al. (2023) Theorem 3.8, for a real γ
 /// (the mean of an adaptive schedule); γ + 1 at α = 1.
 fn analytic_bound(alpha: f64, gamma: f64, c: f64) -> f64 {
@@ -328,11 +331,11 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
     if args.concurrency > 1 {
         return crate::bench_load::measure(args, &client, &endpoint, prompts, spec_gamma).await;
     }
-    let (mut base_all, mut spec_all) = (Totals::default(), Totals::default());
+    let (mut base_all, mut spec_all) = (ModeTotals::default(), ModeTotals::default());
     let mut runs = Vec::new();
     let mut agreement = GreedyAgreement::default();
     for r in 0..args.repeat {
-        let (mut base, mut spec) = (Totals::default(), Totals::default());
+        let (mut base, mut spec) = (ModeTotals::default(), ModeTotals::default());
         for (i, prompt) in prompts.iter().enumerate() {
             let seed = args.seed.wrapping_add(i as u64);
             let base_first = (r + i) % 2 == 0;
@@ -353,36 +356,49 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
             }
             agreement.add(&base_ids, &spec_ids);
         }
-        let ratio = spec.tokens_per_s() / base.tokens_per_s();
+        let ratio = spec.whole.tokens_per_s() / base.whole.tokens_per_s();
+        let decode_ratio = spec.decode.tokens_per_s() / base.decode.tokens_per_s();
         if !args.json {
             eprintln!(
-                "pass {}/{}: target-only {:.1} tok/s, speculative {:.1} tok/s, speedup {ratio:.2}×",
+                "pass {}/{}: target-only {:.1} tok/s, speculative {:.1} tok/s, speedup {ratio:.2}× ({decode_ratio:.2}× after the first rounds)",
                 r + 1,
                 args.repeat,
-                base.tokens_per_s(),
-                spec.tokens_per_s()
+                base.whole.tokens_per_s(),
+                spec.whole.tokens_per_s()
             );
         }
         runs.push(json!({
-            "target_only_tokens_per_s": base.tokens_per_s(),
-            "speculative_tokens_per_s": spec.tokens_per_s(),
+            "target_only_tokens_per_s": base.whole.tokens_per_s(),
+            "speculative_tokens_per_s": spec.whole.tokens_per_s(),
             "speedup": ratio,
+            "decode_target_only_tokens_per_s": base.decode.tokens_per_s(),
+            "decode_speculative_tokens_per_s": spec.decode.tokens_per_s(),
+            "decode_speedup": decode_ratio,
         }));
     }
     let ratios: Vec<f64> = runs.iter().filter_map(|r| r["speedup"].as_f64()).collect();
-    let alpha = if spec_all.evaluated == 0 { 0.0 } else { spec_all.acceptance_sum / spec_all.evaluated as f64 };
-    let mean_gamma = spec_all.per_round(spec_all.draft_tokens as f64);
-    let draft_step_ms =
-        if spec_all.draft_tokens == 0 { 0.0 } else { spec_all.draft_ns as f64 / spec_all.draft_tokens as f64 / 1e6 };
-    let target_pass_ms = base_all.per_round(base_all.verify_ns as f64) / 1e6;
-    let verify_pass_ms = spec_all.per_round(spec_all.verify_ns as f64) / 1e6;
+    let decode_ratios: Vec<f64> = runs.iter().filter_map(|r| r["decode_speedup"].as_f64()).collect();
+    let whole = &spec_all.whole;
+    let alpha = if whole.evaluated == 0 { 0.0 } else { whole.acceptance_sum / whole.evaluated as f64 };
+    // Per-round costs from the rounds after each request's first, which also runs the prompt
+    // through the models: the decoding steps the bound is made of.
+    let (base_decode, spec_decode) = (&base_all.decode, &spec_all.decode);
+    let mean_gamma = spec_decode.per_round(spec_decode.draft_tokens as f64);
+    let draft_step_ms = if spec_decode.draft_tokens == 0 {
+        0.0
+    } else {
+        spec_decode.draft_ns as f64 / spec_decode.draft_tokens as f64 / 1e6
+    };
+    let target_pass_ms = base_decode.per_round(base_decode.verify_ns as f64) / 1e6;
+    let verify_pass_ms = spec_decode.per_round(spec_decode.verify_ns as f64) / 1e6;
     let c = if target_pass_ms > 0.0 { draft_step_ms / target_pass_ms } else { 0.0 };
     let bound = analytic_bound(alpha, mean_gamma, c);
     let speedup_median = median(&ratios);
+    let decode_median = median(&decode_ratios);
     // The bound prices a verify pass like one target step; on a CPU a pass over γ + 1 tokens
     // costs more. The same accounting with the measured verify pass says how much of the gap
     // to the bound that explains (the rest is network, hand-offs and the client).
-    let tokens_per_round = spec_all.per_round(spec_all.tokens as f64);
+    let tokens_per_round = spec_decode.per_round(spec_decode.tokens as f64);
     let round_ms = mean_gamma * draft_step_ms + verify_pass_ms;
     let bound_measured_verify = if round_ms > 0.0 { tokens_per_round * target_pass_ms / round_ms } else { 0.0 };
     Ok(json!({
@@ -393,14 +409,22 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         "temperature": args.temperature,
         "gamma": match args.gamma { GammaFlag::Fixed(g) => json!(g), GammaFlag::Auto => json!("auto") },
         "mean_gamma": mean_gamma,
-        "target_only_tokens_per_s": base_all.tokens_per_s(),
-        "speculative_tokens_per_s": spec_all.tokens_per_s(),
+        "target_only_tokens_per_s": base_all.whole.tokens_per_s(),
+        "speculative_tokens_per_s": whole.tokens_per_s(),
         "speedup": {
             "median": speedup_median,
             "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
             "max": ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            "overall": spec_all.tokens_per_s() / base_all.tokens_per_s(),
+            "overall": whole.tokens_per_s() / base_all.whole.tokens_per_s(),
         },
+        // The same after each request's first round, and that round's time.
+        "decode_speedup": {
+            "median": decode_median,
+            "min": decode_ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            "max": decode_ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            "overall": spec_decode.tokens_per_s() / base_decode.tokens_per_s(),
+        },
+        "first_round_ms": { "target_only": base_all.first_round_ms(), "speculative": spec_all.first_round_ms() },
         "alpha": alpha,
         "mean_tokens_per_round": tokens_per_round,
         "draft_step_ms": draft_step_ms,
@@ -409,29 +433,30 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         "c": c,
         "bound": bound,
         "efficiency": if bound > 0.0 { speedup_median / bound } else { 0.0 },
+        "decode_efficiency": if bound > 0.0 { decode_median / bound } else { 0.0 },
         "verify_cost_ratio": if target_pass_ms > 0.0 { verify_pass_ms / target_pass_ms } else { 0.0 },
         "bound_with_measured_verify": bound_measured_verify,
-        "wire_bytes_per_round": spec_all.per_round(spec_all.wire_bytes as f64),
+        "wire_bytes_per_round": whole.per_round(whole.wire_bytes as f64),
         "wire_bytes_per_round_by_role": {
             "draft": {
-                "sent": spec_all.per_round(spec_all.wire_bytes_by_role[0] as f64),
-                "received": spec_all.per_round(spec_all.wire_bytes_by_role[1] as f64),
+                "sent": whole.per_round(whole.wire_bytes_by_role[0] as f64),
+                "received": whole.per_round(whole.wire_bytes_by_role[1] as f64),
             },
             "target": {
-                "sent": spec_all.per_round(spec_all.wire_bytes_by_role[2] as f64),
-                "received": spec_all.per_round(spec_all.wire_bytes_by_role[3] as f64),
+                "sent": whole.per_round(whole.wire_bytes_by_role[2] as f64),
+                "received": whole.per_round(whole.wire_bytes_by_role[3] as f64),
             },
         },
-        "optimistic_attempts": spec_all.optimistic_attempts,
-        "optimistic_hit_rate": if spec_all.optimistic_attempts == 0 {
+        "optimistic_attempts": whole.optimistic_attempts,
+        "optimistic_hit_rate": if whole.optimistic_attempts == 0 {
             0.0
         } else {
-            spec_all.optimistic_hits as f64 / spec_all.optimistic_attempts as f64
+            whole.optimistic_hits as f64 / whole.optimistic_attempts as f64
         },
-        "optimistic_pushed_rate": if spec_all.optimistic_attempts == 0 {
+        "optimistic_pushed_rate": if whole.optimistic_attempts == 0 {
             0.0
         } else {
-            spec_all.optimistic_pushed as f64 / spec_all.optimistic_attempts as f64
+            whole.optimistic_pushed as f64 / whole.optimistic_attempts as f64
         },
         // Only greedy outputs are comparable: sampled ones draw different random numbers.
         "greedy_agreement": if args.temperature == 0.0 { agreement.report() } else { serde_json::Value::Null },
@@ -466,6 +491,16 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         f("draft_step_ms")
     );
     outln!("speedup       {:.2}× median ({:.2}–{:.2})", g("median"), g("min"), g("max"));
+    let d = &report["decode_speedup"];
+    let first = &report["first_round_ms"];
+    outln!(
+        "after the first round {:.2}× median ({:.2}–{:.2}); first round {:.1} ms target-only, {:.1} ms speculative (it also runs the prompt)",
+        d["median"].as_f64().unwrap_or(f64::NAN),
+        d["min"].as_f64().unwrap_or(f64::NAN),
+        d["max"].as_f64().unwrap_or(f64::NAN),
+        first["target_only"].as_f64().unwrap_or(f64::NAN),
+        first["speculative"].as_f64().unwrap_or(f64::NAN)
+    );
     if report["network"] == "netns" {
         outln!(
             "network       namespaces, RTT draft ↔ coordinator {} ms, coordinator ↔ target {} ms;  {:.0} wire bytes per round",
@@ -484,11 +519,12 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         );
     }
     outln!(
-        "acceptance α  {:.3};  bound (1−α^(γ+1))/((1−α)(γc+1)) = {:.2}× with c = {:.3};  measured / bound = {:.2}",
+        "acceptance α  {:.3};  bound (1−α^(γ+1))/((1−α)(γc+1)) = {:.2}× with c = {:.3};  measured / bound = {:.2} ({:.2} after the first round)",
         f("alpha"),
         f("bound"),
         f("c"),
-        f("efficiency")
+        f("efficiency"),
+        f("decode_efficiency")
     );
     outln!(
         "a verify pass costs {:.2} target-only passes; with that cost the bound is {:.2}×",

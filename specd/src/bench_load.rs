@@ -9,7 +9,8 @@ use serde_json::json;
 use specd_proto::v1::generation_client::GenerationClient;
 use tonic::transport::Channel;
 
-use crate::bench::{BenchArgs, Sample, median, run_one};
+use crate::bench::{BenchArgs, median};
+use crate::bench_sample::{Sample, run_one};
 
 /// What one mode measured over a pass (or over all passes): its requests and the wall time
 /// they took together. Everything reported is summed from the samples when asked.

@@ -28,6 +28,7 @@ mod audit;
 mod bench;
 mod bench_load;
 mod bench_netns;
+mod bench_sample;
 mod cli_error;
 mod client_args;
 mod cost;

@@ -208,6 +208,21 @@ fn bench_json_is_complete_and_consistent() {
     ratios.sort_by(f64::total_cmp);
     assert!(close(f(&s["min"]), ratios[0]) && close(f(&s["max"]), ratios[2]) && close(f(&s["median"]), ratios[1]));
     assert!(close(f(&r["efficiency"]), f(&s["median"]) / f(&r["bound"])));
+    // After each request's first round: the same accounting on what is left.
+    let d = &r["decode_speedup"];
+    let mut decode_ratios = Vec::new();
+    for run in runs {
+        let ratio = f(&run["decode_speculative_tokens_per_s"]) / f(&run["decode_target_only_tokens_per_s"]);
+        assert!(close(f(&run["decode_speedup"]), ratio), "{run}");
+        decode_ratios.push(ratio);
+    }
+    decode_ratios.sort_by(f64::total_cmp);
+    assert!(close(f(&d["median"]), decode_ratios[1]), "{d}");
+    assert!(close(f(&r["decode_efficiency"]), f(&d["median"]) / f(&r["bound"])));
+    let first = &r["first_round_ms"];
+    for mode in ["target_only", "speculative"] {
+        assert!(f(&first[mode]) > 0.0, "{first}");
+    }
     let alpha = f(&r["alpha"]);
     assert!((0.0..=1.0).contains(&alpha));
     // With γ = 3 a round commits between 1 and 4 tokens.
