@@ -72,6 +72,12 @@ const NEAR_TIE: f64 = 1e-9;
 const SMOOTHING: f64 = 0.15;
 /// Weight of one position's Σ min(p, q) in the running α.
 const ALPHA_SMOOTHING: f64 = 0.05;
+/// Weight of a round in the verify pass's cost per token. The slope is a property of the
+/// target and its machine, small against the pass's noise (here 0.5 ms a token against
+/// ±2 ms, spikes aside): learnt at [`SMOOTHING`], sessions at a 0 ms RTT read anything from
+/// -0.4 to 4.4 ms a token from their few rounds, and those that read high drafted γ = 2–3
+/// where γ = 5 was faster (26 rounds for 48 tokens against 19).
+const SLOPE_SMOOTHING: f64 = 0.03;
 
 /// How many observations the prior α = 0.5 counts for: a round that evaluates 3 or more
 /// positions outweighs it.
@@ -307,7 +313,7 @@ impl AdaptiveGamma {
             if let Some(plain) = self.verify_plain_ms.get() {
                 let expected = plain + self.verify_slope_ms.get().unwrap_or(0.0).max(0.0) * g;
                 let verify = within_spikes(verify, Average { mean: Some(expected), ..self.verify_plain_ms });
-                self.verify_slope_ms.add_share((verify - plain) / g, SMOOTHING, share * share);
+                self.verify_slope_ms.add_share((verify - plain) / g, SLOPE_SMOOTHING, share * share);
             }
             // The draft's own time (a catch-up included) is in `draft`, not in the overhead.
             self.spec_overhead_ms.add(overhead, SMOOTHING);
