@@ -66,6 +66,8 @@ pub struct DraftLink {
     template: OpenSessionRequest,
     state: State,
     opened: Vec<String>,
+    /// A draft session has been open once: opening another is getting the draft back.
+    was_up: bool,
     /// Times the draft was lost.
     pub fallbacks: u64,
 }
@@ -79,6 +81,7 @@ impl DraftLink {
             template,
             state: State::Down { retry_at: Instant::now(), wait: FIRST_RETRY / 2 },
             opened: Vec::new(),
+            was_up: false,
             fallbacks: 0,
         };
         let (session_id, prompt) = (link.template.session_id.clone(), link.template.prompt_token_ids.clone());
@@ -207,12 +210,13 @@ impl DraftLink {
         match result.unwrap_or_else(|| Err(unanswered())) {
             Ok(mut session) => {
                 session.cursor.pending = pending;
-                if self.opened.len() > 1 {
+                if self.was_up {
                     tracing::info!(address = %self.client.address, "draft back: speculating again");
                 }
+                self.was_up = true;
                 self.state = State::Up(Box::new(session));
             }
-            Err(err) if self.opened.len() > 1 => self.down(&err, "draft still unavailable"),
+            Err(err) if self.was_up => self.down(&err, "draft still unavailable"),
             Err(err) => self.down(&err, "cannot open a draft session: decoding target-only for now"),
         }
     }
@@ -228,31 +232,43 @@ impl DraftLink {
 }
 
 impl DraftLink {
-    /// Releases every draft session of this link now and waits for it.
+    /// Releases every draft session of this link now and waits for it. One still being
+    /// opened is released in the background once its open has ended (released before, the
+    /// node would open it afterwards and keep it): a slow draft must not hold the
+    /// generation's last reply.
     pub async fn close(mut self) {
-        self.release_all().await;
+        let (ids, in_flight) = self.take_sessions();
+        if let Some((opened, id)) = in_flight {
+            let later = release_when_opened(self.client.clone(), opened, id);
+            tokio::spawn(later.instrument(tracing::Span::current()));
+        }
+        release(self.client.clone(), ids).await;
     }
 
-    /// Releasing every draft session this link opened, once one still being opened has
-    /// opened (or failed): released before, the node would open it afterwards and keep it.
-    fn release_all(&mut self) -> impl Future<Output = ()> + Send + 'static {
-        let (client, ids) = (self.client.clone(), std::mem::take(&mut self.opened));
-        let opening =
-            match std::mem::replace(&mut self.state, State::Down { retry_at: Instant::now(), wait: MAX_RETRY }) {
-                State::Opening { opened, .. } => Some(opened),
-                State::Up(_) | State::Down { .. } => None,
-            };
-        async move {
-            if let Some(opened) = opening {
-                let _ = opened.await;
-            }
-            for id in ids {
-                if let Err(err) = client.release(id.clone()).await {
-                    tracing::warn!(session = %id, %err, "draft release failed");
-                }
-            }
+    /// The ids of the sessions opened, and the one being opened with its result to come.
+    fn take_sessions(&mut self) -> (Vec<String>, Option<(oneshot::Receiver<Opened>, String)>) {
+        let mut ids = std::mem::take(&mut self.opened);
+        let down = State::Down { retry_at: Instant::now(), wait: MAX_RETRY };
+        let in_flight = match std::mem::replace(&mut self.state, down) {
+            // The session being opened is the last one registered.
+            State::Opening { opened, .. } => ids.pop().map(|id| (opened, id)),
+            State::Up(_) | State::Down { .. } => None,
+        };
+        (ids, in_flight)
+    }
+}
+
+async fn release(client: DraftClient, ids: Vec<String>) {
+    for id in ids {
+        if let Err(err) = client.release(id.clone()).await {
+            tracing::warn!(session = %id, %err, "draft release failed");
         }
     }
+}
+
+async fn release_when_opened(client: DraftClient, opened: oneshot::Receiver<Opened>, id: String) {
+    let _ = opened.await;
+    release(client, vec![id]).await;
 }
 
 impl Drop for DraftLink {
@@ -264,7 +280,15 @@ impl Drop for DraftLink {
             tracing::warn!(sessions = ?self.opened, "no runtime to release draft sessions on");
             return;
         };
+        let (ids, in_flight) = self.take_sessions();
+        let client = self.client.clone();
+        let releases = async move {
+            if let Some((opened, id)) = in_flight {
+                release_when_opened(client.clone(), opened, id).await;
+            }
+            release(client, ids).await;
+        };
         // Still the generation's span: the releases belong to its trace.
-        runtime.spawn(self.release_all().instrument(tracing::Span::current()));
+        runtime.spawn(releases.instrument(tracing::Span::current()));
     }
 }

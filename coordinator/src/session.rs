@@ -271,8 +271,15 @@ impl SessionActor {
             Err(err) => return Err(err),
         };
         if let Some(link) = draft_link.as_mut() {
-            // A fixed γ asked for every round to draft; the adaptive policy weighs waiting.
-            link.wait_until_open(adaptive.as_ref().and_then(AdaptiveGamma::draft_open_grace)).await;
+            // A fixed γ asked for every round to draft; the adaptive policy weighs waiting,
+            // and a load level whose sessions decode plainly has nothing to wait for.
+            let governed_plain = running > 1 && self.policy_memory.load_mode(&settings) == LoadMode::Plain;
+            let grace = match &adaptive {
+                Some(_) if governed_plain => Some(Duration::ZERO),
+                Some(policy) => policy.draft_open_grace(),
+                None => None,
+            };
+            link.wait_until_open(grace).await;
         }
         let mut target_cursor = Cursor { valid: spec.prompt.len(), pending: Vec::new() };
         let mut committed = spec.prompt.clone();
@@ -347,7 +354,8 @@ impl SessionActor {
             stats.record(&report);
             // A round that filled the cache costs the prompt's pass, whichever mode the level
             // is in: counted, it would make the mode measured first (the period the sessions
-            // start in) look slower than it is.
+            // start in) look slower than it is. Rounds that waited for a draft session to open
+            // count: that wait is what drafting costs a period's sessions.
             if let (Some(level), Some(mode), false) = (loaded_level, load_mode, target_refills) {
                 self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }

@@ -309,6 +309,16 @@ fn analytic_bound(alpha: f64, gamma: f64, c: f64) -> f64 {
     tokens / (gamma * c + 1.0)
 }
 
+/// Median, min and max of per-pass ratios, and the ratio of the totals over all passes.
+fn spread(ratios: &[f64], overall: f64) -> serde_json::Value {
+    json!({
+        "median": median(ratios),
+        "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        "max": ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        "overall": overall,
+    })
+}
+
 /// Median of a non-empty list.
 pub(crate) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
@@ -379,10 +389,11 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
     let ratios: Vec<f64> = runs.iter().filter_map(|r| r["speedup"].as_f64()).collect();
     let decode_ratios: Vec<f64> = runs.iter().filter_map(|r| r["decode_speedup"].as_f64()).collect();
     let whole = &spec_all.whole;
-    let alpha = if whole.evaluated == 0 { 0.0 } else { whole.acceptance_sum / whole.evaluated as f64 };
-    // Per-round costs from the rounds after each request's first, which also runs the prompt
-    // through the models: the decoding steps the bound is made of.
+    // α and per-round costs from the rounds after each request's first, which also runs the
+    // prompt through the models: the decoding steps the bound is made of.
     let (base_decode, spec_decode) = (&base_all.decode, &spec_all.decode);
+    let alpha =
+        if spec_decode.evaluated == 0 { 0.0 } else { spec_decode.acceptance_sum / spec_decode.evaluated as f64 };
     let mean_gamma = spec_decode.per_round(spec_decode.draft_tokens as f64);
     let draft_step_ms = if spec_decode.draft_tokens == 0 {
         0.0
@@ -411,19 +422,9 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         "mean_gamma": mean_gamma,
         "target_only_tokens_per_s": base_all.whole.tokens_per_s(),
         "speculative_tokens_per_s": whole.tokens_per_s(),
-        "speedup": {
-            "median": speedup_median,
-            "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
-            "max": ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            "overall": whole.tokens_per_s() / base_all.whole.tokens_per_s(),
-        },
+        "speedup": spread(&ratios, whole.tokens_per_s() / base_all.whole.tokens_per_s()),
         // The same after each request's first round, and that round's time.
-        "decode_speedup": {
-            "median": decode_median,
-            "min": decode_ratios.iter().copied().fold(f64::INFINITY, f64::min),
-            "max": decode_ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            "overall": spec_decode.tokens_per_s() / base_decode.tokens_per_s(),
-        },
+        "decode_speedup": spread(&decode_ratios, spec_decode.tokens_per_s() / base_decode.tokens_per_s()),
         "first_round_ms": { "target_only": base_all.first_round_ms(), "speculative": spec_all.first_round_ms() },
         "alpha": alpha,
         "mean_tokens_per_round": tokens_per_round,

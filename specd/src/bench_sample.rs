@@ -3,7 +3,8 @@
 //!
 //! A request's first round also runs the prompt through the models (and waits for the
 //! nodes' sessions to open), a cost that speculation does not shorten and that the analytic
-//! bound leaves out. Totals after the first round are the decoding rate the bound is about.
+//! bound leaves out. Totals after the first round, up to the last tokens, are the decoding
+//! rate the bound is about.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,9 @@ pub(crate) struct Sample {
     pub(crate) wall: Duration,
     pub(crate) stats: SpeculationStats,
     pub(crate) token_ids: Vec<u32>,
+    /// From the request to its last tokens, before the generation's end (releasing the
+    /// nodes' sessions) and its last reply.
+    pub(crate) to_last_tokens: Duration,
     /// Its first round: the tokens it streamed, the time they took from the request, and the
     /// stats as they stood then.
     pub(crate) first_round: Option<Box<Sample>>,
@@ -45,9 +49,10 @@ impl Sample {
         };
         Sample {
             tokens: self.tokens.saturating_sub(first.tokens),
-            wall: self.wall.saturating_sub(first.wall),
+            wall: self.to_last_tokens.saturating_sub(first.wall),
             stats,
             token_ids: self.token_ids.get(first.token_ids.len()..).unwrap_or_default().to_vec(),
+            to_last_tokens: self.to_last_tokens.saturating_sub(first.wall),
             first_round: None,
         }
     }
@@ -61,24 +66,29 @@ pub(crate) async fn run_one(
     let started = Instant::now();
     let mut stream = client.generate_stream(request).await.map_err(RpcFailure)?.into_inner();
     let (mut token_ids, mut stats, mut usage, mut first_round) = (Vec::new(), None, None, None);
+    let mut to_last_tokens = Duration::ZERO;
     while let Some(message) = stream.next().await {
         let message = message.map_err(RpcFailure)?;
+        if !message.token_ids.is_empty() {
+            to_last_tokens = started.elapsed();
+        }
         token_ids.extend_from_slice(&message.token_ids);
         stats = message.stats.or(stats);
         usage = message.usage.or(usage);
         if first_round.is_none() && !message.token_ids.is_empty() {
             first_round = Some(Box::new(Sample {
                 tokens: message.token_ids.len() as u64,
-                wall: started.elapsed(),
+                wall: to_last_tokens,
                 stats: stats.clone().unwrap_or_default(),
                 token_ids: message.token_ids,
+                to_last_tokens,
                 first_round: None,
             }));
         }
     }
     let wall = started.elapsed();
     let tokens = usage.map_or(token_ids.len() as u64, |u| u64::from(u.completion_tokens));
-    Ok(Sample { tokens, wall, stats: stats.unwrap_or_default(), token_ids, first_round })
+    Ok(Sample { tokens, wall, stats: stats.unwrap_or_default(), token_ids, to_last_tokens, first_round })
 }
 
 #[cfg(test)]
@@ -98,15 +108,18 @@ mod tests {
             wall: Duration::from_millis(40),
             stats: stats(1, 30, 2.0),
             token_ids: vec![1, 2, 3],
+            to_last_tokens: Duration::from_millis(40),
             first_round: None,
         };
         let whole = Sample {
             tokens: 10,
-            wall: Duration::from_millis(100),
+            wall: Duration::from_millis(110),
             stats: stats(4, 75, 5.5),
             token_ids: (1..=10).collect(),
+            to_last_tokens: Duration::from_millis(100),
             first_round: Some(Box::new(first)),
         };
+        // The 10 ms after the last tokens are the generation's end, not decoding.
         let rest = whole.after_first_round();
         assert_eq!((rest.tokens, rest.wall, rest.token_ids), (7, Duration::from_millis(60), (4..=10).collect()));
         assert_eq!((rest.stats.rounds, rest.stats.verify_ns, rest.stats.acceptance_sum), (3, 45_000_000, 3.5));
