@@ -161,8 +161,15 @@ impl GenerationService {
         };
         tokio::spawn(
             async move {
-                let _registered = registered;
-                actor.run().await;
+                let releases = actor.run().await;
+                // No longer running: the next request of a client that sends one at a time
+                // must not start as if it ran alongside this one.
+                drop(registered);
+                if let Some(releases) = releases {
+                    releases.release().await;
+                }
+                // The stream closes here, once the nodes hold nothing of the generation.
+                drop(actor);
             }
             .instrument(span),
         );

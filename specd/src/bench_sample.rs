@@ -19,11 +19,11 @@ use crate::cli_error::RpcFailure;
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Sample {
     pub(crate) tokens: u64,
+    /// From the request to its last reply.
     pub(crate) wall: Duration,
     pub(crate) stats: SpeculationStats,
     pub(crate) token_ids: Vec<u32>,
-    /// From the request to its last tokens, before the generation's end (releasing the
-    /// nodes' sessions) and its last reply.
+    /// From the request to its last tokens, before its last reply (finish reason, usage).
     pub(crate) to_last_tokens: Duration,
     /// Its first round: the tokens it streamed, the time they took from the request, and the
     /// stats as they stood then.
@@ -66,11 +66,16 @@ pub(crate) async fn run_one(
     let started = Instant::now();
     let mut stream = client.generate_stream(request).await.map_err(RpcFailure)?.into_inner();
     let (mut token_ids, mut stats, mut usage, mut first_round) = (Vec::new(), None, None, None);
-    let mut to_last_tokens = Duration::ZERO;
+    let (mut to_last_tokens, mut answered) = (Duration::ZERO, None);
     while let Some(message) = stream.next().await {
         let message = message.map_err(RpcFailure)?;
         if !message.token_ids.is_empty() {
             to_last_tokens = started.elapsed();
+        }
+        // The last reply (finish reason and usage) is the request's end for its client; the
+        // stream closes after the nodes' sessions are released.
+        if message.usage.is_some() {
+            answered = Some(started.elapsed());
         }
         token_ids.extend_from_slice(&message.token_ids);
         stats = message.stats.or(stats);
@@ -86,7 +91,7 @@ pub(crate) async fn run_one(
             }));
         }
     }
-    let wall = started.elapsed();
+    let wall = answered.unwrap_or_else(|| started.elapsed());
     let tokens = usage.map_or(token_ids.len() as u64, |u| u64::from(u.completion_tokens));
     Ok(Sample { tokens, wall, stats: stats.unwrap_or_default(), token_ids, to_last_tokens, first_round })
 }

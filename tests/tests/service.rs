@@ -444,3 +444,38 @@ async fn a_session_decodes_target_only_while_its_draft_session_opens() {
     }
     cluster.shutdown().await;
 }
+
+/// Releasing a draft session across a slow link is a round trip that the client does not
+/// wait for: the last reply comes right after the last tokens, and the stream closes once the
+/// nodes hold nothing of the generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_reply_does_not_wait_for_the_releases() {
+    let target = suffix_table(1);
+    let options = ClusterOptions {
+        optimistic: false,
+        // A 100 ms round trip to the draft.
+        draft_one_way_delay: Some(Duration::from_millis(50)),
+        ..ClusterOptions::default()
+    };
+    let cluster = start_with("last-reply", &target, &target, &options).await;
+    let mut client = cluster.client().await.unwrap();
+    let mut stream = client.generate_stream(request(vec![1, 2], 12, 0.0, Some(3))).await.unwrap().into_inner();
+    let (mut last_tokens, mut answered) = (None, None);
+    while let Some(message) = stream.next().await {
+        let message = message.unwrap();
+        if !message.token_ids.is_empty() {
+            last_tokens = Some(Instant::now());
+        }
+        if let Some(usage) = message.usage {
+            assert_eq!(usage.completion_tokens, 12);
+            answered = Some(Instant::now());
+            assert!(message.stats.unwrap().draft_tokens > 0, "the draft took part");
+        }
+    }
+    let closed = Instant::now();
+    let (last_tokens, answered) = (last_tokens.unwrap(), answered.unwrap());
+    assert!(answered - last_tokens < Duration::from_millis(50), "the reply waited {:?}", answered - last_tokens);
+    assert!(closed - answered >= Duration::from_millis(90), "closed {:?} after the reply", closed - answered);
+    assert_eq!(cluster.draft_info().await.unwrap().active_sessions, 0, "closed before the draft released");
+    cluster.shutdown().await;
+}
