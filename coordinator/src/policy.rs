@@ -205,7 +205,7 @@ impl AdaptiveGamma {
         let (Some(plain), Some((gamma, drafting))) = (self.speed(0), self.best_drafting()) else {
             return DRAFT_PROBE_MIN;
         };
-        let probe_ms = expected_tokens_per_round(self.alpha().clamp(0.0, 0.999), gamma) / drafting.max(1e-9);
+        let Some(probe_ms) = self.round_ms(gamma) else { return DRAFT_PROBE_MIN };
         let lost_tokens = probe_ms * (plain - drafting).max(0.0);
         within_budget(lost_tokens, DRAFT_PROBE_BUDGET, DRAFT_PROBE_MIN, DRAFT_PROBE_MAX)
     }
@@ -228,14 +228,19 @@ impl AdaptiveGamma {
 
     /// [`Self::speed`] had the acceptance been `alpha`.
     fn speed_at(&self, gamma: u32, alpha: f64) -> Option<f64> {
+        let tokens = if gamma == 0 { 1.0 } else { expected_tokens_per_round(alpha.clamp(0.0, 0.999), gamma) };
+        Some(tokens / self.round_ms(gamma)?)
+    }
+
+    /// Expected time of a round at `gamma`; `None` while a cost is unmeasured.
+    fn round_ms(&self, gamma: u32) -> Option<f64> {
         let verify_plain = self.verify_plain_ms.get()?;
         if gamma == 0 {
-            return Some(1.0 / (verify_plain + self.plain_overhead_ms.get()?).max(1e-6));
+            return Some((verify_plain + self.plain_overhead_ms.get()?).max(1e-6));
         }
         let g = f64::from(gamma);
         let verify = verify_plain + self.verify_slope_ms.get().unwrap_or(0.0).max(0.0) * g;
-        let round_ms = g * self.draft_step_ms.get()? + verify + self.spec_overhead_ms.get()?;
-        Some(expected_tokens_per_round(alpha.clamp(0.0, 0.999), gamma) / round_ms.max(1e-6))
+        Some((g * self.draft_step_ms.get()? + verify + self.spec_overhead_ms.get()?).max(1e-6))
     }
 
     /// How long a session should wait for its draft session to open before its first round,
@@ -243,12 +248,12 @@ impl AdaptiveGamma {
     /// (nothing measured yet to weigh it by). Not waiting, the round in flight when the draft
     /// opens commits one token in a target pass t; waiting d for the draft, the time t - d
     /// left goes to drafting at s times the speed. So waiting pays while d < t·(1 − 1/s),
-    /// and never where drafting does not pay.
+    /// which is a token's time target-only less its time drafting, and never where drafting
+    /// does not pay.
     pub fn draft_open_grace(&self) -> Option<Duration> {
         let plain = self.speed(0)?;
         let (_, drafting) = self.best_drafting()?;
-        let pass_ms = 1.0 / plain;
-        let grace_ms = (pass_ms * (1.0 - plain / drafting)).max(0.0);
+        let grace_ms = (1.0 / plain - 1.0 / drafting).max(0.0);
         Some(Duration::from_secs_f64(grace_ms / 1e3))
     }
 
