@@ -240,6 +240,18 @@ fn load_prompts(path: Option<&Path>) -> anyhow::Result<Vec<String>> {
 }
 
 impl BenchArgs {
+    /// Whether this process runs the models (`--embedded`); with `--netns` they run in
+    /// processes of their own.
+    pub fn runs_models_here(&self) -> bool {
+        self.embedded
+    }
+
+    /// How the models' idle CPU workers wait ([`crate::openmp`]) when they run in this
+    /// process; elsewhere their nodes' logs say.
+    pub fn openmp_wait(&self) -> serde_json::Value {
+        if self.runs_models_here() { crate::openmp::describe().into() } else { serde_json::Value::Null }
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         if self.repeat == 0 {
             return Err(invalid("--repeat must be at least 1"));
@@ -462,6 +474,7 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
         // Only greedy outputs are comparable: sampled ones draw different random numbers.
         "greedy_agreement": if args.temperature == 0.0 { agreement.report() } else { serde_json::Value::Null },
         "dtype": args.dtype_label(),
+        "openmp_wait": args.openmp_wait(),
         "runs": runs,
     }))
 }

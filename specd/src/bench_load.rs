@@ -156,6 +156,7 @@ pub(crate) async fn measure(
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "dtype": args.dtype_label(),
+        "openmp_wait": args.openmp_wait(),
         "gamma": spec_gamma.map_or(json!("auto"), |g| json!(g)),
         "speedup": {
             "median": median(&ratios),

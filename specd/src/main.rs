@@ -10,7 +10,9 @@
 //! - [`logits`]: score tokens with a model;
 //! - [`models`]: build the demo model pair;
 //! - [`rule`]: the exact acceptance/residual rule on one position, with the naive counterexample;
-//! - [`cost`]: the cost model (tokens per round, speedup, best draft length).
+//! - [`cost`]: the cost model (tokens per round, speedup, best draft length);
+//! - [`openmp`]: a process about to run a model keeps libtorch's idle CPU workers awake
+//!   across a drafting gap (it starts itself again with `GOMP_SPINCOUNT` set).
 //!
 //! Exit codes: 0 on success, 2 on invalid input (one line on stderr), 1 on any other failure.
 
@@ -37,6 +39,7 @@ mod distribution_arg;
 mod generate;
 mod logits;
 mod models;
+mod openmp;
 mod rule;
 mod serve;
 
@@ -72,8 +75,30 @@ enum Command {
     DelayProxy(delay_proxy::DelayProxyArgs),
 }
 
+impl Command {
+    /// Whether this process runs a model on libtorch (and so on libgomp's workers).
+    fn runs_a_model(&self) -> bool {
+        match self {
+            Self::Up(_) | Self::Target(_) | Self::Draft(_) => true,
+            Self::Bench(args) => args.runs_models_here(),
+            Self::Coordinator(_)
+            | Self::Logits(_)
+            | Self::Generate(_)
+            | Self::Audit(_)
+            | Self::Models(_)
+            | Self::Rule(_)
+            | Self::Cost(_)
+            | Self::DelayProxy(_) => false,
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if cli.command.runs_a_model() {
+        // Before any work: this may replace the process by itself with a new environment.
+        openmp::ensure_spin_count();
+    }
     let result = match cli.command {
         Command::Up(args) => serve::run_up(&args),
         Command::Target(args) => serve::run_target(&args),

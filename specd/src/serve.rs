@@ -585,6 +585,11 @@ pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
 }
 
+/// Says how idle libtorch workers wait ([`crate::openmp`]): it moves a CPU verify pass.
+fn log_openmp_wait() {
+    tracing::info!(openmp = %crate::openmp::describe(), "idle OpenMP workers");
+}
+
 fn announce(listener: &TcpListener) -> anyhow::Result<()> {
     outln!("listening on {}", listener.local_addr()?);
     Ok(())
@@ -600,6 +605,7 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
     run_role("specd-target", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.service.metrics.start().await?;
+        log_openmp_wait();
         let node = TargetNode::load(config).await?;
         announce(&listener)?;
         serve_until_signal(grace, |stop| specd_target_node::serve(listener, node, stop)).await
@@ -616,6 +622,7 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
     run_role("specd-draft", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
         config.metrics = args.service.metrics.start().await?;
+        log_openmp_wait();
         let node = DraftNode::load(config).await?;
         announce(&listener)?;
         serve_until_signal(grace, |stop| specd_draft_node::serve(listener, node, stop)).await
@@ -680,6 +687,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         let public = bind(args.listen).await?;
         let metrics = args.metrics.start().await?;
         (target_config.metrics, draft_config.metrics) = (metrics.clone(), metrics.clone());
+        log_openmp_wait();
         let nodes = LoopbackNodes::start(target_config, draft_config).await?;
         let mut config = args.policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
         config.metrics = metrics;

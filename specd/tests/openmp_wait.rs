@@ -1,0 +1,77 @@
+//! A process that runs a model keeps libtorch's idle CPU workers awake across a drafting gap:
+//! it starts itself again with `GOMP_SPINCOUNT` set, unless the user chose how they wait
+//! (`specd/src/openmp.rs`). libgomp reads the variable only as it loads, so what counts is
+//! the environment of the running process, read here from `/proc/PID/environ`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+mod common;
+use common::Running;
+
+/// Starts `specd ROLE` on a table model with `envs` (and neither variable inherited), waits
+/// until it listens, and returns its environment and its log.
+fn environment_and_log(role_args: &[&str], envs: &[(&str, &str)], name: &str) -> (Vec<String>, String) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join(format!("{name}.log"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
+        .args(role_args)
+        .env_remove("GOMP_SPINCOUNT")
+        .env_remove("OMP_WAIT_POLICY")
+        .env_remove("SPECD_SET_GOMP_SPINCOUNT")
+        .envs(envs.iter().copied())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("specd starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("a line");
+    assert!(line.starts_with("listening on "), "{line:?}");
+    let running = Running(child);
+    let environ = std::fs::read(format!("/proc/{}/environ", running.0.id())).expect("environ");
+    let environ = environ.split(|&b| b == 0).map(|v| String::from_utf8_lossy(v).into_owned()).collect();
+    drop(running);
+    (environ, std::fs::read_to_string(&log).unwrap())
+}
+
+fn node(role: &'static str, model: &Path) -> Vec<String> {
+    vec![role.into(), "--model".into(), model.display().to_string(), "--listen".into(), "127.0.0.1:0".into()]
+}
+
+#[test]
+fn a_node_sets_the_spin_count_unless_the_user_chose_how_workers_wait() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model.json");
+    std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
+    let has = |environ: &[String], entry: &str| environ.iter().any(|e| e == entry);
+    let spin_of = |environ: &[String]| environ.iter().find(|e| e.starts_with("GOMP_SPINCOUNT=")).cloned();
+
+    for role in ["target", "draft"] {
+        let args = node(role, &model);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (environ, log) = environment_and_log(&args, &[], &format!("{role}_default"));
+        assert!(has(&environ, "GOMP_SPINCOUNT=1000000"), "{role}: {:?}", spin_of(&environ));
+        assert!(log.contains("GOMP_SPINCOUNT=1000000 (specd's default)"), "{role}: {log}");
+
+        let (environ, log) = environment_and_log(&args, &[("GOMP_SPINCOUNT", "5")], &format!("{role}_user"));
+        assert_eq!(spin_of(&environ).as_deref(), Some("GOMP_SPINCOUNT=5"), "{role}: the user's count is kept");
+        assert!(log.contains("GOMP_SPINCOUNT=5 (set by the user)"), "{role}: {log}");
+
+        let (environ, log) = environment_and_log(&args, &[("OMP_WAIT_POLICY", "passive")], &format!("{role}_policy"));
+        assert_eq!(spin_of(&environ), None, "{role}: a wait policy is the user's choice");
+        assert!(log.contains("OMP_WAIT_POLICY=passive (set by the user)"), "{role}: {log}");
+    }
+
+    // No model runs in a coordinator: it is not started again.
+    let target = node("target", &model);
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    let (_target, target_address) = common::start(&target, &[]);
+    let url = format!("http://{target_address}");
+    let (environ, _) =
+        environment_and_log(&["coordinator", "--target", &url, "--listen", "127.0.0.1:0"], &[], "coordinator");
+    assert_eq!(spin_of(&environ), None);
+}
