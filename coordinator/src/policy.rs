@@ -363,7 +363,9 @@ pub struct SteadyCosts {
     pub draft: bool,
 }
 
+#[cfg(test)]
 impl SteadyCosts {
+    /// A round whose both times are steady, as most rounds in the tests are.
     pub const BOTH: Self = Self { target: true, draft: true };
 }
 
