@@ -11,8 +11,8 @@
 //! - [`models`]: build the demo model pair;
 //! - [`rule`]: the exact acceptance/residual rule on one position, with the naive counterexample;
 //! - [`cost`]: the cost model (tokens per round, speedup, best draft length);
-//! - [`openmp`]: a process about to run a model keeps libtorch's idle CPU workers awake
-//!   across a drafting gap (it starts itself again with `GOMP_SPINCOUNT` set).
+//! - [`openmp`]: a process about to run a target model keeps libtorch's idle CPU workers
+//!   awake across a drafting gap (it starts itself again with `GOMP_SPINCOUNT` set).
 //!
 //! Exit codes: 0 on success, 2 on invalid input (one line on stderr), 1 on any other failure.
 
@@ -76,12 +76,16 @@ enum Command {
 }
 
 impl Command {
-    /// Whether this process runs a model on libtorch (and so on libgomp's workers).
-    fn runs_a_model(&self) -> bool {
+    /// Whether this process runs a target model that waits for the draft between passes
+    /// (see [`openmp`]). A standalone draft is left as it is: its idle workers would spin
+    /// through every verify pass, on the target's cores where the two share a host.
+    fn runs_a_target_model(&self) -> bool {
         match self {
-            Self::Up(_) | Self::Target(_) | Self::Draft(_) => true,
+            Self::Up(args) => args.serves(),
+            Self::Target(args) => args.serves(),
             Self::Bench(args) => args.runs_models_here(),
-            Self::Coordinator(_)
+            Self::Draft(_)
+            | Self::Coordinator(_)
             | Self::Logits(_)
             | Self::Generate(_)
             | Self::Audit(_)
@@ -95,7 +99,7 @@ impl Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if cli.command.runs_a_model() {
+    if cli.command.runs_a_target_model() {
         // Before any work: this may replace the process by itself with a new environment.
         openmp::ensure_spin_count();
     }
@@ -114,4 +118,30 @@ fn main() -> std::process::ExitCode {
         Command::DelayProxy(args) => delay_proxy::run(&args),
     };
     cli_error::exit_code(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::Cli;
+
+    fn runs_a_target_model(args: &[&str]) -> bool {
+        Cli::try_parse_from(std::iter::once("specd").chain(args.iter().copied())).unwrap().command.runs_a_target_model()
+    }
+
+    #[test]
+    fn only_processes_that_run_a_target_model_start_again() {
+        let up = ["up", "--target-model", "t", "--draft-model", "d"];
+        assert!(runs_a_target_model(&up));
+        assert!(runs_a_target_model(&["target", "--model", "m.json"]));
+        assert!(runs_a_target_model(&["bench", "--embedded"]));
+        assert!(!runs_a_target_model(&[&up[..], &["--check-config"]].concat()));
+        assert!(!runs_a_target_model(&["target", "--model", "m.json", "--check-config"]));
+        assert!(!runs_a_target_model(&["draft", "--model", "m.json"]));
+        assert!(!runs_a_target_model(&["bench", "--endpoint", "http://127.0.0.1:1"]));
+        assert!(!runs_a_target_model(&["bench", "--netns"]));
+        assert!(!runs_a_target_model(&["coordinator", "--target", "http://127.0.0.1:1"]));
+        assert!(!runs_a_target_model(&["logits", "--model", "m.json", "--tokens", "1"]));
+    }
 }

@@ -7,16 +7,16 @@
 //! demo pair), later than libgomp's default 300 000 spins last (about 4 ms on the 2-core
 //! machine of BENCHMARKS.md): its workers had gone to sleep, and the pass paid for waking
 //! them, 0.5–1 ms of a 14 ms pass, which a target-only decode, whose passes follow one
-//! another within a millisecond, never pays. So a process about to run a model starts itself
-//! again with [`SPIN_COUNT`], unless `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY` is set: the
-//! user's choice is kept.
+//! another within a millisecond, never pays. So on Linux (where libtorch's OpenMP is
+//! libgomp) a process about to run a target model starts itself again with [`SPIN_COUNT`],
+//! unless `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY` is set: the user's choice is kept.
 
 use std::ffi::OsString;
 
 /// About 14 ms of spinning on the machine of BENCHMARKS.md, longer than a drafting gap up to
 /// γ = 8 there. Workers spin after a parallel region only, so an idle node spins once, after
 /// its last pass, and not for ever.
-pub const SPIN_COUNT: u64 = 1_000_000;
+const SPIN_COUNT: u64 = 1_000_000;
 
 const SPIN_VAR: &str = "GOMP_SPINCOUNT";
 const POLICY_VAR: &str = "OMP_WAIT_POLICY";
@@ -32,46 +32,42 @@ fn spin_count_to_set(spin: Option<&OsString>, policy: Option<&OsString>) -> Opti
 /// Replaces this process (same pid, arguments and environment) by itself with
 /// `GOMP_SPINCOUNT` set, when the environment does not say how idle workers wait. Returns
 /// when nothing is needed, or when starting again failed: then with a warning on stderr, and
-/// the process goes on with libgomp's default.
+/// the process goes on with libgomp's default. Elsewhere than on Linux it does nothing.
 pub fn ensure_spin_count() {
     let Some(count) = spin_count_to_set(std::env::var_os(SPIN_VAR).as_ref(), std::env::var_os(POLICY_VAR).as_ref())
     else {
         return;
     };
-    if let Err(err) = start_again_with(count) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // The file this process runs, even if its path was since replaced or deleted.
+        let mut command = std::process::Command::new("/proc/self/exe");
+        let mut args = std::env::args_os();
+        if let Some(arg0) = args.next() {
+            command.arg0(arg0);
+        }
+        // `exec` returns only on failure.
+        let err = command.args(args).env(SPIN_VAR, count.to_string()).env(SET_BY_SPECD_VAR, "1").exec();
         eprintln!(
             "specd: could not start again with {SPIN_VAR}={count} ({err}); idle OpenMP workers keep libgomp's default"
         );
     }
-}
-
-#[cfg(unix)]
-fn start_again_with(count: u64) -> std::io::Result<()> {
-    use std::os::unix::process::CommandExt as _;
-    let exe = std::env::current_exe()?;
-    let mut args = std::env::args_os();
-    let mut command = std::process::Command::new(exe);
-    if let Some(arg0) = args.next() {
-        command.arg0(arg0);
-    }
-    // `exec` returns only on failure.
-    Err(command.args(args).env(SPIN_VAR, count.to_string()).env(SET_BY_SPECD_VAR, "1").exec())
-}
-
-#[cfg(not(unix))]
-fn start_again_with(_count: u64) -> std::io::Result<()> {
-    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "not on unix"))
+    #[cfg(not(target_os = "linux"))]
+    let _ = count;
 }
 
 /// How idle OpenMP workers wait in this process, for the log and the bench's report.
 pub fn describe() -> String {
-    let var = |name| std::env::var(name).ok();
-    match (var(SPIN_VAR), var(POLICY_VAR), var(SET_BY_SPECD_VAR).is_some()) {
-        (Some(count), _, true) => format!("{SPIN_VAR}={count} (specd's default)"),
-        (Some(count), Some(policy), false) => format!("{SPIN_VAR}={count}, {POLICY_VAR}={policy} (set by the user)"),
-        (Some(count), None, false) => format!("{SPIN_VAR}={count} (set by the user)"),
-        (None, Some(policy), _) => format!("{POLICY_VAR}={policy} (set by the user)"),
-        (None, None, _) => "libgomp's default".to_owned(),
+    let var = |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    // The mark alone could be inherited by a process whose user then set another count.
+    let set_by_specd = var(SET_BY_SPECD_VAR).is_some() && var(SPIN_VAR) == Some(SPIN_COUNT.to_string());
+    match (var(SPIN_VAR), var(POLICY_VAR)) {
+        (Some(count), _) if set_by_specd => format!("{SPIN_VAR}={count} (specd's default)"),
+        (Some(count), Some(policy)) => format!("{SPIN_VAR}={count}, {POLICY_VAR}={policy} (set by the user)"),
+        (Some(count), None) => format!("{SPIN_VAR}={count} (set by the user)"),
+        (None, Some(policy)) => format!("{POLICY_VAR}={policy} (set by the user)"),
+        (None, None) => "libgomp's default".to_owned(),
     }
 }
 

@@ -133,6 +133,20 @@ pub struct CheckArgs {
     check_config: bool,
 }
 
+impl TargetArgs {
+    /// Whether this run serves a target (and not only `--check-config`).
+    pub fn serves(&self) -> bool {
+        !self.check.check_config
+    }
+}
+
+impl UpArgs {
+    /// Whether this run serves the roles (and not only `--check-config`).
+    pub fn serves(&self) -> bool {
+        !self.check.check_config
+    }
+}
+
 /// What every server role has: traces, draining, its TLS identity, metrics.
 #[derive(Debug, Args)]
 pub struct ServiceArgs {
