@@ -322,7 +322,7 @@ fn analytic_bound(alpha: f64, gamma: f64, c: f64) -> f64 {
 }
 
 /// Median, min and max of per-pass ratios, and the ratio of the totals over all passes.
-fn spread(ratios: &[f64], overall: f64) -> serde_json::Value {
+pub(crate) fn spread(ratios: &[f64], overall: f64) -> serde_json::Value {
     json!({
         "median": median(ratios),
         "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),

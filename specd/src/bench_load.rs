@@ -9,7 +9,7 @@ use serde_json::json;
 use specd_proto::v1::generation_client::GenerationClient;
 use tonic::transport::Channel;
 
-use crate::bench::{BenchArgs, median};
+use crate::bench::{BenchArgs, spread};
 use crate::bench_sample::{Sample, run_one};
 
 /// What one mode measured over a pass (or over all passes): its requests and the wall time
@@ -158,12 +158,7 @@ pub(crate) async fn measure(
         "dtype": args.dtype_label(),
         "openmp_wait": args.openmp_wait(),
         "gamma": spec_gamma.map_or(json!("auto"), |g| json!(g)),
-        "speedup": {
-            "median": median(&ratios),
-            "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
-            "max": ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            "overall": loaded[1].tokens_per_s() / loaded[0].tokens_per_s(),
-        },
+        "speedup": spread(&ratios, loaded[1].tokens_per_s() / loaded[0].tokens_per_s()),
     });
     for (m, (name, _)) in modes.iter().enumerate() {
         let mut mode = loaded[m].report();
