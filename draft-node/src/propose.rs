@@ -237,13 +237,13 @@ pub fn draft_ahead_step(
 }
 
 /// Forwards what the cache lacks of the history (after a candidate: that candidate alone)
-/// and returns its logits, the last row scoring the next token.
+/// and returns the logits of its last token, the row that scores the next one.
 fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Result<Logits, NodeError> {
     let history = &mut state.history;
     // Never an empty feed: the last token is re-fed when the cache already covers it.
     let keep = history.cached().min(history.len() - 1);
     model.truncate(state.model_session, keep)?;
-    let logits = model.forward(state.model_session, &history.tokens()[keep..])?;
+    let logits = model.forward_last(state.model_session, &history.tokens()[keep..], 1)?;
     history.mark_cached();
     Ok(logits)
 }

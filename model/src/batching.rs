@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ModelError, Result};
-use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
+use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
 
 /// The default wait for more sessions' forwards. Sessions of a node run their rounds out of
 /// step (each also waits on the other node and the network), so taking only what is already
@@ -133,6 +133,8 @@ pub(crate) type Job = Box<dyn FnOnce(&mut dyn LanguageModel) + Send>;
 pub(crate) struct ForwardRequest {
     session: SessionId,
     tokens: Vec<u32>,
+    /// See [`ForwardItem::rows`].
+    rows: usize,
     reply: oneshot::Sender<(Result<Logits>, usize)>,
 }
 
@@ -233,9 +235,10 @@ fn gather(
 
 /// Runs `batch` as one forward pass and answers every request with the batch size.
 fn run_batch(model: &mut dyn LanguageModel, batch: Vec<ForwardRequest>, counters: &BatchCounters) {
-    let items: Vec<(SessionId, &[u32])> = batch.iter().map(|f| (f.session, f.tokens.as_slice())).collect();
+    let items: Vec<ForwardItem<'_>> =
+        batch.iter().map(|f| ForwardItem { session: f.session, tokens: &f.tokens, rows: f.rows }).collect();
     let size = items.len();
-    let tokens = items.iter().map(|(_, t)| t.len()).sum();
+    let tokens = items.iter().map(|item| item.tokens.len()).sum();
     let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.forward_batch(&items)));
     counters.record(size, tokens);
     let results = results.unwrap_or_else(|_| {
@@ -313,8 +316,12 @@ impl LanguageModel for RemoteModel {
     }
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
+        self.forward_last(session, tokens, tokens.len())
+    }
+
+    fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
         let (reply, rx) = oneshot::channel();
-        let request = ForwardRequest { session, tokens: tokens.to_vec(), reply };
+        let request = ForwardRequest { session, tokens: tokens.to_vec(), rows, reply };
         self.tx.blocking_send(Message::Forward(request)).map_err(|_| gone())?;
         let (result, size) = rx.blocking_recv().map_err(|_| failed())?;
         self.last_batch_size = size;

@@ -76,6 +76,32 @@ impl Logits {
     pub fn to_rows(&self) -> Vec<Vec<f32>> {
         self.iter_rows().map(<[f32]>::to_vec).collect()
     }
+
+    /// Only the last `rows` rows (all of them when there are fewer).
+    pub fn last_rows(mut self, rows: usize) -> Self {
+        let drop = self.rows().saturating_sub(rows);
+        self.data.drain(..drop * self.vocab);
+        self
+    }
+}
+
+/// One sequence's part of a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardItem<'a> {
+    pub session: SessionId,
+    /// Appended to the session.
+    pub tokens: &'a [u32],
+    /// Logits come back for the last `rows` of `tokens` only (all of them when there are
+    /// fewer; at least one). A node reads the rows after its last pending token: one after a
+    /// prompt, the block's γ + 1 in a verify pass.
+    pub rows: usize,
+}
+
+impl<'a> ForwardItem<'a> {
+    /// Every row: what [`LanguageModel::forward`] returns.
+    pub fn every_row(session: SessionId, tokens: &'a [u32]) -> Self {
+        Self { session, tokens, rows: tokens.len() }
+    }
 }
 
 /// A causal language model with per-session KV caches.
@@ -102,13 +128,21 @@ pub trait LanguageModel {
     /// On error the session keeps its previous length.
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits>;
 
+    /// [`Self::forward`], returning the logits of the last `rows` tokens only (see
+    /// [`ForwardItem::rows`]). A backend that can skips the head for the other rows: over a
+    /// prompt of n tokens and a vocabulary of V, that is n·V logits computed, converted and
+    /// copied for one row's use. The default computes every row and keeps the last.
+    fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
+        Ok(self.forward(session, tokens)?.last_rows(rows.max(1)))
+    }
+
     /// Appends each item's tokens to its session in **one** forward pass where the backend
     /// can (a ragged batch: every sequence's tokens share the projections and the MLP, each
-    /// attends to its own cache), and returns each item's logits as [`Self::forward`] would,
-    /// within floating-point tolerance. Items fail one by one: a bad item does not fail the
-    /// others. Sessions must be distinct. The default runs the items one after another.
-    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
-        items.iter().map(|(session, tokens)| self.forward(*session, tokens)).collect()
+    /// attends to its own cache), and returns each item's logits as [`Self::forward_last`]
+    /// would, within floating-point tolerance. Items fail one by one: a bad item does not fail
+    /// the others. Sessions must be distinct. The default runs the items one after another.
+    fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
+        items.iter().map(|item| self.forward_last(item.session, item.tokens, item.rows)).collect()
     }
 
     /// How many sequences shared the last forward pass this caller made (1 when forwards
@@ -177,7 +211,10 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         (**self).forward(session, tokens)
     }
-    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+    fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
+        (**self).forward_last(session, tokens, rows)
+    }
+    fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
         (**self).forward_batch(items)
     }
     fn last_batch_size(&self) -> usize {

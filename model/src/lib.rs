@@ -47,7 +47,7 @@ pub use batching::{BatchPolicy, BatchTotals};
 pub use config::{Architecture, LlamaConfig, RopeScaling};
 pub use device::{DType, DeviceSpec};
 pub use error::{ErrorClass, ModelError, Result};
-pub use language_model::{LanguageModel, Logits, ModelInfo, SessionId};
+pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
 pub use llama::LlamaModel;
 pub use load::{BoxedModel, LoadOptions, load_model};
 pub use slowed::Slowed;

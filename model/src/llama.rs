@@ -9,7 +9,7 @@ use crate::config::LlamaConfig;
 use crate::device::DType;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
-use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId, check_tokens};
+use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens};
 use crate::load::LoadOptions;
 use crate::rope::{Rope, apply_rope};
 use crate::sessions::{SessionTable, resolve_capacity};
@@ -240,9 +240,9 @@ impl LlamaModel {
     }
 
     /// One forward pass over several sessions' runs of tokens (a ragged batch): the runs are
-    /// concatenated for the embedding, the projections, the MLP and the head, and each run
-    /// attends to its own session's cache. Returns `[Σ n, vocab]` float32 logits on the
-    /// model's device, the runs' rows in order.
+    /// concatenated for the embedding, the projections and the MLP, and each run attends to
+    /// its own session's cache. The head runs on each run's last `rows` positions only.
+    /// Returns `[Σ rows, vocab]` float32 logits on the model's device, the runs' rows in order.
     fn forward_segments(&mut self, segments: &[Segment<'_>]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (heads, kv_heads, hd) =
@@ -309,16 +309,18 @@ impl LlamaModel {
             let mlp = gate.f_mul(&up)?.f_linear(&l.down, l.down_bias.as_ref())?;
             x = x.f_add(&mlp)?;
         }
+        let x = last_rows(&x, segments)?;
         let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps)?;
         let logits = x.f_linear(&self.lm_head, None::<&Tensor>)?;
         Ok(logits.f_squeeze_dim(0)?.f_to_kind(Kind::Float)?)
     }
 
     /// Checks an item of a forward pass and returns its segment (the session's length now).
-    fn segment<'a>(&self, session: SessionId, tokens: &'a [u32]) -> Result<Segment<'a>> {
+    fn segment<'a>(&self, session: SessionId, tokens: &'a [u32], rows: usize) -> Result<Segment<'a>> {
         check_tokens(tokens, self.cfg.vocab_size)?;
         self.sessions.check_room(session, tokens.len())?;
-        Ok(Segment { session, past: self.sessions.get(session)?.len, tokens })
+        let rows = rows.clamp(1, tokens.len().max(1));
+        Ok(Segment { session, past: self.sessions.get(session)?.len, tokens, rows })
     }
 
     /// Runs `segments` in one pass, then moves each session's length past its run and splits
@@ -327,7 +329,7 @@ impl LlamaModel {
         let logits = self.forward_segments(segments)?;
         let logits = logits.f_to_device(Device::Cpu)?.f_contiguous()?;
         let vocab = self.cfg.vocab_size;
-        let total: usize = segments.iter().map(|s| s.tokens.len()).sum();
+        let total: usize = segments.iter().map(|s| s.rows).sum();
         let mut data = vec![0f32; total * vocab];
         logits.f_copy_data(&mut data, total * vocab)?;
         for s in segments {
@@ -340,7 +342,7 @@ impl LlamaModel {
         let mut rest = data.as_slice();
         let mut out = Vec::with_capacity(segments.len());
         for s in segments {
-            let (mine, tail) = rest.split_at(s.tokens.len() * vocab);
+            let (mine, tail) = rest.split_at(s.rows * vocab);
             rest = tail;
             out.push(Logits::new(vocab, mine.to_vec())?);
         }
@@ -354,6 +356,23 @@ struct Segment<'a> {
     session: SessionId,
     past: usize,
     tokens: &'a [u32],
+    /// The head runs on the last `rows` tokens (1 ≤ rows ≤ tokens.len()).
+    rows: usize,
+}
+
+/// The hidden states `[1, Σ n, hidden]` of each segment's last `rows` positions, in order:
+/// the rows the head runs on.
+fn last_rows(x: &Tensor, segments: &[Segment<'_>]) -> Result<Tensor> {
+    if segments.iter().all(|s| s.rows == s.tokens.len()) {
+        return Ok(x.shallow_clone());
+    }
+    let mut parts = Vec::with_capacity(segments.len());
+    let mut end = 0i64;
+    for s in segments {
+        end += s.tokens.len() as i64;
+        parts.push(x.f_narrow(1, end - s.rows as i64, s.rows as i64)?);
+    }
+    Ok(if let [one] = parts.as_slice() { one.shallow_clone() } else { Tensor::f_cat(&parts, 1)? })
 }
 
 /// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 as in transformers.
@@ -408,20 +427,25 @@ impl LanguageModel for LlamaModel {
     }
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
-        let segment = self.segment(session, tokens)?;
+        self.forward_last(session, tokens, tokens.len())
+    }
+
+    fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
+        let segment = self.segment(session, tokens, rows)?;
         let mut logits = self.forward_and_commit(&[segment])?;
         Ok(logits.remove(0))
     }
 
-    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+    fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
         let mut results: Vec<Option<Result<Logits>>> = Vec::with_capacity(items.len());
         let mut segments = Vec::with_capacity(items.len());
         let mut slots = Vec::with_capacity(items.len());
-        for (i, &(session, tokens)) in items.iter().enumerate() {
+        for (i, item) in items.iter().enumerate() {
+            let session = item.session;
             let checked = if segments.iter().any(|s: &Segment<'_>| s.session == session) {
                 Err(ModelError::InvalidInput(format!("session {session} appears twice in one forward pass")))
             } else {
-                self.segment(session, tokens)
+                self.segment(session, item.tokens, item.rows)
             };
             match checked {
                 Ok(segment) => {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
+use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
 
 /// `inner`, with every forward pass taking `delay` longer (the model thread sleeps, as if
 /// computing).
@@ -34,8 +34,12 @@ impl<M: LanguageModel> LanguageModel for Slowed<M> {
         std::thread::sleep(self.delay);
         self.inner.forward(session, tokens)
     }
+    fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
+        std::thread::sleep(self.delay);
+        self.inner.forward_last(session, tokens, rows)
+    }
     /// One delay for the whole batch: it stands for one forward pass of a bigger model.
-    fn forward_batch(&mut self, items: &[(SessionId, &[u32])]) -> Vec<Result<Logits>> {
+    fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
         std::thread::sleep(self.delay);
         self.inner.forward_batch(items)
     }

@@ -1,7 +1,8 @@
 //! Batching across sessions: one ragged forward pass over several sessions' runs equals the
 //! runs forwarded one by one (≤ 1e-5, f32) on every fixture architecture (GQA, tied, Qwen2
-//! biases, sharded, sliding window), a bad item fails alone, and the worker gathers
-//! concurrent jobs' forwards into shared passes within its token budget.
+//! biases, sharded, sliding window), also when each run asks for its last rows only, a bad
+//! item fails alone, and the worker gathers concurrent jobs' forwards into shared passes
+//! within its token budget.
 
 mod common;
 
@@ -12,7 +13,8 @@ use anyhow::Result;
 use common::{FIXTURES, load, max_abs_diff, reference};
 use serde_json::json;
 use specd_model::{
-    BatchPolicy, LanguageModel, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, TableModel, load_model,
+    BatchPolicy, ForwardItem, LanguageModel, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, TableModel,
+    load_model,
 };
 
 const TOL: f32 = 1e-5;
@@ -22,32 +24,57 @@ const TOL: f32 = 1e-5;
 /// of `mistral_window`).
 const LAYOUT: [(usize, usize); 4] = [(6, 1), (4, 5), (0, 7), (11, 3)];
 
+/// The rows each session's run asks for in the batch that trims: its last, a verify block's
+/// γ + 1 of a longer run, a prompt's last, and every row.
+const ROWS: [usize; 4] = [1, 3, 1, 3];
+
 #[test]
 fn a_ragged_batch_equals_its_runs_forwarded_alone() -> Result<()> {
     for name in FIXTURES {
-        let tokens = reference(name)?.tokens;
-        let (mut alone, mut batched) = (load(name)?, load(name)?);
-        let mut want = Vec::new();
-        let mut sessions = Vec::new();
-        for (i, &(past, run)) in LAYOUT.iter().enumerate() {
-            // Each session gets its own slice of the reference tokens, rotated, so runs differ.
-            let seq: Vec<u32> = tokens.iter().cycle().skip(i * 3).take(past + run).copied().collect();
-            let (a, b) = (alone.open_session(None)?, batched.open_session(None)?);
-            if past > 0 {
-                alone.forward(a, &seq[..past])?;
-                batched.forward(b, &seq[..past])?;
-            }
-            want.push(alone.forward(a, &seq[past..])?.to_rows());
-            sessions.push((b, seq[past..].to_vec()));
+        for rows in [None, Some(ROWS)] {
+            check_ragged_batch(name, rows)?;
         }
-        let items: Vec<(u64, &[u32])> = sessions.iter().map(|(s, t)| (*s, t.as_slice())).collect();
-        let got = batched.forward_batch(&items);
-        for (i, (result, want)) in got.into_iter().zip(&want).enumerate() {
-            let diff = max_abs_diff(&result?.to_rows(), want);
-            assert!(diff <= TOL, "{name}: session {i} batched vs alone {diff}");
-            let (past, run) = LAYOUT[i];
-            assert_eq!(batched.session_len(sessions[i].0)?, past + run, "{name}: session {i} length");
+    }
+    Ok(())
+}
+
+/// One batch over the sessions of [`LAYOUT`], each run asking for `rows` (every row when
+/// `None`), against each run forwarded alone with every row.
+fn check_ragged_batch(name: &str, rows: Option<[usize; 4]>) -> Result<()> {
+    let tokens = reference(name)?.tokens;
+    let (mut alone, mut batched) = (load(name)?, load(name)?);
+    let mut want = Vec::new();
+    let mut sessions = Vec::new();
+    for (i, &(past, run)) in LAYOUT.iter().enumerate() {
+        // Each session gets its own slice of the reference tokens, rotated, so runs differ.
+        let seq: Vec<u32> = tokens.iter().cycle().skip(i * 3).take(past + run).copied().collect();
+        let (a, b) = (alone.open_session(None)?, batched.open_session(None)?);
+        if past > 0 {
+            alone.forward(a, &seq[..past])?;
+            batched.forward(b, &seq[..past])?;
         }
+        let every = alone.forward(a, &seq[past..])?.to_rows();
+        let keep = rows.map_or(run, |r| r[i].min(run));
+        want.push(every[run - keep..].to_vec());
+        sessions.push((b, seq[past..].to_vec()));
+    }
+    let items: Vec<ForwardItem<'_>> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, (session, run))| ForwardItem {
+            session: *session,
+            tokens: run,
+            rows: rows.map_or(run.len(), |r| r[i]),
+        })
+        .collect();
+    let got = batched.forward_batch(&items);
+    for (i, (result, want)) in got.into_iter().zip(&want).enumerate() {
+        let got = result?.to_rows();
+        assert_eq!(got.len(), want.len(), "{name} {rows:?}: session {i} rows");
+        let diff = max_abs_diff(&got, want);
+        assert!(diff <= TOL, "{name} {rows:?}: session {i} batched vs alone {diff}");
+        let (past, run) = LAYOUT[i];
+        assert_eq!(batched.session_len(sessions[i].0)?, past + run, "{name}: session {i} length");
     }
     Ok(())
 }
@@ -59,7 +86,8 @@ fn a_bad_item_fails_alone_and_a_session_may_not_appear_twice() -> Result<()> {
     let (a, b) = (m.open_session(None)?, m.open_session(None)?);
     let good = [1u32, 2, 3];
     let bad = [vocab];
-    let results = m.forward_batch(&[(a, &good), (b, &bad), (99, &good), (a, &good)]);
+    let item = ForwardItem::every_row;
+    let results = m.forward_batch(&[item(a, &good), item(b, &bad), item(99, &good), item(a, &good)]);
     assert!(results[0].is_ok());
     assert!(matches!(results[1], Err(ModelError::InvalidInput(_))), "{:?}", results[1]);
     assert!(matches!(results[2], Err(ModelError::UnknownSession(99))), "{:?}", results[2]);

@@ -1,5 +1,6 @@
 //! KV-cache consistency: incremental decoding equals a full recompute, truncate-then-redecode
-//! equals a fresh session, one forward of k tokens equals k one-token forwards (≤ 1e-5, f32).
+//! equals a fresh session, one forward of k tokens equals k one-token forwards, and a pass
+//! that returns its last rows only equals those rows of the whole pass (≤ 1e-5, f32).
 
 mod common;
 
@@ -48,6 +49,29 @@ fn one_forward_of_k_equals_k_single_forwards() -> Result<()> {
             tokens[4..10].iter().map(|t| m.forward(b, std::slice::from_ref(t))).collect::<Result<_, _>>()?;
         let diff = max_abs_diff(&block.to_rows(), &rows(&singles));
         assert!(diff <= TOL, "{name}: block vs singles {diff}");
+    }
+    Ok(())
+}
+
+/// A prompt's pass asks for its last row, a verify block for its γ + 1: the head runs on
+/// those rows only, and they equal the same rows of a pass that returns every row.
+#[test]
+fn the_last_rows_of_a_pass_equal_those_rows_of_the_whole_pass() -> Result<()> {
+    for name in FIXTURES {
+        let tokens = reference(name)?.tokens;
+        let mut m = load(name)?;
+        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+        for (run, rows) in [(0..6, 1), (6..10, 3), (10..11, 5)] {
+            let every = m.forward(a, &tokens[run.clone()])?.to_rows();
+            let last = m.forward_last(b, &tokens[run.clone()], rows)?.to_rows();
+            let want = &every[every.len() - rows.min(run.len())..];
+            assert_eq!(last.len(), want.len(), "{name} {run:?}: rows returned");
+            let diff = max_abs_diff(&last, want);
+            assert!(diff <= TOL, "{name} {run:?}: last {rows} rows vs every row {diff}");
+            assert_eq!(m.session_len(b)?, run.end, "{name}: the whole run is in the cache");
+        }
+        // Zero rows asks for nothing a node could use: it gets the last row.
+        assert_eq!(m.forward_last(b, &tokens[11..12], 0)?.rows(), 1);
     }
     Ok(())
 }

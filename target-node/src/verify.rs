@@ -53,9 +53,10 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     model.truncate(state.model_session, catch_up.keep)?;
     let mut feed = catch_up.feed;
     feed.extend_from_slice(&job.candidates);
-    let logits = model.forward(state.model_session, &feed)?;
-    let batch_size = model.last_batch_size();
     let gamma = job.candidates.len();
+    // The rows that score the block: after the last pending token and after each candidate.
+    let logits = model.forward_last(state.model_session, &feed, gamma + 1)?;
+    let batch_size = model.last_batch_size();
     let rows: Vec<&[f32]> = (logits.rows() - gamma - 1..logits.rows())
         .map(|i| logits.row(i).expect("forward returns a row per token"))
         .collect();
