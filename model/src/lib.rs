@@ -1,8 +1,8 @@
 //! `specd-model`: what the draft and target nodes run.
 //!
 //! - [`language_model`]: the [`LanguageModel`] trait (sessions, forward with logits for every
-//!   position, O(1) truncate, release) and [`ModelInfo`] (vocab size, EOS ids, context length,
-//!   tokenizer fingerprint).
+//!   position or for the last few a node reads, O(1) truncate, release) and [`ModelInfo`]
+//!   (vocab size, EOS ids, context length, tokenizer fingerprint).
 //! - [`llama`]: Llama / Mistral / Qwen2 on libtorch (`tch`), loaded from Hugging Face
 //!   checkpoints without conversion; [`config`] reads `config.json` and
 //!   `generation_config.json`; `weights` reads safetensors (single or sharded); `rope` and
