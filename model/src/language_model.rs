@@ -133,7 +133,9 @@ pub trait LanguageModel {
     /// prompt of n tokens and a vocabulary of V, that is n·V logits computed, converted and
     /// copied for one row's use. The default computes every row and keeps the last.
     fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
-        Ok(self.forward(session, tokens)?.last_rows(rows.max(1)))
+        let logits = self.forward(session, tokens)?;
+        let keep = rows_returned(rows, logits.rows());
+        Ok(logits.last_rows(keep))
     }
 
     /// Appends each item's tokens to its session in **one** forward pass where the backend
@@ -185,6 +187,12 @@ pub trait LanguageModel {
         let _ = ids;
         Err(ModelError::InvalidInput(format!("{} has no tokenizer to decode with", self.info().name)))
     }
+}
+
+/// How many rows a pass over `tokens` tokens returns when `asked` are asked for
+/// ([`ForwardItem::rows`]): at least one, at most one per token.
+pub(crate) fn rows_returned(asked: usize, tokens: usize) -> usize {
+    asked.clamp(1, tokens.max(1))
 }
 
 /// Checks token ids against the vocabulary before they reach libtorch.

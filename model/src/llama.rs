@@ -9,7 +9,7 @@ use crate::config::LlamaConfig;
 use crate::device::DType;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
-use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens};
+use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
 use crate::load::LoadOptions;
 use crate::rope::{Rope, apply_rope};
 use crate::sessions::{SessionTable, resolve_capacity};
@@ -319,7 +319,7 @@ impl LlamaModel {
     fn segment<'a>(&self, session: SessionId, tokens: &'a [u32], rows: usize) -> Result<Segment<'a>> {
         check_tokens(tokens, self.cfg.vocab_size)?;
         self.sessions.check_room(session, tokens.len())?;
-        let rows = rows.clamp(1, tokens.len().max(1));
+        let rows = rows_returned(rows, tokens.len());
         Ok(Segment { session, past: self.sessions.get(session)?.len, tokens, rows })
     }
 
