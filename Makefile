@@ -64,9 +64,12 @@ pydeps: $(PY_STAMP)
 build: torch
 	$(CARGO) build --release --locked -p specd
 
+# clippy in the release profile: its build scripts and proc macros (torch-sys compiles
+# libtorch's C++ bindings, about 2 minutes here) are then the ones `make test` builds with,
+# not a second, debug set.
 lint: torch
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy --release --workspace --all-targets --locked -- -D warnings
 
 # Release: the whole-system law tests draw 200 000 generations per check through gRPC.
 test: lint pydeps

@@ -206,7 +206,7 @@ async fn lookahead_reusing_the_acceptance_draws_is_caught() {
 /// for each of `SPECD_MEASURE_SEEDS` seeds, default 8), and a round trip of
 /// `SPECD_MEASURE_RTT_MS` (default 0) between coordinator and draft. The delays are sleeps,
 /// so the figures hold on a loaded machine better than model runs do. Run with
-/// `cargo test --release -p specd-e2e --test optimistic -- --ignored --nocapture measure`.
+/// `cargo test --release -p specd-e2e --test cluster -- --ignored --nocapture optimistic::measure`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a test"]
 async fn measure_optimistic_drafting_on_loopback() {
