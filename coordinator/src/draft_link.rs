@@ -76,17 +76,9 @@ impl DraftLink {
     /// Starts opening the draft's session and round stream in the background; a draft that
     /// fails to open is only logged.
     pub fn start(client: DraftClient, template: OpenSessionRequest) -> Self {
-        let mut link = Self {
-            client,
-            template,
-            state: State::Down { retry_at: Instant::now(), wait: FIRST_RETRY / 2 },
-            opened: Vec::new(),
-            was_up: false,
-            fallbacks: 0,
-        };
-        let (session_id, prompt) = (link.template.session_id.clone(), link.template.prompt_token_ids.clone());
-        link.open_in_background(session_id, prompt, FIRST_RETRY / 2);
-        link
+        let (session_id, prompt) = (template.session_id.clone(), template.prompt_token_ids.clone());
+        let state = open_in_background(&client, &template, session_id.clone(), prompt, FIRST_RETRY / 2);
+        Self { client, template, state, opened: vec![session_id], was_up: false, fallbacks: 0 }
     }
 
     /// Waits for a draft session being opened, at most `grace` (`None`: until it is open or
@@ -153,38 +145,10 @@ impl DraftLink {
             return;
         }
         let session_id = format!("{}.{}", self.template.session_id, self.opened.len());
-        self.open_in_background(session_id, committed.to_vec(), wait);
-    }
-
-    fn open_in_background(&mut self, session_id: String, prompt: Vec<u32>, wait: Duration) {
-        let request =
-            OpenSessionRequest { session_id: session_id.clone(), prompt_token_ids: prompt, ..self.template.clone() };
         // Registered before the call: a session the node opened just as the call timed out
         // is released with the rest.
         self.opened.push(session_id.clone());
-        let client = self.client.clone();
-        let (send, opened) = oneshot::channel();
-        let open = async move {
-            let valid = request.prompt_token_ids.len();
-            let result = async {
-                client.open_session(request).await?;
-                let rounds = client.open_rounds().await?;
-                Ok(DraftSession {
-                    session_id,
-                    rounds,
-                    cursor: Cursor { valid, pending: Vec::new() },
-                    drafting_ahead: false,
-                    pushed: VecDeque::new(),
-                    unanswered: VecDeque::new(),
-                    cache_filled: false,
-                })
-            };
-            // A link dropped meanwhile releases the session once this has ended.
-            let _ = send.send(result.await);
-        };
-        // Still the generation's span: the calls belong to its trace.
-        tokio::spawn(open.instrument(tracing::Span::current()));
-        self.state = State::Opening { opened, pending: Vec::new(), wait };
+        self.state = open_in_background(&self.client, &self.template, session_id, committed.to_vec(), wait);
     }
 
     fn settle_if_done(&mut self) {
@@ -291,4 +255,40 @@ impl Drop for DraftLink {
         // Still the generation's span: the releases belong to its trace.
         runtime.spawn(releases.instrument(tracing::Span::current()));
     }
+}
+
+/// Starts opening draft session `session_id` holding `prompt` in the background, with the
+/// template's sampling and seed: the state of a link while it opens. `wait`: the wait before
+/// this try. The caller registers `session_id` for release.
+fn open_in_background(
+    client: &DraftClient,
+    template: &OpenSessionRequest,
+    session_id: String,
+    prompt: Vec<u32>,
+    wait: Duration,
+) -> State {
+    let request = OpenSessionRequest { session_id: session_id.clone(), prompt_token_ids: prompt, ..template.clone() };
+    let client = client.clone();
+    let (send, opened) = oneshot::channel();
+    let open = async move {
+        let valid = request.prompt_token_ids.len();
+        let result = async {
+            client.open_session(request).await?;
+            let rounds = client.open_rounds().await?;
+            Ok(DraftSession {
+                session_id,
+                rounds,
+                cursor: Cursor { valid, pending: Vec::new() },
+                drafting_ahead: false,
+                pushed: VecDeque::new(),
+                unanswered: VecDeque::new(),
+                cache_filled: false,
+            })
+        };
+        // A link dropped meanwhile releases the session once this has ended.
+        let _ = send.send(result.await);
+    };
+    // Still the generation's span: the calls belong to its trace.
+    tokio::spawn(open.instrument(tracing::Span::current()));
+    State::Opening { opened, pending: Vec::new(), wait }
 }

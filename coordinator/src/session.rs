@@ -217,6 +217,13 @@ impl Stats {
 }
 
 impl SessionActor {
+    /// The mode the governor has set for the sessions at load level `level` (the settings
+    /// key at `running` sessions), or `None` where a session decides alone: it runs alone,
+    /// or its γ is fixed (`adaptive` false).
+    fn governed_mode(&self, adaptive: bool, running: usize, level: &str) -> Option<LoadMode> {
+        (adaptive && running > 1).then(|| self.policy_memory.load_mode(level))
+    }
+
     /// Runs the generation to its end, streaming into `out`. Stops early, releasing
     /// everything, when the receiver of `out` is dropped (client cancel). A generation that
     /// finished returns the releases it still owes the nodes: the caller runs them once it
@@ -302,7 +309,7 @@ impl SessionActor {
         if let Some(link) = draft_link.as_mut() {
             // A fixed γ asked for every round to draft; the adaptive policy weighs waiting,
             // and a load level whose sessions decode plainly has nothing to wait for.
-            let governed_plain = running > 1 && self.policy_memory.load_mode(&settings) == LoadMode::Plain;
+            let governed_plain = self.governed_mode(adaptive.is_some(), running, &settings) == Some(LoadMode::Plain);
             let grace = match &adaptive {
                 Some(_) if governed_plain => Some(Duration::ZERO),
                 Some(policy) => policy.draft_open_grace(),
@@ -316,7 +323,7 @@ impl SessionActor {
         let mut stats = Stats::default();
         let mut text = spec.detokenize.then(|| TextOutput::new(spec.stop_strings.clone()));
         let mut round = 0u32;
-        // The load level this session last ran at above one, and its memory key.
+        // The load level this session last ran at, and its memory key.
         let mut level_key = (u32::MAX, String::new());
         // Whether the next round's target pass also fills the cache with everything committed
         // (the first round, and the first on a replica failed over to).
@@ -329,13 +336,12 @@ impl SessionActor {
             // plain is not the session's policy's: the policy neither advances (an explorer
             // keeps its measuring rounds for a period that drafts) nor learns from it.
             let running = self.running.get();
-            let loaded = adaptive.is_some() && running > 1;
-            if loaded && level_key.0 != load_level(running) {
+            if level_key.0 != load_level(running) {
                 // The key is formatted only when the level changes, not every round.
                 level_key = (load_level(running), settings_at(running));
             }
-            let loaded_level = loaded.then_some(level_key.1.as_str());
-            let load_mode = loaded_level.map(|level| self.policy_memory.load_mode(level));
+            let load_mode = self.governed_mode(adaptive.is_some(), running, &level_key.1);
+            let loaded_level = load_mode.map(|_| level_key.1.as_str());
             let governed_plain = load_mode == Some(LoadMode::Plain);
             // A round commits up to γ+1 tokens: never draft past what is still wanted.
             let wanted = match (&mut adaptive, spec.gamma) {
