@@ -3,6 +3,8 @@
 //! `dense`: the coordinator's rule on full distributions. `sparse`: the coordinator's rule on
 //! the sparse wire format with K = 64 (what runs every round). `target_pieces` and
 //! `draft_truncate` are the work the sparse format moves onto the nodes, for context.
+//! `effective_t0.8`: one row of logits to its distribution at T = 0.8, which each node does
+//! for every position it scores (the demo's V = 4 096 too).
 
 use std::hint::black_box;
 
@@ -65,5 +67,15 @@ fn bench_round(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_round);
+fn bench_effective(c: &mut Criterion) {
+    let params = SamplingParams { temperature: 0.8, ..SamplingParams::default() };
+    for v in [4_096usize, 32_000, 128_256] {
+        let row = logits(v, 100, 0.5);
+        c.bench_function(&format!("effective_t0.8_v{v}"), |b| {
+            b.iter(|| black_box(effective_distribution(&row, &params, TokenHistory::default()).unwrap()));
+        });
+    }
+}
+
+criterion_group!(benches, bench_round, bench_effective);
 criterion_main!(benches);

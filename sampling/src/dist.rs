@@ -35,6 +35,19 @@ impl DenseDist {
         Ok(Self::renormalised(weights, sum))
     }
 
+    /// [`DenseDist::from_weights`] for weights made finite and non-negative by construction,
+    /// with their sum taken in index order as they were made: the same numbers without a
+    /// second pass over them.
+    pub(crate) fn from_summed_weights(weights: Vec<f64>, sum: f64) -> Result<Self> {
+        if weights.is_empty() {
+            return Err(SamplingError::EmptyDistribution);
+        }
+        if !(sum > 0.0 && sum.is_finite()) {
+            return Err(SamplingError::NotNormalised { sum, tolerance: NORMALISATION_TOLERANCE });
+        }
+        Ok(Self::renormalised(weights, sum))
+    }
+
     /// The degenerate distribution on `token`: greedy decoding.
     pub fn one_hot(vocab_size: usize, token: u32) -> Result<Self> {
         check_token(token, vocab_size)?;

@@ -21,27 +21,45 @@ pub struct TokenHistory<'a> {
 /// `-inf` (a masked token) but not NaN or `+inf`. Temperature 0 is the one-hot distribution
 /// on the argmax of the penalised logits, ties to the lowest id.
 pub fn effective_distribution(logits: &[f32], params: &SamplingParams, history: TokenHistory<'_>) -> Result<DenseDist> {
-    let vocab_size = logits.len();
-    if vocab_size == 0 {
+    if logits.is_empty() {
         return Err(SamplingError::EmptyDistribution);
     }
-    let mut scores = Vec::with_capacity(vocab_size);
-    for (index, &value) in logits.iter().enumerate() {
-        if value.is_nan() || value == f32::INFINITY {
-            return Err(SamplingError::NonFiniteLogit { index, value });
-        }
-        scores.push(f64::from(value));
-    }
+    check_logits(logits)?;
     if params.has_penalties() {
+        let mut scores: Vec<f64> = logits.iter().map(|&l| f64::from(l)).collect();
         apply_penalties(&mut scores, params, history)?;
+        distribution_of_scores(&scores, params)
+    } else {
+        // Without penalties the scores are the logits: f64::from is exact and monotonic, so
+        // reading them in place gives the same numbers without a copy of the row (1 MB at a
+        // vocabulary of 128 000).
+        distribution_of_scores(logits, params)
     }
-    let best = argmax(&scores).ok_or(SamplingError::NoFiniteLogit)?;
+}
+
+/// Temperature, top-k, top-p and min-p on `scores` (the logits, penalised or not).
+fn distribution_of_scores<S: Copy + Into<f64>>(scores: &[S], params: &SamplingParams) -> Result<DenseDist> {
+    let vocab_size = scores.len();
+    let best = argmax(scores).ok_or(SamplingError::NoFiniteLogit)?;
     if params.is_greedy() {
         return DenseDist::one_hot(vocab_size, best);
     }
-    let max = scores[best as usize];
+    let max: f64 = scores[best as usize].into();
     let inv_t = 1.0 / params.temperature;
-    let mut probs: Vec<f64> = scores.iter().map(|&s| ((s - max) * inv_t).exp()).collect();
+    let mut probs = Vec::with_capacity(vocab_size);
+    let mut sum = 0.0;
+    for &s in scores {
+        let p = ((s.into() - max) * inv_t).exp();
+        sum += p;
+        probs.push(p);
+    }
+    let truncated =
+        (params.top_k > 0 && (params.top_k as usize) < vocab_size) || params.top_p < 1.0 || params.min_p > 0.0;
+    if !truncated {
+        // exp of a number ≤ 0 (or -inf): finite and non-negative, so the sum just taken is
+        // the one `from_weights` would take.
+        return DenseDist::from_summed_weights(probs, sum);
+    }
     if params.top_k > 0 && (params.top_k as usize) < vocab_size {
         keep_top_k(&mut probs, params.top_k as usize);
     }
@@ -54,6 +72,17 @@ pub fn effective_distribution(logits: &[f32], params: &SamplingParams, history: 
         probs.iter_mut().filter(|p| **p < floor).for_each(|p| *p = 0.0);
     }
     DenseDist::from_weights(probs)
+}
+
+/// Logits may be `-inf` (a masked token) but not NaN or `+inf`.
+fn check_logits(logits: &[f32]) -> Result<()> {
+    // One branch-free pass over the row; the index is looked for only when something is wrong.
+    let bad = |value: f32| value.is_nan() || value == f32::INFINITY;
+    if !logits.iter().fold(false, |any, &value| any | bad(value)) {
+        return Ok(());
+    }
+    let index = logits.iter().position(|&value| bad(value)).unwrap_or_default();
+    Err(SamplingError::NonFiniteLogit { index, value: logits[index] })
 }
 
 /// Effective distributions for a block: row i of `rows` scores the token after
@@ -109,18 +138,15 @@ fn apply_penalties(scores: &mut [f64], params: &SamplingParams, history: TokenHi
     Ok(())
 }
 
-/// Index of the largest finite-or-not score, ties to the lowest id; None when all are -inf.
-fn argmax(scores: &[f64]) -> Option<u32> {
-    let mut best: Option<(usize, f64)> = None;
-    for (i, &s) in scores.iter().enumerate() {
-        if s == f64::NEG_INFINITY {
-            continue;
-        }
-        if best.is_none_or(|(_, b)| s > b) {
-            best = Some((i, s));
-        }
+/// Index of the largest score, ties to the lowest id; None when all are -inf. Scores are
+/// never NaN (the logits are checked, and penalties keep them numbers).
+fn argmax<S: Copy + Into<f64>>(scores: &[S]) -> Option<u32> {
+    // The maximum in one pass the compiler can vectorise, then its first position.
+    let max = scores.iter().fold(f64::NEG_INFINITY, |max, &s| max.max(s.into()));
+    if max == f64::NEG_INFINITY {
+        return None;
     }
-    best.map(|(i, _)| i as u32)
+    scores.iter().position(|&s| s.into() == max).map(|i| i as u32)
 }
 
 fn by_prob_desc_then_id(probs: &[f64]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
@@ -218,6 +244,40 @@ mod tests {
         assert_eq!(out.probs(), &[1.0, 0.0, 0.0], "presence ignores the prompt");
         let out = effective_distribution(&l, &pres, TokenHistory { prompt: &[], generated: &[0] }).unwrap();
         assert_eq!(out.probs(), &[0.0, 0.0, 1.0], "2.0 - 1.6 = 0.4 < 0.5");
+    }
+
+    #[test]
+    fn logits_read_in_place_give_what_penalised_scores_give() {
+        // A presence penalty with nothing generated changes no score but takes the penalised
+        // path, which copies the logits to f64 first: the two paths must agree bit for bit,
+        // ties, masked tokens and every truncation included.
+        let row: Vec<f32> = (0..257u32)
+            .map(|i| match i % 17 {
+                0 => f32::NEG_INFINITY,
+                5 => 2.5, // ties for the maximum
+                k => (k as f32 * 0.37).sin() * 3.0,
+            })
+            .collect();
+        for (temperature, top_k, top_p, min_p) in [(1.0, 0, 1.0, 0.0), (0.7, 40, 0.9, 0.05), (0.0, 0, 1.0, 0.0)] {
+            let plain = SamplingParams { temperature, top_k, top_p, min_p, ..Default::default() };
+            let penalised = SamplingParams { presence_penalty: 0.5, ..plain };
+            assert!(!plain.has_penalties() && penalised.has_penalties());
+            let history = TokenHistory { prompt: &[3, 4], generated: &[] };
+            assert_eq!(
+                effective_distribution(&row, &plain, history).unwrap(),
+                effective_distribution(&row, &penalised, history).unwrap(),
+                "T = {temperature}, top-k {top_k}, top-p {top_p}, min-p {min_p}"
+            );
+        }
+        // Untruncated, the weights are summed as they are made: the same distribution as the
+        // validated constructor gives from the same weights.
+        let max = row.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
+        let weights = row.iter().map(|&l| ((f64::from(l) - max) * (1.0 / 0.7)).exp()).collect();
+        let params = SamplingParams { temperature: 0.7, ..Default::default() };
+        assert_eq!(
+            effective_distribution(&row, &params, TokenHistory::default()).unwrap(),
+            DenseDist::from_weights(weights).unwrap()
+        );
     }
 
     #[test]
