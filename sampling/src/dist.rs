@@ -1,5 +1,8 @@
 //! Dense and sparse next-token distributions, and the draft's truncation to a sparse q.
 
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
 use crate::error::{Result, SamplingError};
 use crate::kernels::{overlap_and_excess, sample_index};
 
@@ -86,14 +89,7 @@ impl DenseDist {
     /// The smallest set of tokens holding at least `1 - truncation.epsilon` of the mass, at
     /// most `truncation.max_entries` of them, renormalised: the q the draft samples from.
     pub fn truncate(&self, truncation: Truncation) -> SparseDist {
-        let mut order: Vec<u32> = (0..self.probs.len() as u32).filter(|&t| self.probs[t as usize] > 0.0).collect();
-        let by_mass_then_id =
-            |a: &u32, b: &u32| self.probs[*b as usize].total_cmp(&self.probs[*a as usize]).then(a.cmp(b));
-        if order.len() > truncation.max_entries {
-            order.select_nth_unstable_by(truncation.max_entries - 1, by_mass_then_id);
-            order.truncate(truncation.max_entries);
-        }
-        order.sort_unstable_by(by_mass_then_id);
+        let mut order = most_probable(&self.probs, truncation.max_entries);
         let target_mass = 1.0 - truncation.epsilon;
         let mut kept = 0.0;
         let mut len = 0;
@@ -243,6 +239,59 @@ pub(crate) fn sample_weights(weights: impl Iterator<Item = (u32, f64)>, total: f
     last_positive
 }
 
+/// The (at most) `k` tokens of positive mass with the most of it, most first, ties to the
+/// lower id.
+fn most_probable(probs: &[f64], k: usize) -> Vec<u32> {
+    /// A token ordered by how far up the list it goes: more mass, then the lower id.
+    #[derive(Debug, Clone, Copy)]
+    struct Ranked {
+        mass: f64,
+        token: u32,
+    }
+    impl Ord for Ranked {
+        fn cmp(&self, other: &Self) -> Ordering {
+            self.mass.total_cmp(&other.mass).then(other.token.cmp(&self.token))
+        }
+    }
+    impl PartialOrd for Ranked {
+        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl PartialEq for Ranked {
+        fn eq(&self, other: &Self) -> bool {
+            self.cmp(other) == Ordering::Equal
+        }
+    }
+    impl Eq for Ranked {}
+
+    if k == 0 {
+        return Vec::new();
+    }
+    // One pass keeping the best k so far, the worst of them on top of a min-heap. Once k are
+    // kept, a token must carry more than that worst one's mass: the same mass loses on its
+    // higher id. Most tokens of a large vocabulary are dismissed by that one comparison.
+    let mut kept: BinaryHeap<Reverse<Ranked>> = BinaryHeap::with_capacity(k.min(probs.len()));
+    let mut entry_mass = 0.0;
+    for (token, &mass) in probs.iter().enumerate() {
+        if mass <= entry_mass {
+            continue;
+        }
+        let candidate = Reverse(Ranked { mass, token: token as u32 });
+        if kept.len() < k {
+            kept.push(candidate);
+        } else if let Some(mut worst) = kept.peek_mut() {
+            *worst = candidate;
+        }
+        if kept.len() == k {
+            entry_mass = kept.peek().map_or(0.0, |worst| worst.0.mass);
+        }
+    }
+    let mut best: Vec<Ranked> = kept.into_iter().map(|Reverse(r)| r).collect();
+    best.sort_unstable_by(|a, b| b.cmp(a));
+    best.into_iter().map(|r| r.token).collect()
+}
+
 fn checked_sum(probs: &[f64]) -> Result<f64> {
     if probs.is_empty() {
         return Err(SamplingError::EmptyDistribution);
@@ -276,6 +325,27 @@ mod tests {
         ));
         assert!(matches!(DenseDist::new(vec![1.5, -0.5]), Err(SamplingError::InvalidProbability { index: 1, .. })));
         assert_eq!(DenseDist::new(vec![]), Err(SamplingError::EmptyDistribution));
+    }
+
+    #[test]
+    fn the_most_probable_tokens_are_those_a_full_sort_puts_first() {
+        // Masses from a small set, so that ties (broken by the lower id) and zeros are common.
+        let levels = [0.0, 0.0, 1.0, 2.0, 2.0, 3.0, 5.0, 8.0];
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for vocab in [1usize, 2, 7, 64, 300] {
+            let masses: Vec<f64> = (0..vocab)
+                .map(|_| {
+                    state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    levels[(state >> 61) as usize]
+                })
+                .collect();
+            let mut sorted: Vec<u32> = (0..vocab as u32).filter(|&t| masses[t as usize] > 0.0).collect();
+            sorted.sort_by(|a, b| masses[*b as usize].total_cmp(&masses[*a as usize]).then(a.cmp(b)));
+            for k in [1, 2, 5, 63, 64, vocab, vocab + 3] {
+                let expected: Vec<u32> = sorted.iter().copied().take(k).collect();
+                assert_eq!(most_probable(&masses, k), expected, "vocab {vocab}, k {k}, masses {masses:?}");
+            }
+        }
     }
 
     #[test]
