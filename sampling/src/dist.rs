@@ -265,6 +265,7 @@ fn most_probable(probs: &[f64], k: usize) -> Vec<u32> {
     }
     impl Eq for Ranked {}
 
+    debug_assert!(k > 0, "a truncation keeps at least one token (Truncation::new refuses 0)");
     if k == 0 {
         return Vec::new();
     }

@@ -55,9 +55,10 @@ fn distribution_of_scores<S: Copy + Into<f64>>(scores: &[S], params: &SamplingPa
     }
     let truncated =
         (params.top_k > 0 && (params.top_k as usize) < vocab_size) || params.top_p < 1.0 || params.min_p > 0.0;
-    if !truncated {
-        // exp of a number ≤ 0 (or -inf): finite and non-negative, so the sum just taken is
-        // the one `from_weights` would take.
+    if !truncated && sum.is_finite() {
+        // Each weight is exp of a number ≤ 0 (or of -inf): the sum just taken is the one
+        // `from_weights` would take. Not so when a penalty pushed a score to +inf (a
+        // repetition penalty near 0): `from_weights` below then says which weight is NaN.
         return DenseDist::from_summed_weights(probs, sum);
     }
     if params.top_k > 0 && (params.top_k as usize) < vocab_size {
@@ -139,7 +140,7 @@ fn apply_penalties(scores: &mut [f64], params: &SamplingParams, history: TokenHi
 }
 
 /// Index of the largest score, ties to the lowest id; None when all are -inf. Scores are
-/// never NaN (the logits are checked, and penalties keep them numbers).
+/// never NaN: the logits are checked, and validated penalties keep them numbers.
 fn argmax<S: Copy + Into<f64>>(scores: &[S]) -> Option<u32> {
     // The maximum in one pass the compiler can vectorise, then its first position.
     let max = scores.iter().fold(f64::NEG_INFINITY, |max, &s| max.max(s.into()));
@@ -278,6 +279,16 @@ mod tests {
             effective_distribution(&row, &params, TokenHistory::default()).unwrap(),
             DenseDist::from_weights(weights).unwrap()
         );
+    }
+
+    #[test]
+    fn a_score_a_penalty_made_infinite_is_refused_as_before() {
+        // 1.0 / 1e-310 overflows to +inf and exp(inf - inf) is NaN: the untruncated path does
+        // not take its own sum then, and the validating constructor names the weight.
+        let params = SamplingParams { repetition_penalty: 1e-310, ..Default::default() };
+        let history = TokenHistory { prompt: &[0], generated: &[] };
+        let result = effective_distribution(&[1.0, 0.5], &params, history);
+        assert!(matches!(result, Err(SamplingError::InvalidProbability { index: 0, .. })), "{result:?}");
     }
 
     #[test]

@@ -6,13 +6,11 @@
 //! - [`law_through_cluster`]: the output law through three gRPC servers, χ² against the
 //!   exact target law;
 //! - [`optimistic`]: optimistic drafting, same outputs and the same law;
-//! - [`greedy_hf`]: greedy identity on Hugging Face checkpoints;
-//! - [`metrics`]: `GET /metrics` agrees with a generation's own stats.
+//! - [`greedy_hf`]: greedy identity on Hugging Face checkpoints.
 //!
-//! `service.rs` and `discovery.rs` stay binaries of their own: they assert latencies, which
-//! a law check running beside them would disturb.
+//! `service.rs`, `discovery.rs` and `metrics.rs` stay binaries of their own: they assert
+//! deadlines, which a law check running beside them could make them miss.
 
 mod greedy_hf;
 mod law_through_cluster;
-mod metrics;
 mod optimistic;

@@ -9,6 +9,7 @@
 //! N is `SPECD_LAW_SAMPLES` (default 200 000).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
@@ -56,7 +57,11 @@ async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool,
 
 /// [`law_check`], and the target's mean batch size over the verify passes.
 async fn law_check_batched(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> (f64, u64, f64) {
-    let dir = scratch_dir(&format!("law-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
+    // A directory of its own: checks with the same settings run at once, and each empties
+    // its directory as it starts.
+    static CHECKS: AtomicUsize = AtomicUsize::new(0);
+    let check = CHECKS.fetch_add(1, Ordering::Relaxed);
+    let dir = scratch_dir(&format!("law-{check}-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
     let (target_table, draft_table) = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
