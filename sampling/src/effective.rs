@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use crate::dist::{DenseDist, check_token};
 use crate::error::{Result, SamplingError};
+use crate::kernels::{exp_nonpositive, lane_sum};
 use crate::params::SamplingParams;
 
 /// The tokens the penalties look at: the prompt, and everything generated before the
@@ -46,19 +47,15 @@ fn distribution_of_scores<S: Copy + Into<f64>>(scores: &[S], params: &SamplingPa
     }
     let max: f64 = scores[best as usize].into();
     let inv_t = 1.0 / params.temperature;
-    let mut probs = Vec::with_capacity(vocab_size);
-    let mut sum = 0.0;
-    for &s in scores {
-        let p = ((s.into() - max) * inv_t).exp();
-        sum += p;
-        probs.push(p);
-    }
+    // Every score is at most the maximum, so each weight is e^x for an x ≤ 0.
+    let mut probs: Vec<f64> = scores.iter().map(|&s| exp_nonpositive((s.into() - max) * inv_t)).collect();
     let truncated =
         (params.top_k > 0 && (params.top_k as usize) < vocab_size) || params.top_p < 1.0 || params.min_p > 0.0;
-    if !truncated && sum.is_finite() {
-        // Each weight is exp of a number ≤ 0 (or of -inf): the sum just taken is the one
-        // `from_weights` would take. Not so when a penalty pushed a score to +inf (a
-        // repetition penalty near 0): `from_weights` below then says which weight is NaN.
+    let sum = if truncated { f64::NAN } else { lane_sum(0..probs.len(), |i| probs[i]) };
+    if sum.is_finite() {
+        // Weights of e^x are finite and non-negative: nothing for `from_weights` to check.
+        // Not so when a penalty pushed a score to +inf (a repetition penalty near 0) and a
+        // weight is NaN: `from_weights` below then says which.
         return DenseDist::from_summed_weights(probs, sum);
     }
     if params.top_k > 0 && (params.top_k as usize) < vocab_size {
@@ -270,15 +267,17 @@ mod tests {
                 "T = {temperature}, top-k {top_k}, top-p {top_p}, min-p {min_p}"
             );
         }
-        // Untruncated, the weights are summed as they are made: the same distribution as the
-        // validated constructor gives from the same weights.
+        // Untruncated, the weights are summed without the validating constructor: the same
+        // distribution as it gives from libm's e^x, to a few ulp.
         let max = row.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
         let weights = row.iter().map(|&l| ((f64::from(l) - max) * (1.0 / 0.7)).exp()).collect();
+        let reference = DenseDist::from_weights(weights).unwrap();
         let params = SamplingParams { temperature: 0.7, ..Default::default() };
-        assert_eq!(
-            effective_distribution(&row, &params, TokenHistory::default()).unwrap(),
-            DenseDist::from_weights(weights).unwrap()
-        );
+        let dist = effective_distribution(&row, &params, TokenHistory::default()).unwrap();
+        for (token, (&a, &b)) in dist.probs().iter().zip(reference.probs()).enumerate() {
+            assert!((a - b).abs() <= 1e-15 * b, "token {token}: {a} against {b}");
+            assert_eq!(a == 0.0, b == 0.0, "token {token}: the support differs");
+        }
     }
 
     #[test]

