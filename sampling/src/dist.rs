@@ -38,9 +38,8 @@ impl DenseDist {
         Ok(Self::renormalised(weights, sum))
     }
 
-    /// [`DenseDist::from_weights`] for weights made finite and non-negative by construction,
-    /// with their sum taken in index order as they were made: the same numbers without a
-    /// second pass over them.
+    /// [`DenseDist::from_weights`] for weights that are finite and non-negative by
+    /// construction, with their sum taken by the caller: no validating pass over them.
     pub(crate) fn from_summed_weights(weights: Vec<f64>, sum: f64) -> Result<Self> {
         if weights.is_empty() {
             return Err(SamplingError::EmptyDistribution);

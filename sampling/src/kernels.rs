@@ -90,7 +90,7 @@ pub(crate) fn sample_index(n: usize, weight: impl Fn(usize) -> f64, total: f64, 
 }
 
 /// e^x for x ≤ 0 (or -inf), within 1 ulp of libm's `exp` (a test checks 2 million points),
-/// 0 below -708 (where libm's results are at most 3e-308), NaN for NaN. Inlined, with no
+/// 0 below -708 (where libm's results are below 3.4e-308), NaN for NaN. Inlined, with no
 /// branch and no call, it takes about 2.3 ns here against 3.5 ns for a call to libm's
 /// `exp`, which was most of the time a row of logits takes to become a distribution.
 #[inline]
@@ -125,7 +125,7 @@ pub(crate) fn exp_nonpositive(x: f64) -> f64 {
         1.0,
     ];
     let p = COEFFICIENTS[1..].iter().fold(COEFFICIENTS[0], |p, &c| p * r + c);
-    // 2^k from its exponent bits: k is in -1022..=0 here.
+    // 2^k from its exponent bits: k is in -1021..=0 here, so 2^k is a normal number.
     let k_bits = (shifted.to_bits() as i64).wrapping_sub(ROUND.to_bits() as i64);
     let scale = f64::from_bits(((k_bits + 1023) as u64) << 52);
     let e = p * scale;
@@ -141,14 +141,15 @@ mod tests {
         // A dense grid over [-708, 0], the numbers near 0 where r is tiny, and the ends.
         let grid = (0..=2_000_000).map(|i| -708.0 * f64::from(i) / 2_000_000.0);
         let near_zero = (1..200).map(|i| -(0.5f64.powi(i)));
-        let mut worst = 0.0f64;
+        let mut worst = 0u64;
         for x in grid.chain(near_zero).chain([-0.0, -1e-300, -0.346_573_590_279_972_6, -0.346_573_590_279_973]) {
             let (got, want) = (exp_nonpositive(x), x.exp());
-            let ulps = (got - want).abs() / (want * f64::EPSILON);
+            // Apart in representable numbers: both are positive, so their bits order them.
+            let ulps = (got.to_bits() as i64 - want.to_bits() as i64).unsigned_abs();
             worst = worst.max(ulps);
-            assert!(ulps <= 1.0, "e^{x}: {got} against libm's {want} ({ulps} ulp)");
+            assert!(ulps <= 1, "e^{x}: {got} against libm's {want} ({ulps} ulp)");
         }
-        assert!(worst > 0.0, "not a single difference from libm: the test would not see one");
+        assert!(worst > 0, "not a single difference from libm: the test would not see one");
         assert_eq!(exp_nonpositive(0.0), 1.0);
         assert_eq!(exp_nonpositive(-0.0), 1.0);
         for x in [-708.01, -709.0, -745.2, -1e300, f64::NEG_INFINITY] {
