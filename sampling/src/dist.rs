@@ -1,6 +1,6 @@
 //! Dense and sparse next-token distributions, and the draft's truncation to a sparse q.
 
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::error::{Result, SamplingError};
@@ -241,55 +241,32 @@ pub(crate) fn sample_weights(weights: impl Iterator<Item = (u32, f64)>, total: f
 /// The (at most) `k` tokens of positive mass with the most of it, most first, ties to the
 /// lower id.
 fn most_probable(probs: &[f64], k: usize) -> Vec<u32> {
-    /// A token ordered by how far up the list it goes: more mass, then the lower id.
-    #[derive(Debug, Clone, Copy)]
-    struct Ranked {
-        mass: f64,
-        token: u32,
-    }
-    impl Ord for Ranked {
-        fn cmp(&self, other: &Self) -> Ordering {
-            self.mass.total_cmp(&other.mass).then(other.token.cmp(&self.token))
-        }
-    }
-    impl PartialOrd for Ranked {
-        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-            Some(self.cmp(other))
-        }
-    }
-    impl PartialEq for Ranked {
-        fn eq(&self, other: &Self) -> bool {
-            self.cmp(other) == Ordering::Equal
-        }
-    }
-    impl Eq for Ranked {}
-
     debug_assert!(k > 0, "a truncation keeps at least one token (Truncation::new refuses 0)");
     if k == 0 {
         return Vec::new();
     }
+    // A token's rank: more mass first, then the lower id. Positive f64s order as their bits.
+    let rank = |token: usize, mass: f64| (mass.to_bits(), Reverse(token as u32));
     // One pass keeping the best k so far, the worst of them on top of a min-heap. Once k are
     // kept, a token must carry more than that worst one's mass: the same mass loses on its
     // higher id. Most tokens of a large vocabulary are dismissed by that one comparison.
-    let mut kept: BinaryHeap<Reverse<Ranked>> = BinaryHeap::with_capacity(k.min(probs.len()));
+    let mut kept = BinaryHeap::with_capacity(k.min(probs.len()));
     let mut entry_mass = 0.0;
     for (token, &mass) in probs.iter().enumerate() {
         if mass <= entry_mass {
             continue;
         }
-        let candidate = Reverse(Ranked { mass, token: token as u32 });
         if kept.len() < k {
-            kept.push(candidate);
+            kept.push(Reverse(rank(token, mass)));
         } else if let Some(mut worst) = kept.peek_mut() {
-            *worst = candidate;
+            *worst = Reverse(rank(token, mass));
         }
         if kept.len() == k {
-            entry_mass = kept.peek().map_or(0.0, |worst| worst.0.mass);
+            entry_mass = kept.peek().map_or(0.0, |Reverse((bits, _))| f64::from_bits(*bits));
         }
     }
-    let mut best: Vec<Ranked> = kept.into_iter().map(|Reverse(r)| r).collect();
-    best.sort_unstable_by(|a, b| b.cmp(a));
-    best.into_iter().map(|r| r.token).collect()
+    // Ascending order of `Reverse(rank)` is best first.
+    kept.into_sorted_vec().into_iter().map(|Reverse((_, Reverse(token)))| token).collect()
 }
 
 fn checked_sum(probs: &[f64]) -> Result<f64> {

@@ -49,16 +49,17 @@ fn distribution_of_scores<S: Copy + Into<f64>>(scores: &[S], params: &SamplingPa
     let inv_t = 1.0 / params.temperature;
     // Every score is at most the maximum, so each weight is e^x for an x ≤ 0.
     let mut probs: Vec<f64> = scores.iter().map(|&s| exp_nonpositive((s.into() - max) * inv_t)).collect();
-    let truncated =
-        (params.top_k > 0 && (params.top_k as usize) < vocab_size) || params.top_p < 1.0 || params.min_p > 0.0;
-    let sum = if truncated { f64::NAN } else { lane_sum(0..probs.len(), |i| probs[i]) };
-    if sum.is_finite() {
+    let top_k = params.top_k > 0 && (params.top_k as usize) < vocab_size;
+    if !(top_k || params.top_p < 1.0 || params.min_p > 0.0) {
+        let sum = lane_sum(0..probs.len(), |i| probs[i]);
         // Weights of e^x are finite and non-negative: nothing for `from_weights` to check.
         // Not so when a penalty pushed a score to +inf (a repetition penalty near 0) and a
         // weight is NaN: `from_weights` below then says which.
-        return DenseDist::from_summed_weights(probs, sum);
+        if sum.is_finite() {
+            return DenseDist::from_summed_weights(probs, sum);
+        }
     }
-    if params.top_k > 0 && (params.top_k as usize) < vocab_size {
+    if top_k {
         keep_top_k(&mut probs, params.top_k as usize);
     }
     if params.top_p < 1.0 {
