@@ -38,6 +38,10 @@ pub struct NodeConfig {
     pub metrics: Option<Metrics>,
     /// libtorch intra-op threads of the model's thread (`None`: one per core).
     pub threads: Option<usize>,
+    /// Threads that turn a verify pass's rows of logits into distributions and score them,
+    /// where the vocabulary is large enough to pay (`None`: see
+    /// [`Node::sampling_threads`]).
+    pub sampling_threads: Option<usize>,
     /// How concurrent sessions' forward passes share one pass of the model.
     pub batch: BatchPolicy,
 }
@@ -129,6 +133,13 @@ impl Node {
         &self.config
     }
 
+    /// The threads a block's per-row sampling work may use: the configured count, or by
+    /// default one on a CPU (the model's own threads keep its cores busy, and they spin for a
+    /// while after each pass) and up to 4 beside a GPU, whose host cores are idle meanwhile.
+    pub fn sampling_threads(&self) -> usize {
+        sampling_threads(self.config.sampling_threads, self.config.device)
+    }
+
     pub fn model(&self) -> &NodeModel<SessionState> {
         &self.model
     }
@@ -187,4 +198,26 @@ fn export_gauges(metrics: &Metrics, role: &'static str, model: &NodeModel<Sessio
             }
         }
     });
+}
+
+/// [`Node::sampling_threads`].
+fn sampling_threads(configured: Option<usize>, device: DeviceSpec) -> usize {
+    configured.unwrap_or_else(|| match device {
+        DeviceSpec::Cpu => 1,
+        DeviceSpec::Cuda(_) => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_threads_are_one_on_a_cpu_unless_set() {
+        assert_eq!(sampling_threads(None, DeviceSpec::Cpu), 1);
+        assert_eq!(sampling_threads(Some(3), DeviceSpec::Cpu), 3);
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(sampling_threads(None, DeviceSpec::Cuda(0)), cores.min(4));
+        assert_eq!(sampling_threads(Some(2), DeviceSpec::Cuda(0)), 2);
+    }
 }

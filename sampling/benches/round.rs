@@ -4,14 +4,16 @@
 //! the sparse wire format with K = 64 (what runs every round). `target_pieces` and
 //! `draft_truncate` are the work the sparse format moves onto the nodes, for context.
 //! `effective_t0.8`: one row of logits to its distribution at T = 0.8, which each node does
-//! for every position it scores (the demo's V = 4 096 too).
+//! for every position it scores (the demo's V = 4 096 too). `target_rows`: what a target
+//! does after a verify pass over γ + 1 tokens, distributions of all rows and the sparse
+//! pieces, on 1 and on 2 threads.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use specd_sampling::{
     DenseCandidate, DenseDist, Purpose, RoundKey, SamplingParams, SparseCandidate, StreamKey, TokenHistory, Truncation,
-    effective_distribution, score_block, verify_block_dense, verify_block_sparse,
+    block_distributions, effective_distribution, score_block, verify_block_dense, verify_block_sparse,
 };
 
 const GAMMA: usize = 5;
@@ -43,7 +45,7 @@ fn bench_round(c: &mut Criterion) {
         let sparse_candidates: Vec<_> =
             tokens.iter().zip(&sparse_q).map(|(&token, q)| SparseCandidate { token, q }).collect();
         let supports: Vec<&[u32]> = sparse_q.iter().map(|q| q.tokens()).collect();
-        let scored = score_block(&p, &supports, RoundKey { seed: 1, round: 0 }).unwrap();
+        let scored = score_block(&p, &supports, RoundKey { seed: 1, round: 0 }, 1).unwrap();
 
         let mut group = c.benchmark_group(format!("round_gamma5_v{v}"));
         let mut round = 0u32;
@@ -60,7 +62,7 @@ fn bench_round(c: &mut Criterion) {
             });
         });
         group.bench_function("target_pieces_k64", |b| {
-            b.iter(|| black_box(score_block(&p, &supports, RoundKey { seed: 7, round: 0 }).unwrap()));
+            b.iter(|| black_box(score_block(&p, &supports, RoundKey { seed: 7, round: 0 }, 1).unwrap()));
         });
         group.bench_function("draft_truncate_k64", |b| b.iter(|| black_box(q[0].truncate(truncation))));
         group.finish();
@@ -77,5 +79,27 @@ fn bench_effective(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_round, bench_effective);
+fn bench_target_rows(c: &mut Criterion) {
+    let params = SamplingParams { temperature: 0.8, ..SamplingParams::default() };
+    for v in [32_000usize, 128_256] {
+        let rows: Vec<Vec<f32>> = (0..=GAMMA as u64).map(|i| logits(v, 100 + i, 0.5)).collect();
+        let rows: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        let block: Vec<u32> = (0..GAMMA as u32).collect();
+        let q: Vec<DenseDist> = (0..GAMMA as u64).map(|i| dist(v, 100 + i, 1.5)).collect();
+        let sparse_q: Vec<_> = q.iter().map(|q| q.truncate(Truncation::new(0.0, K).unwrap())).collect();
+        let supports: Vec<&[u32]> = sparse_q.iter().map(|q| q.tokens()).collect();
+        let mut group = c.benchmark_group(format!("target_rows_gamma5_v{v}"));
+        for threads in [1, 2] {
+            group.bench_function(format!("threads_{threads}"), |b| {
+                b.iter(|| {
+                    let p = block_distributions(&rows, &params, &[], &[], &block, threads).unwrap();
+                    black_box(score_block(&p, &supports, RoundKey { seed: 7, round: 0 }, threads).unwrap())
+                });
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_round, bench_effective, bench_target_rows);
 criterion_main!(benches);

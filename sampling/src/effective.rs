@@ -7,6 +7,7 @@ use crate::dist::{DenseDist, check_token};
 use crate::error::{Result, SamplingError};
 use crate::kernels::{exp_nonpositive, lane_sum};
 use crate::params::SamplingParams;
+use crate::rows::map_positions;
 
 /// The tokens the penalties look at: the prompt, and everything generated before the
 /// position being scored (committed output followed by any speculated tokens before it).
@@ -86,12 +87,14 @@ fn check_logits(logits: &[f32]) -> Result<()> {
 
 /// Effective distributions for a block: row i of `rows` scores the token after
 /// `generated ++ block[..i]`, so penalties at position i see the i speculated tokens before it.
+/// Large blocks are spread over at most `threads` threads (`rows`), with the same numbers.
 pub fn block_distributions(
     rows: &[&[f32]],
     params: &SamplingParams,
     prompt: &[u32],
     generated: &[u32],
     block: &[u32],
+    threads: usize,
 ) -> Result<Vec<DenseDist>> {
     if block.len() + 1 < rows.len() {
         return Err(SamplingError::ShapeMismatch(format!(
@@ -101,15 +104,20 @@ pub fn block_distributions(
             block.len()
         )));
     }
-    let mut history = generated.to_vec();
-    let mut out = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter().enumerate() {
-        if i > 0 {
-            history.push(block[i - 1]);
-        }
-        out.push(effective_distribution(row, params, TokenHistory { prompt, generated: &history })?);
-    }
-    Ok(out)
+    let history: Vec<u32> = generated.iter().chain(block).copied().collect();
+    let vocab_size = rows.iter().map(|row| row.len()).max().unwrap_or(0);
+    map_positions(
+        rows.len(),
+        vocab_size,
+        threads,
+        || (),
+        |_, i| {
+            let before = TokenHistory { prompt, generated: &history[..generated.len() + i] };
+            effective_distribution(rows[i], params, before)
+        },
+    )
+    .into_iter()
+    .collect()
 }
 
 fn apply_penalties(scores: &mut [f64], params: &SamplingParams, history: TokenHistory<'_>) -> Result<()> {
@@ -296,10 +304,26 @@ mod tests {
         let row = [1.0f32, 0.9, 0.0];
         let rows = [&row[..], &row[..], &row[..]];
         let params = SamplingParams { temperature: 0.0, presence_penalty: 0.5, ..Default::default() };
-        let dists = block_distributions(&rows, &params, &[], &[], &[0, 1]).unwrap();
+        let dists = block_distributions(&rows, &params, &[], &[], &[0, 1], 1).unwrap();
         assert_eq!(dists[0].probs(), &[1.0, 0.0, 0.0]);
         assert_eq!(dists[1].probs(), &[0.0, 1.0, 0.0], "token 0 was speculated at position 1");
         assert_eq!(dists[2].probs(), &[1.0, 0.0, 0.0], "both penalised: 0.5 > 0.4");
+    }
+
+    #[test]
+    fn a_block_spread_over_threads_has_the_same_numbers() {
+        // Large enough to spread (6 rows of 70 000), with penalties that see each position's
+        // own speculated tokens.
+        let vocab = 70_000usize;
+        let rows: Vec<Vec<f32>> =
+            (0..6).map(|r| (0..vocab).map(|i| ((i * 7 + r * 13) % 101) as f32 * 0.05).collect()).collect();
+        let rows: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        let block = [3, 14, 15, 92, 65];
+        let params = SamplingParams { temperature: 0.8, presence_penalty: 0.7, top_k: 500, ..Default::default() };
+        let one = block_distributions(&rows, &params, &[2, 7], &[1, 8], &block, 1).unwrap();
+        let four = block_distributions(&rows, &params, &[2, 7], &[1, 8], &block, 4).unwrap();
+        assert_eq!(one, four);
+        assert_ne!(one[0], one[1], "each position sees a different history");
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! - [`cost`]: expected tokens per round, speedup and the best draft length γ;
 //! - [`chi2`]: Pearson's χ² goodness-of-fit test for the statistical tests;
 //! - [`error`]: the crate's error type, [`SamplingError`];
-//! - `kernels` (private): vocabulary-wide sums and draws written to run fast.
+//! - `kernels` (private): vocabulary-wide sums and draws written to run fast;
+//! - `rows` (private): a large block's per-position work spread over threads.
 
 pub mod chi2;
 pub mod cost;
@@ -30,6 +31,7 @@ pub mod law;
 pub mod naive;
 pub mod params;
 pub mod rng;
+mod rows;
 pub mod rule;
 pub mod sparse_rule;
 pub mod target_pieces;

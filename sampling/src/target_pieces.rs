@@ -12,6 +12,7 @@ use crate::dist::{DenseDist, check_token};
 use crate::error::{Result, SamplingError};
 use crate::kernels::{lane_sum, sample_index};
 use crate::rng::Purpose;
+use crate::rows::map_positions;
 
 /// The target's answer for one block position.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,8 +34,9 @@ pub struct ScoredBlock {
 }
 
 /// Builds the sparse reply from the target's effective distributions p_1..p_{γ+1} and the
-/// draft's supports S_1..S_γ. Draws use `(Complement, i)` and `(Bonus, γ+1)`.
-pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey) -> Result<ScoredBlock> {
+/// draft's supports S_1..S_γ. Draws use `(Complement, i)` and `(Bonus, γ+1)`. Large blocks
+/// are scored on at most `threads` threads (`rows`), with the same numbers.
+pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey, threads: usize) -> Result<ScoredBlock> {
     let gamma = supports.len();
     if p.len() != gamma + 1 {
         return Err(SamplingError::ShapeMismatch(format!(
@@ -43,38 +45,47 @@ pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey) -> Resul
             p.len()
         )));
     }
-    let mut positions = Vec::with_capacity(gamma);
-    let mut outside = vec![true; p[0].vocab_size()];
-    for (i, (p_i, support)) in p.iter().zip(supports).enumerate() {
-        let position = i + 1;
-        if p_i.vocab_size() != outside.len() {
-            return Err(SamplingError::ShapeMismatch(format!(
-                "target distributions of different sizes: {} and {}",
-                outside.len(),
-                p_i.vocab_size()
-            )));
-        }
-        for &t in *support {
-            check_token(t, outside.len())?;
-            outside[t as usize] = false;
-        }
-        let p_on_support = support.iter().map(|&t| p_i.prob(t)).collect();
-        let probs = p_i.probs();
-        let outside_mass = |i: usize| if outside[i] { probs[i] } else { 0.0 };
-        let complement_mass = lane_sum(0..probs.len(), outside_mass);
-        let complement_sample = if complement_mass > 0.0 {
-            let u = key.stream(position, Purpose::Complement).uniform();
-            sample_index(probs.len(), outside_mass, complement_mass, u).map(|t| t as u32)
-        } else {
-            None
-        };
-        positions.push(ScoredPosition { p_on_support, complement_mass, complement_sample });
-        for &t in *support {
-            outside[t as usize] = true;
-        }
+    let vocab_size = p[0].vocab_size();
+    if let Some(other) = p.iter().find(|p_i| p_i.vocab_size() != vocab_size) {
+        return Err(SamplingError::ShapeMismatch(format!(
+            "target distributions of different sizes: {vocab_size} and {}",
+            other.vocab_size()
+        )));
     }
+    let positions = map_positions(
+        gamma,
+        vocab_size,
+        threads,
+        // Each thread marks one support at a time in its own mask, and clears it after.
+        || vec![true; vocab_size],
+        |outside, i| score_position(&p[i], supports[i], outside, key.stream(i + 1, Purpose::Complement).uniform()),
+    );
+    let positions = positions.into_iter().collect::<Result<Vec<_>>>()?;
     let bonus = p[gamma].sample(key.stream(gamma + 1, Purpose::Bonus).uniform());
     Ok(ScoredBlock { positions, bonus })
+}
+
+/// One position's pieces; `outside` is all `true` before and after.
+fn score_position(p_i: &DenseDist, support: &[u32], outside: &mut [bool], u: f64) -> Result<ScoredPosition> {
+    for &t in support {
+        check_token(t, outside.len())?;
+    }
+    for &t in support {
+        outside[t as usize] = false;
+    }
+    let p_on_support = support.iter().map(|&t| p_i.prob(t)).collect();
+    let probs = p_i.probs();
+    let outside_mass = |i: usize| if outside[i] { probs[i] } else { 0.0 };
+    let complement_mass = lane_sum(0..probs.len(), outside_mass);
+    let complement_sample = if complement_mass > 0.0 {
+        sample_index(probs.len(), outside_mass, complement_mass, u).map(|t| t as u32)
+    } else {
+        None
+    };
+    for &t in support {
+        outside[t as usize] = true;
+    }
+    Ok(ScoredPosition { p_on_support, complement_mass, complement_sample })
 }
 
 #[cfg(test)]
@@ -86,22 +97,45 @@ mod tests {
         let p = DenseDist::new(vec![0.1, 0.2, 0.3, 0.4]).unwrap();
         let key = RoundKey { seed: 3, round: 1 };
         for seed in 0..100 {
-            let block = score_block(&[p.clone(), p.clone()], &[&[3, 1]], RoundKey { seed, ..key }).unwrap();
+            let block = score_block(&[p.clone(), p.clone()], &[&[3, 1]], RoundKey { seed, ..key }, 1).unwrap();
             let pos = &block.positions[0];
             assert_eq!(pos.p_on_support, vec![0.4, 0.2]);
             assert!((pos.complement_mass - 0.4).abs() < 1e-15);
             assert!(matches!(pos.complement_sample, Some(0 | 2)));
         }
-        let full = score_block(&[p.clone(), p], &[&[0, 1, 2, 3]], key).unwrap();
+        let full = score_block(&[p.clone(), p], &[&[0, 1, 2, 3]], key, 1).unwrap();
         assert_eq!(full.positions[0].complement_mass, 0.0);
         assert_eq!(full.positions[0].complement_sample, None);
+    }
+
+    #[test]
+    fn a_block_scored_on_threads_has_the_same_pieces_and_each_its_own_support() {
+        // Large enough to spread (6 rows of 70 000): the same pieces on 1 and on 3 threads,
+        // and each position's complement leaves out its own support only.
+        let vocab = 70_000usize;
+        let p: Vec<DenseDist> = (0..6)
+            .map(|r| {
+                DenseDist::from_weights((0..vocab).map(|i| 1.0 + ((i * 31 + r * 7) % 97) as f64).collect()).unwrap()
+            })
+            .collect();
+        let supports: Vec<Vec<u32>> = (0..5u32).map(|r| (0..40).map(|k| r * 1000 + k * 3).collect()).collect();
+        let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
+        let key = RoundKey { seed: 11, round: 4 };
+        let one = score_block(&p, &supports, key, 1).unwrap();
+        assert_eq!(one, score_block(&p, &supports, key, 3).unwrap());
+        for (i, position) in one.positions.iter().enumerate() {
+            let inside: f64 = supports[i].iter().map(|&t| p[i].prob(t)).sum();
+            assert!((position.complement_mass - (1.0 - inside)).abs() < 1e-12, "position {i}");
+            let sample = position.complement_sample.unwrap();
+            assert!(!supports[i].contains(&sample), "position {i} drew {sample} from its support");
+        }
     }
 
     #[test]
     fn refuses_out_of_range_supports() {
         let p = DenseDist::new(vec![0.5, 0.5]).unwrap();
         assert_eq!(
-            score_block(&[p.clone(), p], &[&[2]], RoundKey { seed: 0, round: 0 }),
+            score_block(&[p.clone(), p], &[&[2]], RoundKey { seed: 0, round: 0 }, 1),
             Err(SamplingError::TokenOutOfRange { token: 2, vocab_size: 2 })
         );
     }

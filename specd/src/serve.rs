@@ -75,6 +75,12 @@ pub struct NodeOptions {
     /// thread costs more than it saves.
     #[arg(long, env = "SPECD_THREADS")]
     threads: Option<usize>,
+    /// Threads a target uses after each verify pass to turn the block's rows of logits into
+    /// distributions and score them, where the work is large enough to split (a block of 6
+    /// rows takes 2 threads from a vocabulary of about 22 000). Default: 1 on a CPU, whose
+    /// cores the model's threads use, and up to 4 with a GPU.
+    #[arg(long, env = "SPECD_SAMPLING_THREADS")]
+    sampling_threads: Option<usize>,
     /// Most sessions whose forward passes share one pass of the model (batching across
     /// sessions: their tokens go through the weights together, each attends to its own
     /// cache). 1 turns batching off.
@@ -461,6 +467,7 @@ impl NodeOptions {
         args.push(format!("--batch-window-us={}", self.batch_window_us));
         args.extend(self.kv_budget_mib.map(|m| format!("--kv-budget-mib={m}")));
         args.extend(threads.map(|t| format!("--threads={t}")));
+        args.extend(self.sampling_threads.map(|t| format!("--sampling-threads={t}")));
         args
     }
 
@@ -474,6 +481,11 @@ impl NodeOptions {
                 "--max-batch-sequences {} and --max-batch-tokens {} must be at least 1",
                 self.max_batch_sequences, self.max_batch_tokens
             )));
+        }
+        if let Some(n) = self.sampling_threads
+            && !(1..=64).contains(&n)
+        {
+            return Err(invalid(format!("--sampling-threads {n} must be between 1 and 64")));
         }
         if self.batch_window_us > 100_000 {
             return Err(invalid(format!("--batch-window-us {} must be at most 100000", self.batch_window_us)));
@@ -499,6 +511,7 @@ impl NodeOptions {
             tls: ServerTls::default(),
             metrics: None,
             threads: self.threads,
+            sampling_threads: self.sampling_threads,
             batch,
         })
     }
@@ -829,4 +842,31 @@ fn check_node(role: &str, listen: SocketAddr, config: &NodeConfig, service: &Ser
         metrics_summary(&service.metrics)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::NodeOptions;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        node: NodeOptions,
+    }
+
+    fn node(args: &[&str]) -> NodeOptions {
+        Flags::try_parse_from(std::iter::once("node").chain(args.iter().copied())).unwrap().node
+    }
+
+    #[test]
+    fn sampling_threads_are_checked_and_passed_on() {
+        let error = node(&["--sampling-threads", "0"]).config("m".into()).unwrap_err().to_string();
+        assert!(error.contains("--sampling-threads 0 must be between 1 and 64"), "{error}");
+        let four = node(&["--sampling-threads", "4"]);
+        assert_eq!(four.config("m".into()).unwrap().sampling_threads, Some(4));
+        assert!(four.to_args(None, None).contains(&"--sampling-threads=4".to_owned()));
+        assert_eq!(node(&[]).config("m".into()).unwrap().sampling_threads, None);
+    }
 }

@@ -107,6 +107,7 @@ impl TargetNode {
             pending: req.pending_token_ids,
             candidates: req.candidate_token_ids,
             supports,
+            sampling_threads: self.node.sampling_threads(),
         };
         let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await?;
         let reply = match verified.verdict {

@@ -17,6 +17,8 @@ pub struct VerifyJob {
     pub candidates: Vec<u32>,
     /// The draft's supports, one per candidate; `None`: dense wire format.
     pub supports: Option<Vec<Vec<u32>>>,
+    /// Threads for the block's distributions and pieces ([`specd_node::Node::sampling_threads`]).
+    pub sampling_threads: usize,
 }
 
 /// The target's answer, in the wire format asked for.
@@ -60,13 +62,20 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     let rows: Vec<&[f32]> = (logits.rows() - gamma - 1..logits.rows())
         .map(|i| logits.row(i).expect("forward returns a row per token"))
         .collect();
-    let p = block_distributions(&rows, &state.params, history.prompt(), history.generated(), &job.candidates)?;
+    let p = block_distributions(
+        &rows,
+        &state.params,
+        history.prompt(),
+        history.generated(),
+        &job.candidates,
+        job.sampling_threads,
+    )?;
     history.push_forwarded(&job.candidates);
     let key = RoundKey { seed: state.seed, round: job.round };
     let verdict = match &job.supports {
         Some(supports) => {
             let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
-            Verdict::Sparse(score_block(&p, &supports, key)?)
+            Verdict::Sparse(score_block(&p, &supports, key, job.sampling_threads)?)
         }
         None => Verdict::Dense(p),
     };

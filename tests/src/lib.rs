@@ -109,6 +109,7 @@ impl Cluster {
             tls: Default::default(),
             metrics: options.metrics.clone(),
             threads: None,
+            sampling_threads: None,
             batch: options.batch,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;

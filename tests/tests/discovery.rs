@@ -63,6 +63,7 @@ impl Node {
             tls: Default::default(),
             metrics: Some(metrics.clone()),
             threads: None,
+            sampling_threads: None,
             batch: Default::default(),
         };
         let address = listener.local_addr().unwrap();

@@ -144,7 +144,7 @@ pub fn generate(
             }
             (WireFormat::Sparse(_), Rule::Exact) => {
                 let supports: Vec<&[u32]> = sparse_q.iter().map(|q| q.tokens()).collect();
-                let scored = score_block(&p, &supports, key).unwrap();
+                let scored = score_block(&p, &supports, key, 1).unwrap();
                 let candidates: Vec<_> =
                     block.iter().zip(&sparse_q).map(|(&token, q)| SparseCandidate { token, q }).collect();
                 verify_block_sparse(&candidates, &scored, key)
