@@ -6,7 +6,7 @@ mod common;
 
 use anyhow::Result;
 use common::{FIXTURES, load, max_abs_diff, reference, rows};
-use specd_model::{LanguageModel, LlamaModel, ModelError};
+use specd_model::{LanguageModel, LlamaModel, ModelError, SessionId};
 
 const TOL: f32 = 1e-5;
 
@@ -15,6 +15,15 @@ fn full(m: &mut LlamaModel, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
     let out = m.forward(s, tokens)?.to_rows();
     m.release(s)?;
     Ok(out)
+}
+
+/// A fixture's reference tokens and its model with two fresh sessions, to compare two ways of
+/// running the same tokens.
+fn two_sessions(name: &str) -> Result<(Vec<u32>, LlamaModel, SessionId, SessionId)> {
+    let tokens = reference(name)?.tokens;
+    let mut m = load(name)?;
+    let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+    Ok((tokens, m, a, b))
 }
 
 #[test]
@@ -39,9 +48,7 @@ fn incremental_decoding_equals_full_recompute() -> Result<()> {
 #[test]
 fn one_forward_of_k_equals_k_single_forwards() -> Result<()> {
     for name in FIXTURES {
-        let tokens = reference(name)?.tokens;
-        let mut m = load(name)?;
-        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+        let (tokens, mut m, a, b) = two_sessions(name)?;
         m.forward(a, &tokens[..4])?;
         m.forward(b, &tokens[..4])?;
         let block = m.forward(a, &tokens[4..10])?;
@@ -58,9 +65,7 @@ fn one_forward_of_k_equals_k_single_forwards() -> Result<()> {
 #[test]
 fn the_last_rows_of_a_pass_equal_those_rows_of_the_whole_pass() -> Result<()> {
     for name in FIXTURES {
-        let tokens = reference(name)?.tokens;
-        let mut m = load(name)?;
-        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+        let (tokens, mut m, a, b) = two_sessions(name)?;
         for (run, rows) in [(0..6, 1), (6..10, 3), (10..11, 5)] {
             let every = m.forward(a, &tokens[run.clone()])?.to_rows();
             let last = m.forward_last(b, &tokens[run.clone()], rows)?.to_rows();
