@@ -1,12 +1,13 @@
 //! A block's per-position work on several threads. After each verify pass a target turns
 //! γ + 1 rows of logits into distributions and scores them against the draft's supports; at
-//! a vocabulary of 128 256 that is about 0.7 ms a row on one core (BENCHMARKS.md), so 6 rows
+//! a vocabulary of 128 256 that is 0.6–0.9 ms a row on one core (BENCHMARKS.md), so 6 rows
 //! cost as much as a large model's pass on a GPU. The positions are independent: each thread
 //! takes a contiguous run of them and the results keep their order, so the numbers are the
 //! same whatever the thread count.
 
-/// Below this many vocabulary entries for each thread, starting a thread (tens of µs) costs
-/// more than it saves: at a vocabulary of 4 096, a whole block stays on the calling thread.
+/// Below this many entries for each thread on average, starting a thread (tens of µs) costs
+/// more than it saves: at a vocabulary of 4 096, a block of up to 31 positions stays on the
+/// calling thread.
 const MIN_ENTRIES_PER_THREAD: usize = 64 * 1024;
 
 /// `job(scratch, i)` for every `i` in `0..positions`, in order, on at most `threads` threads
@@ -14,12 +15,12 @@ const MIN_ENTRIES_PER_THREAD: usize = 64 * 1024;
 /// A thread the system cannot start leaves its positions to the calling thread.
 pub(crate) fn map_positions<S, T: Send>(
     positions: usize,
-    vocab_size: usize,
+    entries_per_position: usize,
     threads: usize,
     make_scratch: impl Fn() -> S + Sync,
     job: impl Fn(&mut S, usize) -> T + Sync,
 ) -> Vec<T> {
-    let by_work = positions.saturating_mul(vocab_size) / MIN_ENTRIES_PER_THREAD;
+    let by_work = positions.saturating_mul(entries_per_position) / MIN_ENTRIES_PER_THREAD;
     let threads = threads.min(positions).min(by_work).max(1);
     let run = |range: std::ops::Range<usize>| {
         let mut scratch = make_scratch();
@@ -72,11 +73,11 @@ mod tests {
 
     #[test]
     fn large_blocks_spread_and_small_ones_stay() {
-        let threads_seen = |positions: usize, vocab_size: usize| {
+        let threads_seen = |positions: usize, entries: usize| {
             let seen = Mutex::new(HashSet::new());
             map_positions(
                 positions,
-                vocab_size,
+                entries,
                 4,
                 || (),
                 |_, _| seen.lock().unwrap().insert(std::thread::current().id()),

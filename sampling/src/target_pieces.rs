@@ -46,12 +46,6 @@ pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey, threads:
         )));
     }
     let vocab_size = p[0].vocab_size();
-    if let Some(other) = p.iter().find(|p_i| p_i.vocab_size() != vocab_size) {
-        return Err(SamplingError::ShapeMismatch(format!(
-            "target distributions of different sizes: {vocab_size} and {}",
-            other.vocab_size()
-        )));
-    }
     let positions = map_positions(
         gamma,
         vocab_size,
@@ -65,8 +59,15 @@ pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey, threads:
     Ok(ScoredBlock { positions, bonus })
 }
 
-/// One position's pieces; `outside` is all `true` before and after.
+/// One position's pieces; `outside` (one entry per token of p_1) is all `true` before and after.
 fn score_position(p_i: &DenseDist, support: &[u32], outside: &mut [bool], u: f64) -> Result<ScoredPosition> {
+    if p_i.vocab_size() != outside.len() {
+        return Err(SamplingError::ShapeMismatch(format!(
+            "target distributions of different sizes: {} and {}",
+            outside.len(),
+            p_i.vocab_size()
+        )));
+    }
     for &t in support {
         check_token(t, outside.len())?;
     }

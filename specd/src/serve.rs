@@ -76,9 +76,10 @@ pub struct NodeOptions {
     #[arg(long, env = "SPECD_THREADS")]
     threads: Option<usize>,
     /// Threads a target uses after each verify pass to turn the block's rows of logits into
-    /// distributions and score them, where the work is large enough to split (a block of 6
-    /// rows takes 2 threads from a vocabulary of about 22 000). Default: 1 on a CPU, whose
-    /// cores the model's threads use, and up to 4 with a GPU.
+    /// distributions and score them, where the work is large enough to split (about 64 Ki
+    /// logits a thread: the 6 rows of γ = 5 take 2 threads from a vocabulary of about
+    /// 22 000). Default: 1 on a CPU, whose cores the model's threads use, and up to 4 with a
+    /// GPU.
     #[arg(long, env = "SPECD_SAMPLING_THREADS")]
     sampling_threads: Option<usize>,
     /// Most sessions whose forward passes share one pass of the model (batching across
