@@ -87,7 +87,7 @@ fn check_logits(logits: &[f32]) -> Result<()> {
 
 /// Effective distributions for a block: row i of `rows` scores the token after
 /// `generated ++ block[..i]`, so penalties at position i see the i speculated tokens before it.
-/// Large blocks are spread over at most `threads` threads (`rows`), with the same numbers.
+/// Large blocks are spread over at most `threads` threads (module `rows`), with the same numbers.
 pub fn block_distributions(
     rows: &[&[f32]],
     params: &SamplingParams,

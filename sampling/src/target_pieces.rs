@@ -35,7 +35,7 @@ pub struct ScoredBlock {
 
 /// Builds the sparse reply from the target's effective distributions p_1..p_{γ+1} and the
 /// draft's supports S_1..S_γ. Draws use `(Complement, i)` and `(Bonus, γ+1)`. Large blocks
-/// are scored on at most `threads` threads (`rows`), with the same numbers.
+/// are scored on at most `threads` threads (module `rows`), with the same numbers.
 pub fn score_block(p: &[DenseDist], supports: &[&[u32]], key: RoundKey, threads: usize) -> Result<ScoredBlock> {
     let gamma = supports.len();
     if p.len() != gamma + 1 {
