@@ -44,6 +44,9 @@ pub struct NodeConfig {
     pub sampling_threads: Option<usize>,
     /// How concurrent sessions' forward passes share one pass of the model.
     pub batch: BatchPolicy,
+    /// A CPU model's threads get one CPU each where they use every CPU the process may run
+    /// on ([`specd_model::pinning`]).
+    pub pin_threads: bool,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -109,8 +112,15 @@ impl Node {
             threads: config.threads,
         };
         let thread = format!("specd-{role}-model");
-        let model =
-            NodeModel::load(&thread, &config.model, options, config.max_sessions, config.forward_delay, config.batch)?;
+        let model = NodeModel::load(
+            &thread,
+            &config.model,
+            options,
+            config.max_sessions,
+            config.forward_delay,
+            config.batch,
+            config.pin_threads,
+        )?;
         if let Some(metrics) = &config.metrics {
             export_gauges(metrics, role, &model);
         }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_model::{
-    BatchPolicy, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed, load_model,
+    BatchPolicy, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed,
+    TeamPinning, load_model, pin_model_team,
 };
 
 use crate::history::SessionHistory;
@@ -52,7 +53,8 @@ impl<S> Clone for NodeModel<S> {
 impl<S: NodeSessionState> NodeModel<S> {
     /// Loads `path` on a worker thread named `thread`; blocks until the model is ready.
     /// `forward_delay` makes every forward pass that much slower (zero: none); `batch` says
-    /// how concurrent sessions' forward passes are batched.
+    /// how concurrent sessions' forward passes are batched; `pin_threads`: a CPU model's
+    /// threads get one CPU each where they use them all ([`specd_model::pinning`]).
     pub fn load(
         thread: &str,
         path: &Path,
@@ -60,6 +62,7 @@ impl<S: NodeSessionState> NodeModel<S> {
         max_sessions: usize,
         forward_delay: Duration,
         batch: BatchPolicy,
+        pin_threads: bool,
     ) -> Result<Self, ModelError> {
         let path = path.to_owned();
         let model = ModelWorker::spawn_batched(thread, 64, batch, move || {
@@ -68,6 +71,14 @@ impl<S: NodeSessionState> NodeModel<S> {
             let passes = model.warm_up(WARM_UP_TOKENS)?;
             if passes > 0 {
                 tracing::info!(passes, elapsed_ms = started.elapsed().as_millis() as u64, "model warmed up");
+            }
+            if pin_threads && options.device == DeviceSpec::Cpu {
+                match pin_model_team() {
+                    TeamPinning::Pinned { cpus, threads } => {
+                        tracing::info!(?cpus, threads, "model threads pinned, one CPU each");
+                    }
+                    TeamPinning::Unpinned(why) => tracing::info!(why, "model threads left to the scheduler"),
+                }
             }
             Ok(if forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, forward_delay)) })
         })?;

@@ -82,6 +82,12 @@ pub struct NodeOptions {
     /// GPU.
     #[arg(long, env = "SPECD_SAMPLING_THREADS")]
     sampling_threads: Option<usize>,
+    /// Give a CPU model's threads one CPU each, where they use every CPU the process may run
+    /// on and no OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY is set. Without it, Linux now
+    /// and then puts two of them on one CPU beside an idle one, and a pass takes twice as
+    /// long (BENCHMARKS.md).
+    #[arg(long, env = "SPECD_PIN_THREADS", default_value_t = true, action = clap::ArgAction::Set)]
+    pin_threads: bool,
     /// Most sessions whose forward passes share one pass of the model (batching across
     /// sessions: their tokens go through the weights together, each attends to its own
     /// cache). 1 turns batching off.
@@ -469,6 +475,7 @@ impl NodeOptions {
         args.extend(self.kv_budget_mib.map(|m| format!("--kv-budget-mib={m}")));
         args.extend(threads.map(|t| format!("--threads={t}")));
         args.extend(self.sampling_threads.map(|t| format!("--sampling-threads={t}")));
+        args.push(format!("--pin-threads={}", self.pin_threads));
         args
     }
 
@@ -513,6 +520,7 @@ impl NodeOptions {
             metrics: None,
             threads: self.threads,
             sampling_threads: self.sampling_threads,
+            pin_threads: self.pin_threads,
             batch,
         })
     }

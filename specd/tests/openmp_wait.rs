@@ -2,6 +2,8 @@
 //! drafting gap: it starts itself again with `GOMP_SPINCOUNT` set, unless the user chose how
 //! they wait (`specd/src/openmp.rs`). libgomp reads the variable only as it loads, so what
 //! counts is the environment of the running process, read here from `/proc/PID/environ`.
+//! And a node gives its model's threads one CPU each where they use them all
+//! (`model/src/pinning.rs`), read from `/proc/PID/task/*/status`.
 
 #![cfg(target_os = "linux")]
 
@@ -12,9 +14,22 @@ use std::process::{Command, Stdio};
 mod common;
 use common::Running;
 
+/// A running process's threads: name and the CPUs each may run on.
+type Threads = Vec<(String, String)>;
+
 /// Starts `specd ROLE` on a table model with `envs` (and neither variable inherited), waits
 /// until it listens, and returns its environment and its log.
 fn environment_and_log(role_args: &[&str], envs: &[(&str, &str)], name: &str) -> (Vec<String>, String) {
+    let (environ, _, log) = environment_threads_and_log(role_args, envs, name);
+    (environ, log)
+}
+
+/// [`environment_and_log`], and the process's threads while it listens.
+fn environment_threads_and_log(
+    role_args: &[&str],
+    envs: &[(&str, &str)],
+    name: &str,
+) -> (Vec<String>, Threads, String) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("{name}.log"));
@@ -35,8 +50,19 @@ fn environment_and_log(role_args: &[&str], envs: &[(&str, &str)], name: &str) ->
     let running = Running(child);
     let environ = std::fs::read(format!("/proc/{}/environ", running.0.id())).expect("environ");
     let environ = environ.split(|&b| b == 0).map(|v| String::from_utf8_lossy(v).into_owned()).collect();
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{}/task", running.0.id())).expect("tasks") {
+        let task = task.expect("task").path();
+        let (Ok(name), Ok(status)) =
+            (std::fs::read_to_string(task.join("comm")), std::fs::read_to_string(task.join("status")))
+        else {
+            continue; // a thread that ended meanwhile
+        };
+        let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or_default();
+        threads.push((name.trim().to_owned(), cpus.trim().to_owned()));
+    }
     drop(running);
-    (environ, std::fs::read_to_string(&log).unwrap())
+    (environ, threads, std::fs::read_to_string(&log).unwrap())
 }
 
 fn node(role: &'static str, model: &Path) -> Vec<String> {
@@ -79,4 +105,44 @@ fn a_target_sets_the_spin_count_unless_the_user_chose_how_workers_wait() {
     let (environ, _) =
         environment_and_log(&["coordinator", "--target", &url, "--listen", "127.0.0.1:0"], &[], "coordinator");
     assert_eq!(spin_of(&environ), None);
+}
+
+#[test]
+fn a_node_gives_its_model_threads_one_cpu_each_where_they_use_them_all() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("pinning_model.json");
+    std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let target = node("target", &model);
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    let model_threads = |threads: &Threads| -> Vec<String> {
+        threads.iter().filter(|(name, _)| name == "specd-target-mo").map(|(_, cpus)| cpus.clone()).collect()
+    };
+
+    let (_, threads, log) = environment_threads_and_log(&target, &[], "pinned");
+    if cpus == 1 {
+        assert!(log.contains("left to the scheduler") && log.contains("one thread"), "{log}");
+    } else {
+        assert!(log.contains("model threads pinned, one CPU each"), "{log}");
+        let mut pinned = model_threads(&threads);
+        assert!(pinned.len() >= 2, "{threads:?}");
+        assert!(pinned.iter().all(|c| c.parse::<usize>().is_ok()), "each on one CPU: {threads:?}");
+        pinned.sort();
+        pinned.dedup();
+        assert_eq!(pinned.len(), cpus, "the team covers every CPU: {threads:?}");
+        let others: Vec<_> = threads.iter().filter(|(name, _)| name != "specd-target-mo").collect();
+        assert!(others.iter().all(|(_, c)| c.parse::<usize>().is_err()), "the other threads float: {others:?}");
+    }
+
+    let mut off = target.clone();
+    off.push("--pin-threads=false");
+    let (_, threads, log) = environment_threads_and_log(&off, &[], "unpinned");
+    assert!(!log.contains("model threads pinned"), "{log}");
+    assert!(model_threads(&threads).iter().all(|c| cpus == 1 || c.parse::<usize>().is_err()), "{threads:?}");
+
+    let (_, _, log) = environment_threads_and_log(&target, &[("OMP_PLACES", "cores")], "user_places");
+    if cpus > 1 {
+        assert!(log.contains("OMP_PLACES is set"), "the user's binding is kept: {log}");
+    }
 }

@@ -110,6 +110,7 @@ impl Cluster {
             metrics: options.metrics.clone(),
             threads: None,
             sampling_threads: None,
+            pin_threads: false,
             batch: options.batch,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;

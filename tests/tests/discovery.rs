@@ -64,6 +64,7 @@ impl Node {
             metrics: Some(metrics.clone()),
             threads: None,
             sampling_threads: None,
+            pin_threads: false,
             batch: Default::default(),
         };
         let address = listener.local_addr().unwrap();
