@@ -74,9 +74,7 @@ impl<S: NodeSessionState> NodeModel<S> {
             }
             if pin_threads && options.device == DeviceSpec::Cpu {
                 match pin_model_team() {
-                    TeamPinning::Pinned { cpus, threads } => {
-                        tracing::info!(?cpus, threads, "model threads pinned, one CPU each");
-                    }
+                    TeamPinning::Pinned { cpus } => tracing::info!(?cpus, "model threads pinned, one CPU each"),
                     TeamPinning::Unpinned(why) => tracing::info!(why, "model threads left to the scheduler"),
                 }
             }

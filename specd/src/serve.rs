@@ -78,14 +78,14 @@ pub struct NodeOptions {
     /// Threads a target uses after each verify pass to turn the block's rows of logits into
     /// distributions and score them, where the work is large enough to split (about 64 Ki
     /// logits a thread: the 6 rows of γ = 5 take 2 threads from a vocabulary of about
-    /// 22 000). Default: 1 on a CPU, whose cores the model's threads use, and up to 4 with a
-    /// GPU.
+    /// 22 000). Default: 1 on a CPU, whose cores the model's threads use (and where they are
+    /// pinned, threads started from the model's share its CPU), and up to 4 with a GPU.
     #[arg(long, env = "SPECD_SAMPLING_THREADS")]
     sampling_threads: Option<usize>,
-    /// Give a CPU model's threads one CPU each, where they use every CPU the process may run
-    /// on and no OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY is set. Without it, Linux now
-    /// and then puts two of them on one CPU beside an idle one, and a pass takes twice as
-    /// long (BENCHMARKS.md).
+    /// Give a CPU model's two threads one CPU each, where the process may run on exactly two
+    /// CPUs and no OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY is set. Without it, Linux
+    /// now and then puts both on one CPU beside an idle one, and a pass takes twice as long
+    /// (BENCHMARKS.md). Larger teams are never pinned (model/src/pinning.rs says why).
     #[arg(long, env = "SPECD_PIN_THREADS", default_value_t = true, action = clap::ArgAction::Set)]
     pin_threads: bool,
     /// Most sessions whose forward passes share one pass of the model (batching across

@@ -38,6 +38,13 @@ fn environment_threads_and_log(
         .env_remove("GOMP_SPINCOUNT")
         .env_remove("OMP_WAIT_POLICY")
         .env_remove("SPECD_SET_GOMP_SPINCOUNT")
+        // Nor how threads are counted and bound.
+        .env_remove("OMP_NUM_THREADS")
+        .env_remove("OMP_PROC_BIND")
+        .env_remove("OMP_PLACES")
+        .env_remove("GOMP_CPU_AFFINITY")
+        .env_remove("SPECD_THREADS")
+        .env_remove("SPECD_PIN_THREADS")
         .envs(envs.iter().copied())
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -108,41 +115,52 @@ fn a_target_sets_the_spin_count_unless_the_user_chose_how_workers_wait() {
 }
 
 #[test]
-fn a_node_gives_its_model_threads_one_cpu_each_where_they_use_them_all() {
+fn a_node_gives_its_team_of_two_one_cpu_each_on_two_cpus() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("pinning_model.json");
     std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let target = node("target", &model);
+    // The CPUs this process may run on, which the node inherits (what the node decides by).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_owned();
+    let two_cpus = cpu_count(&allowed) == 2;
+    let mut target = node("target", &model);
+    target.push("--threads=2".into());
     let target: Vec<&str> = target.iter().map(String::as_str).collect();
     let model_threads = |threads: &Threads| -> Vec<String> {
         threads.iter().filter(|(name, _)| name == "specd-target-mo").map(|(_, cpus)| cpus.clone()).collect()
     };
 
     let (_, threads, log) = environment_threads_and_log(&target, &[], "pinned");
-    if cpus == 1 {
-        assert!(log.contains("left to the scheduler") && log.contains("one thread"), "{log}");
-    } else {
+    if two_cpus {
         assert!(log.contains("model threads pinned, one CPU each"), "{log}");
         let mut pinned = model_threads(&threads);
-        assert!(pinned.len() >= 2, "{threads:?}");
+        assert!(pinned.len() >= 2, "the model thread and its worker: {threads:?}");
         assert!(pinned.iter().all(|c| c.parse::<usize>().is_ok()), "each on one CPU: {threads:?}");
         pinned.sort();
         pinned.dedup();
-        assert_eq!(pinned.len(), cpus, "the team covers every CPU: {threads:?}");
+        assert_eq!(pinned.len(), 2, "the model thread on one CPU, the others on the other: {threads:?}");
         let others: Vec<_> = threads.iter().filter(|(name, _)| name != "specd-target-mo").collect();
-        assert!(others.iter().all(|(_, c)| c.parse::<usize>().is_err()), "the other threads float: {others:?}");
+        assert!(others.iter().all(|(_, c)| *c == allowed), "the other threads run anywhere: {others:?}");
+    } else {
+        assert!(log.contains("model threads left to the scheduler") && log.contains("threads on"), "{log}");
     }
 
     let mut off = target.clone();
     off.push("--pin-threads=false");
     let (_, threads, log) = environment_threads_and_log(&off, &[], "unpinned");
     assert!(!log.contains("model threads pinned"), "{log}");
-    assert!(model_threads(&threads).iter().all(|c| cpus == 1 || c.parse::<usize>().is_err()), "{threads:?}");
+    assert!(model_threads(&threads).iter().all(|c| *c == allowed), "{threads:?}");
 
     let (_, _, log) = environment_threads_and_log(&target, &[("OMP_PLACES", "cores")], "user_places");
-    if cpus > 1 {
-        assert!(log.contains("OMP_PLACES is set"), "the user's binding is kept: {log}");
-    }
+    assert!(log.contains("OMP_PLACES is set"), "the user's binding is kept: {log}");
+}
+
+/// The CPUs in a list such as `0-3,8,10-11`.
+fn cpu_count(list: &str) -> usize {
+    let span = |range: &str| match range.split_once('-') {
+        Some((first, last)) => last.parse::<usize>().unwrap() - first.parse::<usize>().unwrap() + 1,
+        None => 1,
+    };
+    list.split(',').map(span).sum()
 }
