@@ -8,7 +8,7 @@
 #![cfg(target_os = "linux")]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod common;
@@ -72,16 +72,22 @@ fn environment_threads_and_log(
     (environ, threads, std::fs::read_to_string(&log).unwrap())
 }
 
+/// A four-token table model in this test's scratch directory.
+fn table_model(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join(name);
+    std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
+    model
+}
+
 fn node(role: &'static str, model: &Path) -> Vec<String> {
     vec![role.into(), "--model".into(), model.display().to_string(), "--listen".into(), "127.0.0.1:0".into()]
 }
 
 #[test]
 fn a_target_sets_the_spin_count_unless_the_user_chose_how_workers_wait() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
-    std::fs::create_dir_all(&dir).unwrap();
-    let model = dir.join("model.json");
-    std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
+    let model = table_model("model.json");
     let has = |environ: &[String], entry: &str| environ.iter().any(|e| e == entry);
     let spin_of = |environ: &[String]| environ.iter().find(|e| e.starts_with("GOMP_SPINCOUNT=")).cloned();
 
@@ -116,10 +122,7 @@ fn a_target_sets_the_spin_count_unless_the_user_chose_how_workers_wait() {
 
 #[test]
 fn a_node_gives_its_team_of_two_one_cpu_each_on_two_cpus() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/openmp_wait");
-    std::fs::create_dir_all(&dir).unwrap();
-    let model = dir.join("pinning_model.json");
-    std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
+    let model = table_model("pinning_model.json");
     // The CPUs this process may run on, which the node inherits (what the node decides by).
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_owned();
