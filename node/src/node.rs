@@ -100,6 +100,9 @@ pub struct Node {
     role: &'static str,
     model: NodeModel<SessionState>,
     config: Arc<NodeConfig>,
+    /// Resolved once: the default reads the CPUs this process may use, which is not free,
+    /// and every verify asks.
+    sampling_threads: usize,
 }
 
 impl Node {
@@ -124,7 +127,8 @@ impl Node {
         if let Some(metrics) = &config.metrics {
             export_gauges(metrics, role, &model);
         }
-        Ok(Self { role, model, config: Arc::new(config) })
+        let sampling_threads = sampling_threads(config.sampling_threads, config.device);
+        Ok(Self { role, model, config: Arc::new(config), sampling_threads })
     }
 
     /// [`Self::load`] on a blocking thread, for async callers; also starts releasing idle
@@ -147,7 +151,7 @@ impl Node {
     /// default one on a CPU (the model's own threads keep its cores busy, and they spin for a
     /// while after each pass) and up to 4 beside a GPU, whose host cores are idle meanwhile.
     pub fn sampling_threads(&self) -> usize {
-        sampling_threads(self.config.sampling_threads, self.config.device)
+        self.sampling_threads
     }
 
     pub fn model(&self) -> &NodeModel<SessionState> {
