@@ -46,11 +46,15 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status(service_name, ServingStatus::Serving).await;
     health.set_service_status("", ServingStatus::Serving).await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| ServeError(e.to_string()))?;
+    // Both reflection versions: grpcurl and newer tools speak v1, while grpcio's own
+    // reflection client and other tools of its age speak only v1alpha.
+    let descriptors = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = descriptors().build_v1().map_err(|e| ServeError(e.to_string()))?;
+    let reflection_v1alpha = descriptors().build_v1alpha().map_err(|e| ServeError(e.to_string()))?;
     tracing::info!(addr = ?listener.local_addr().ok(), service = service_name, tls = tls.cert.is_some(), mutual_tls = tls.client_ca.is_some(), "serving");
     let shutdown = async move {
         shutdown.await;
@@ -62,6 +66,7 @@ pub async fn serve(
         .add_routes(routes)
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await
         .map_err(|e| ServeError(e.to_string()))

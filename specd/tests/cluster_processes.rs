@@ -101,3 +101,55 @@ fn generate_reports_grpc_errors_with_their_code() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("InvalidArgument") && stderr.contains("outside the vocabulary"), "{stderr}");
 }
+
+/// grpcio's own reflection client (grpcio-reflection speaks v1alpha, as do other tools of its
+/// age; grpcurl speaks v1) lists each role's services and calls its specd service with
+/// classes built from the descriptors it was sent.
+#[test]
+fn grpcios_reflection_client_lists_and_calls_every_role() {
+    let dir = scratch("reflection");
+    let (target_json, draft_json) = (dir.join("target.json"), dir.join("draft.json"));
+    std::fs::write(&target_json, r#"{"vocab_size": 4, "default": [0.1, 0.2, 0.3, 0.4]}"#).unwrap();
+    std::fs::write(&draft_json, r#"{"vocab_size": 4, "default": [0.25, 0.25, 0.25, 0.25]}"#).unwrap();
+    let (_target, target) =
+        start(&["target", "--model", target_json.to_str().unwrap(), "--listen", "127.0.0.1:0"], &[]);
+    let (_draft, draft) = start(&["draft", "--model", draft_json.to_str().unwrap(), "--listen", "127.0.0.1:0"], &[]);
+    let (_coordinator, coordinator) = start(
+        &[
+            "coordinator",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            &format!("http://{target}"),
+            "--draft",
+            &format!("http://{draft}"),
+        ],
+        &[],
+    );
+    let reflect = |address: &str, service: &str| {
+        let out = Command::new(python())
+            .arg(workspace().join("scripts/reflection_client.py"))
+            .args([address, service])
+            .output()
+            .unwrap();
+        json_of(&out)
+    };
+    for (role, address, service) in [
+        ("coordinator", &coordinator, "specd.v1.Generation"),
+        ("target", &target, "specd.v1.TargetService"),
+        ("draft", &draft, "specd.v1.DraftService"),
+    ] {
+        let answer = reflect(address, service);
+        let services: Vec<&str> = answer["services"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        assert!(services.contains(&service), "{role}: {services:?}");
+        assert!(services.contains(&"grpc.health.v1.Health"), "{role}: {services:?}");
+        let reply = &answer["reply"];
+        if role == "coordinator" {
+            // Greedy on the table target: its most likely token (3), four times.
+            assert_eq!(reply["token_ids"], serde_json::json!([3, 3, 3, 3]), "{answer}");
+        } else {
+            assert_eq!(reply["role"], role, "{answer}");
+            assert_eq!(reply["vocab_size"], 4, "{answer}");
+        }
+    }
+}
