@@ -28,6 +28,7 @@
 
 pub mod batching;
 pub mod config;
+pub mod cpu_features;
 pub mod demo;
 pub mod device;
 pub mod error;

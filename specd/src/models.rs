@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use specd_model::demo::{self, BuildOptions, DemoSpec, Preset, Progress};
+use specd_model::demo::{self, BuildOptions, DemoSpec, MatmulKind, Preset, Progress};
 
 use crate::cli_error::invalid;
 
@@ -28,7 +28,8 @@ pub enum ModelsCommand {
 ///
 /// The same seed, preset and corpus give the same bytes. Every stage is cached in OUT with
 /// the key it was built from, so running again returns at once, and an interrupted build
-/// resumes at the stage it was in. The default takes about 15 minutes on 2 cores.
+/// resumes at the stage it was in. The default takes about 15 minutes on 2 cores of a CPU
+/// with AMX (bf16 matrix units).
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Where to write tokenizer/, target/, draft/ and specd-demo.json.
@@ -54,9 +55,34 @@ pub struct DemoArgs {
     /// Optimiser steps for the draft (overrides the preset).
     #[arg(long, env = "SPECD_DEMO_DRAFT_STEPS")]
     pub draft_steps: Option<usize>,
+    /// Number format of the training's matrix products: `auto` is bf16 on a CPU with bf16
+    /// matrix units (AMX) and f32 elsewhere, where bf16 is no faster. Part of every stage's
+    /// cache key.
+    #[arg(long, env = "SPECD_DEMO_MATMUL", default_value = "auto", value_parser = parse_matmul)]
+    pub matmul: MatmulChoice,
     /// Print the result as JSON.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
+}
+
+/// `--matmul`: a kind, or the rule of [`MatmulKind::for_this_cpu`].
+#[derive(Debug, Clone, Copy)]
+pub enum MatmulChoice {
+    Auto,
+    Fixed(MatmulKind),
+}
+
+impl MatmulChoice {
+    fn resolve(self) -> MatmulKind {
+        match self {
+            Self::Auto => MatmulKind::for_this_cpu(),
+            Self::Fixed(kind) => kind,
+        }
+    }
+}
+
+fn parse_matmul(s: &str) -> Result<MatmulChoice, String> {
+    if s == "auto" { Ok(MatmulChoice::Auto) } else { s.parse().map(MatmulChoice::Fixed) }
 }
 
 fn parse_preset(s: &str) -> Result<Preset, String> {
@@ -73,7 +99,7 @@ const TARGET_SHARE: f64 = 0.62;
 const DRAFT_SHARE: f64 = 0.28;
 
 impl DemoArgs {
-    fn spec(&self) -> anyhow::Result<DemoSpec> {
+    fn spec(&self, matmul: MatmulKind) -> anyhow::Result<DemoSpec> {
         let mut spec = self.preset.spec();
         if let Some(steps) = self.target_steps {
             spec.target_steps = steps;
@@ -85,9 +111,9 @@ impl DemoArgs {
             if !(minutes.is_finite() && minutes > 0.0) {
                 return Err(invalid(format!("--minutes must be positive, got {minutes}")));
             }
-            eprintln!("measuring a training step of each model to fit {minutes} minutes…");
-            let target_s = demo::seconds_per_step(&spec, spec.target, None)?;
-            let draft_s = demo::seconds_per_step(&spec, spec.draft, Some(spec.target))?;
+            eprintln!("measuring a training step of each model ({} matmuls) to fit {minutes} minutes…", matmul.name());
+            let target_s = demo::seconds_per_step(&spec, spec.target, None, matmul)?;
+            let draft_s = demo::seconds_per_step(&spec, spec.draft, Some(spec.target), matmul)?;
             let budget = minutes * 60.0;
             spec.target_steps = ((budget * TARGET_SHARE / target_s) as usize).max(1);
             spec.draft_steps = ((budget * DRAFT_SHARE / draft_s) as usize).max(1);
@@ -179,8 +205,18 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     {
         return Err(invalid(format!("--corpus {} is not a directory", dir.display())));
     }
-    let spec = args.spec()?;
-    let opts = BuildOptions { out: args.out.clone(), corpus: args.corpus.clone(), seed: args.seed, spec };
+    let matmul = args.matmul.resolve();
+    eprintln!(
+        "training matmuls in {} ({})",
+        matmul.name(),
+        match args.matmul {
+            MatmulChoice::Auto if matmul == MatmulKind::Bf16 => "auto: this CPU has bf16 matrix units",
+            MatmulChoice::Auto => "auto: this CPU has no bf16 matrix units, so bf16 would be no faster",
+            MatmulChoice::Fixed(_) => "--matmul",
+        }
+    );
+    let spec = args.spec(matmul)?;
+    let opts = BuildOptions { out: args.out.clone(), corpus: args.corpus.clone(), seed: args.seed, spec, matmul };
     let started = Instant::now();
     let mut bars = Bars::new();
     let outcome = demo::build(&opts, &mut bars)?;
@@ -190,7 +226,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "target": outcome.target_dir, "draft": outcome.draft_dir, "cached": outcome.cached,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters,
-            "report": r, "seconds": started.elapsed().as_secs_f64(),
+            "report": r, "matmul": matmul, "seconds": started.elapsed().as_secs_f64(),
         });
         outln!("{json}");
         return Ok(());

@@ -129,6 +129,29 @@ fn builds_are_deterministic_for_a_seed_and_cached() {
 }
 
 #[test]
+fn the_matmul_kind_follows_this_cpu_and_the_flag() {
+    // The rule, read here from /proc/cpuinfo independently of specd: bf16 matmuls only with
+    // bf16 matrix units (AMX), f32 elsewhere.
+    let amx = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|info| info.split_whitespace().any(|flag| flag == "amx_bf16"))
+        .unwrap_or(false);
+    let expected = if amx { "bf16" } else { "f32" };
+    let pair: Value =
+        serde_json::from_slice(&std::fs::read(shared_pair().join("specd-demo.json")).unwrap()).expect("pair JSON");
+    assert_eq!(pair["matmul"], expected, "auto on a CPU {} AMX", if amx { "with" } else { "without" });
+    // The other kind, forced, is honoured, keyed apart from the first and trains other weights.
+    let other_kind = if amx { "f32" } else { "bf16" };
+    // (Four extra arguments: `build` names its directory by their count, and another test
+    // builds seed 7 with two.)
+    let (dir, report) = build(7, &["--matmul", other_kind, "--draft-steps", "12"]);
+    assert_eq!(report["matmul"], other_kind);
+    assert_eq!(report["cached"], false);
+    let weights = |dir: &Path| std::fs::read(dir.join("target/model.safetensors")).unwrap();
+    assert!(weights(&dir) != weights(shared_pair()), "bf16 and f32 matmuls trained the same bytes");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_minutes_budget_builds_a_pair_transformers_loads() {
     let (dir, report) = build(3, &["--minutes", "0.1"]);
     assert!(report["report"]["alpha_t1"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));

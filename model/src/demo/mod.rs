@@ -2,7 +2,8 @@
 //! trained on Python sources, then a much smaller Llama **draft** distilled from the target's
 //! distributions (imitating p directly gives far higher acceptance than learning the data).
 //!
-//! - [`spec`]: the shapes and budgets ([`Preset::Demo`], [`Preset::Tiny`]);
+//! - [`spec`]: the shapes and budgets ([`Preset::Demo`], [`Preset::Tiny`]); [`matmul`]: the
+//!   number format of the training's matrix products, chosen by the CPU;
 //! - [`corpus`]: the Python standard library's sources (or any directory of `.py` files);
 //! - [`bpe`]: the tokenizer; [`net`]: the trainable model; [`train`]: the optimiser loop;
 //! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
@@ -16,6 +17,7 @@ pub mod bpe;
 pub mod corpus;
 pub mod evaluate;
 pub mod export;
+pub mod matmul;
 pub mod net;
 pub mod progress;
 pub mod spec;
@@ -25,10 +27,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{Value, json};
+use tch::Device;
 use tch::nn::VarStore;
-use tch::{Device, Kind};
 
 pub use evaluate::PairReport;
+pub use matmul::MatmulKind;
 pub use progress::{Progress, Quiet};
 pub use spec::{DemoSpec, Preset, Shape};
 
@@ -48,6 +51,8 @@ pub struct BuildOptions {
     pub corpus: Option<PathBuf>,
     pub seed: u64,
     pub spec: DemoSpec,
+    /// The number format of the training's matmuls ([`MatmulKind::for_this_cpu`] by default).
+    pub matmul: MatmulKind,
 }
 
 /// A finished (or cached) pair.
@@ -89,9 +94,9 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let tokenizer_key = json!({"format": FORMAT, "stage": "tokenizer", "vocab_size": spec.vocab_size,
         "corpus": corpus.fingerprint, "corpus_bytes": spec.corpus_bytes});
     let target_key = json!({"format": FORMAT, "stage": "target", "tokenizer": tokenizer_key, "seed": opts.seed,
-        "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr});
+        "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr, "matmul": opts.matmul});
     let draft_key = json!({"format": FORMAT, "stage": "draft", "target": target_key, "shape": spec.draft,
-        "steps": spec.draft_steps, "lr": spec.draft_lr});
+        "steps": spec.draft_steps, "lr": spec.draft_lr, "matmul": opts.matmul});
     let tok_dir = opts.out.join("tokenizer");
     let target_dir = opts.out.join("target");
     let draft_dir = opts.out.join("draft");
@@ -122,7 +127,8 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let held_stream = bpe::encode_stream(&tokenizer, &corpus.held_out)?;
     progress.note(&format!("tokens: {} training, {} held out", train_stream.len(), held_stream.len()));
 
-    // Target: next-token prediction on the corpus, matmuls in bfloat16.
+    // Target: next-token prediction on the corpus.
+    let compute = opts.matmul.kind();
     let target_cfg = spec.llama_config(spec.target);
     tch::manual_seed(opts.seed as i64);
     let mut target_vs = VarStore::new(Device::Cpu);
@@ -135,7 +141,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed);
         let t = spec.context as i64;
         let loss = optimise(&target_vs, spec.target_steps, spec.target_lr, &mut windows, progress, |batch| {
-            let logits = target.forward(&batch.f_narrow(1, 0, t)?, Kind::BFloat16)?;
+            let logits = target.forward(&batch.f_narrow(1, 0, t)?, compute)?;
             next_token_loss(&logits, &batch.f_narrow(1, 1, t)?)
         })?;
         progress.note(&format!("target: final training loss {loss:.3}"));
@@ -159,9 +165,9 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
             let ids = batch.f_narrow(1, 0, t)?;
             let teacher = {
                 let _no_grad = tch::no_grad_guard();
-                target.forward(&ids, Kind::BFloat16)?
+                target.forward(&ids, compute)?
             };
-            distillation_loss(&draft.forward(&ids, Kind::BFloat16)?, &teacher)
+            distillation_loss(&draft.forward(&ids, compute)?, &teacher)
         })?;
         progress.note(&format!("draft: final distillation loss {loss:.3}"));
         export::write_checkpoint(&draft_dir, &draft_cfg, &draft_vs, &tokenizer_json, &json!({"key": draft_key}))?;
@@ -183,14 +189,15 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     };
     export::write_json(
         &opts.out.join(PAIR_FILE),
-        &json!({"seed": opts.seed, "spec": spec, "corpus": corpus.fingerprint, "report": report,
+        &json!({"seed": opts.seed, "spec": spec, "matmul": opts.matmul, "corpus": corpus.fingerprint, "report": report,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters}),
     )?;
     Ok(outcome)
 }
 
 /// Seconds one optimiser step of `shape` takes here, for turning `--minutes` into steps.
-pub fn seconds_per_step(spec: &DemoSpec, shape: Shape, with_teacher: Option<Shape>) -> Result<f64> {
+pub fn seconds_per_step(spec: &DemoSpec, shape: Shape, with_teacher: Option<Shape>, matmul: MatmulKind) -> Result<f64> {
+    let compute = matmul.kind();
     let stream: Vec<u32> = (0..(spec.context * 4) as u32).map(|i| i % spec.vocab_size as u32).collect();
     let vs = VarStore::new(Device::Cpu);
     let model = TrainableLlama::new(&vs.root(), &spec.llama_config(shape))?;
@@ -202,12 +209,12 @@ pub fn seconds_per_step(spec: &DemoSpec, shape: Shape, with_teacher: Option<Shap
         let started = Instant::now();
         optimise(&vs, 1, 1e-4, &mut windows, &mut Quiet, |batch| {
             let ids = batch.f_narrow(1, 0, t)?;
-            let logits = model.forward(&ids, Kind::BFloat16)?;
+            let logits = model.forward(&ids, compute)?;
             match &teacher {
                 Some(teacher) => {
                     let p = {
                         let _no_grad = tch::no_grad_guard();
-                        teacher.forward(&ids, Kind::BFloat16)?
+                        teacher.forward(&ids, compute)?
                     };
                     distillation_loss(&logits, &p)
                 }
