@@ -29,7 +29,7 @@ pub enum ModelsCommand {
 /// The same seed, preset and corpus give the same bytes. Every stage is cached in OUT with
 /// the key it was built from, so running again returns at once, and an interrupted build
 /// resumes at the stage it was in. The default takes about 15 minutes on 2 cores of a CPU
-/// with AMX (bf16 matrix units).
+/// with AMX, and over an hour on 2 cores with only AVX-512 BF16.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Where to write tokenizer/, target/, draft/ and specd-demo.json.
@@ -56,8 +56,8 @@ pub struct DemoArgs {
     #[arg(long, env = "SPECD_DEMO_DRAFT_STEPS")]
     pub draft_steps: Option<usize>,
     /// Number format of the training's matrix products: `auto` is bf16 on a CPU with bf16
-    /// matrix units (AMX) and f32 elsewhere, where bf16 is no faster. Part of every stage's
-    /// cache key.
+    /// instructions (AVX-512 BF16 or AMX) and f32 on one without, where bf16 is emulated.
+    /// Part of every stage's cache key.
     #[arg(long, env = "SPECD_DEMO_MATMUL", default_value = "auto", value_parser = parse_matmul)]
     pub matmul: MatmulChoice,
     /// Print the result as JSON.
@@ -210,8 +210,8 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         "training matmuls in {} ({})",
         matmul.name(),
         match args.matmul {
-            MatmulChoice::Auto if matmul == MatmulKind::Bf16 => "auto: this CPU has bf16 matrix units",
-            MatmulChoice::Auto => "auto: this CPU has no bf16 matrix units, so bf16 would be no faster",
+            MatmulChoice::Auto if matmul == MatmulKind::Bf16 => "auto: this CPU has bf16 instructions",
+            MatmulChoice::Auto => "auto: this CPU has no bf16 instructions, so bf16 would be emulated",
             MatmulChoice::Fixed(_) => "--matmul",
         }
     );

@@ -130,17 +130,17 @@ fn builds_are_deterministic_for_a_seed_and_cached() {
 
 #[test]
 fn the_matmul_kind_follows_this_cpu_and_the_flag() {
-    // The rule, read here from /proc/cpuinfo independently of specd: bf16 matmuls only with
-    // bf16 matrix units (AMX), f32 elsewhere.
-    let amx = std::fs::read_to_string("/proc/cpuinfo")
-        .map(|info| info.split_whitespace().any(|flag| flag == "amx_bf16"))
+    // The rule, read here from /proc/cpuinfo independently of specd: bf16 matmuls with bf16
+    // instructions (AVX-512 BF16 or AMX), f32 without.
+    let bf16 = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|info| info.split_whitespace().any(|flag| flag == "avx512_bf16" || flag == "amx_bf16"))
         .unwrap_or(false);
-    let expected = if amx { "bf16" } else { "f32" };
+    let expected = if bf16 { "bf16" } else { "f32" };
     let pair: Value =
         serde_json::from_slice(&std::fs::read(shared_pair().join("specd-demo.json")).unwrap()).expect("pair JSON");
-    assert_eq!(pair["matmul"], expected, "auto on a CPU {} AMX", if amx { "with" } else { "without" });
+    assert_eq!(pair["matmul"], expected, "auto on a CPU {} bf16 instructions", if bf16 { "with" } else { "without" });
     // The other kind, forced, is honoured, keyed apart from the first and trains other weights.
-    let other_kind = if amx { "f32" } else { "bf16" };
+    let other_kind = if bf16 { "f32" } else { "bf16" };
     // (Four extra arguments: `build` names its directory by their count, and another test
     // builds seed 7 with two.)
     let (dir, report) = build(7, &["--matmul", other_kind, "--draft-steps", "12"]);

@@ -1,11 +1,13 @@
 //! Which number format the demo's training runs its matrix products in.
 //!
-//! bfloat16 matmuls are fast only where the CPU multiplies bf16 tiles in hardware (Intel AMX,
-//! `amx_bf16`). With only `avx512_bf16`, a 2048×640×1728 bf16 matmul ran no faster than f32
-//! (issue #28), and the demo target then trained for 43 minutes instead of about 10, with the
-//! conversions on top. So the build reads the CPU's features and trains in bf16 only on AMX.
-//! The kind is part of every stage's cache key: builds are deterministic per seed and host
-//! class, not across host classes.
+//! bf16 pays wherever the CPU has bf16 instructions: with AMX (`amx_bf16`) its matmuls run
+//! on the matrix units, and with only `avx512_bf16` (an AMD EPYC host, 2
+//! vCPUs, 2026-12-01) one step of the demo target took 21–23 s in bf16 against 40–71 s in f32,
+//! and one of the draft 9.3 s against 16–18 s, alternated on the same busy host
+//! (BENCHMARKS.md). Without bf16 instructions libtorch
+//! emulates bf16 arithmetic, slower than f32. So the build reads the CPU's features: bf16
+//! with bf16 instructions, f32 without. The kind is part of every stage's cache key: builds
+//! are deterministic per seed and host class, not across host classes.
 
 use serde::{Deserialize, Serialize};
 use tch::Kind;
@@ -19,14 +21,14 @@ pub enum MatmulKind {
 }
 
 impl MatmulKind {
-    /// The rule: bf16 where the CPU has bf16 matrix units, f32 everywhere else.
-    pub fn for_cpu(has_bf16_matrix_units: bool) -> Self {
-        if has_bf16_matrix_units { Self::Bf16 } else { Self::F32 }
+    /// The rule: bf16 where the CPU has bf16 instructions, f32 where it would emulate them.
+    pub fn for_cpu(has_bf16_instructions: bool) -> Self {
+        if has_bf16_instructions { Self::Bf16 } else { Self::F32 }
     }
 
     /// What the CPU this process runs on should use.
     pub fn for_this_cpu() -> Self {
-        Self::for_cpu(crate::cpu_features::has_bf16_matrix_units())
+        Self::for_cpu(crate::cpu_features::has_bf16_instructions())
     }
 
     pub fn kind(self) -> Kind {
@@ -59,18 +61,20 @@ impl std::str::FromStr for MatmulKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_features::flags_have_bf16_matrix_units;
+    use crate::cpu_features::flags_have_bf16_instructions;
 
-    // /proc/cpuinfo flag lines of the two host classes this project is built on (trimmed to
-    // the flags that matter plus neighbours that share prefixes).
-    const SAPPHIRE_RAPIDS: &str = "fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8";
-    const COOPER_LAKE_LIKE: &str = "fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni";
+    // /proc/cpuinfo flags of the host classes this project meets, trimmed to the ones that
+    // matter and neighbours that share their prefixes.
+    const AMX_HOST: &str = "fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8";
+    const AVX512_BF16_HOST: &str = "fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni avx_vnni";
+    const AVX2_HOST: &str = "fpu sse2 avx2 fma avx512f";
 
     #[test]
-    fn bf16_only_with_matrix_units() {
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_matrix_units(SAPPHIRE_RAPIDS)), MatmulKind::Bf16);
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_matrix_units(COOPER_LAKE_LIKE)), MatmulKind::F32);
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_matrix_units("")), MatmulKind::F32);
+    fn bf16_with_bf16_instructions_f32_without() {
+        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions(AMX_HOST)), MatmulKind::Bf16);
+        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions(AVX512_BF16_HOST)), MatmulKind::Bf16);
+        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions(AVX2_HOST)), MatmulKind::F32);
+        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions("")), MatmulKind::F32);
     }
 
     #[test]
