@@ -27,6 +27,9 @@ pub struct ModelInfo {
     pub has_tokenizer: bool,
     /// Bytes of KV cache one session needs per token of capacity.
     pub kv_bytes_per_token: u64,
+    /// The dtype the weights and caches are kept in (`--dtype auto` resolved; f32 for a
+    /// table model, whose probabilities are exact in any case).
+    pub dtype: crate::device::DType,
 }
 
 /// Logits for a run of positions, row-major `rows × vocab`, always `f32` on the host.

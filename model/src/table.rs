@@ -175,6 +175,7 @@ impl TableModel {
                 tokenizer_fingerprint: fingerprint,
                 has_tokenizer: names.is_some(),
                 kv_bytes_per_token: 4,
+                dtype: crate::device::DType::F32,
             },
             names,
             rows,

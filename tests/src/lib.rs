@@ -111,6 +111,7 @@ impl Cluster {
             threads: None,
             sampling_threads: None,
             pin_threads: false,
+            allow_unused_weights: false,
             batch: options.batch,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
