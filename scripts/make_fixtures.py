@@ -233,6 +233,23 @@ def main():
             2,
             False,
         ),
+        (
+            # The Gemma 3 target's draft in the whole-system tests: one windowed layer and
+            # one global, transformers' default RoPE bases.
+            "gemma3_draft",
+            transformers.Gemma3TextConfig(
+                **{**common, "num_hidden_layers": 2},
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=16,
+                query_pre_attn_scalar=16,
+                sliding_window=6,
+                layer_types=["sliding_attention", "full_attention"],
+                pad_token_id=0,
+            ),
+            2,
+            False,
+        ),
     ]
     for name, cfg, eos, shard in fixtures:
         write_fixture(tmp, name, cfg, eos, shard=shard, tok=tok)

@@ -50,14 +50,6 @@ fn stack(parts: &[Tensor]) -> Result<Tensor> {
     Ok(Tensor::f_cat(parts, 0)?)
 }
 
-/// Stacks optional biases: all present or all absent (the config decides).
-fn stack_bias(parts: [Option<Tensor>; 3]) -> Result<Option<Tensor>> {
-    match parts {
-        [Some(a), Some(b), Some(c)] => stack(&[a, b, c]).map(Some),
-        _ => Ok(None),
-    }
-}
-
 /// A Llama-family causal LM with its sessions' KV caches.
 #[derive(Debug)]
 pub struct LlamaModel {
@@ -86,11 +78,19 @@ trait WeightSource {
     fn get_bias(&mut self, present: bool, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
         if present { self.get(name, shape).map(Some) } else { Ok(None) }
     }
+    /// The tensors `parts` stacked along dim 0 (a fused projection).
+    fn get_stacked(&mut self, parts: &[(&str, &[i64])]) -> Result<Tensor> {
+        let tensors = parts.iter().map(|(name, shape)| self.get(name, shape)).collect::<Result<Vec<_>>>()?;
+        stack(&tensors)
+    }
 }
 
 impl WeightSource for WeightStore {
     fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
         self.take(name, shape)
+    }
+    fn get_stacked(&mut self, parts: &[(&str, &[i64])]) -> Result<Tensor> {
+        self.take_stacked(parts)
     }
     fn get_optional(&mut self, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
         self.take_optional(name, shape)
@@ -170,16 +170,28 @@ impl LlamaModel {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
-            let q = w.get(&format!("{a}.q_proj.weight"), &[qd, h])?;
-            let q_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.q_proj.bias"), &[qd])?;
-            let k = w.get(&format!("{a}.k_proj.weight"), &[kvd, h])?;
-            let k_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.k_proj.bias"), &[kvd])?;
-            let v = w.get(&format!("{a}.v_proj.weight"), &[kvd, h])?;
-            let v_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.v_proj.bias"), &[kvd])?;
-            let gate = w.get(&format!("{m}.gate_proj.weight"), &[i, h])?;
-            let gate_bias = w.get_bias(cfg.mlp_bias, &format!("{m}.gate_proj.bias"), &[i])?;
-            let up = w.get(&format!("{m}.up_proj.weight"), &[i, h])?;
-            let up_bias = w.get_bias(cfg.mlp_bias, &format!("{m}.up_proj.bias"), &[i])?;
+            let (q, k, v) = (format!("{a}.q_proj"), format!("{a}.k_proj"), format!("{a}.v_proj"));
+            let qkv = w.get_stacked(&[
+                (&format!("{q}.weight"), &[qd, h]),
+                (&format!("{k}.weight"), &[kvd, h]),
+                (&format!("{v}.weight"), &[kvd, h]),
+            ])?;
+            let qkv_bias = if cfg.qkv_bias {
+                Some(w.get_stacked(&[
+                    (&format!("{q}.bias"), &[qd]),
+                    (&format!("{k}.bias"), &[kvd]),
+                    (&format!("{v}.bias"), &[kvd]),
+                ])?)
+            } else {
+                None
+            };
+            let (gate, up) = (format!("{m}.gate_proj"), format!("{m}.up_proj"));
+            let gate_up = w.get_stacked(&[(&format!("{gate}.weight"), &[i, h]), (&format!("{up}.weight"), &[i, h])])?;
+            let gate_up_bias = if cfg.mlp_bias {
+                Some(w.get_stacked(&[(&format!("{gate}.bias"), &[i]), (&format!("{up}.bias"), &[i])])?)
+            } else {
+                None
+            };
             let qk_norm = if features.qk_norm {
                 Some((norm(w, &format!("{a}.q_norm.weight"), hd)?, norm(w, &format!("{a}.k_norm.weight"), hd)?))
             } else {
@@ -202,16 +214,13 @@ impl LlamaModel {
                 post_attn_norm,
                 post_mlp_norm,
                 windowed: cfg.layer_window(l).is_some(),
-                qkv: stack(&[q, k, v])?,
-                qkv_bias: stack_bias([q_bias, k_bias, v_bias])?,
+                qkv,
+                qkv_bias,
                 o: w.get(&format!("{a}.o_proj.weight"), &[h, qd])?,
                 o_bias: w.get_bias(cfg.o_bias, &format!("{a}.o_proj.bias"), &[h])?,
                 mlp_norm,
-                gate_up: stack(&[gate, up])?,
-                gate_up_bias: match (gate_bias, up_bias) {
-                    (Some(g), Some(u)) => Some(stack(&[g, u])?),
-                    _ => None,
-                },
+                gate_up,
+                gate_up_bias,
                 down: w.get(&format!("{m}.down_proj.weight"), &[h, i])?,
                 down_bias: w.get_bias(cfg.mlp_bias, &format!("{m}.down_proj.bias"), &[h])?,
             });

@@ -123,7 +123,10 @@ fn loading_peaks_within_1_3x_the_checkpoint_size() -> Result<()> {
     if !output.status.success() {
         bail!("child failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     }
-    let line = stdout.lines().find_map(|l| l.strip_prefix("PEAK ")).context("child printed no PEAK line")?;
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("PEAK ").map(|(_, json)| json))
+        .context("child printed no PEAK line")?;
     let report: serde_json::Value = serde_json::from_str(line)?;
     let before = report["rss_before"].as_u64().context("rss_before")?;
     let peak = report["hwm_after"].as_u64().context("hwm_after")?;
@@ -151,8 +154,20 @@ fn child_loads_and_reports_peak_memory() -> Result<()> {
     let warm = tch::Tensor::from_slice(&[1f32, 2.0]).f_mul_scalar(2.0)?;
     drop(warm);
     let before = status_bytes("VmRSS:")?;
+    eprintln!(
+        "child: RssAnon {} RssFile {} VmHWM {} before",
+        status_bytes("RssAnon:")?,
+        status_bytes("RssFile:")?,
+        status_bytes("VmHWM:")?
+    );
     let model = LlamaModel::load(Path::new(&dir), &common::cpu_f32())?;
     let hwm = status_bytes("VmHWM:")?;
+    eprintln!(
+        "child: RssAnon {} RssFile {} VmRSS {} after",
+        status_bytes("RssAnon:")?,
+        status_bytes("RssFile:")?,
+        status_bytes("VmRSS:")?
+    );
     println!(
         "PEAK {}",
         serde_json::json!({"rss_before": before, "hwm_after": hwm, "weight_bytes": model.weight_bytes()})
