@@ -325,7 +325,11 @@ impl LlamaModel {
         }
         // Global layers, then (where some layers are windowed) the windowed layers: the
         // rotary tables of every segment's positions and each segment's mask.
-        let global = self.position_tables(segments, &self.rope, None)?;
+        let global = if self.layers.iter().any(|l| !l.windowed) {
+            Some(self.position_tables(segments, &self.rope, None)?)
+        } else {
+            None
+        };
         let local = if self.layers.iter().any(|l| l.windowed) {
             Some(self.position_tables(segments, self.local_rope.as_ref().unwrap_or(&self.rope), cfg.sliding_window)?)
         } else {
@@ -334,7 +338,10 @@ impl LlamaModel {
         let gqa = heads != kv_heads;
         let scale = features.query_pre_attn_scalar.map(|s| 1.0 / s.sqrt());
         for (li, l) in self.layers.iter().enumerate() {
-            let tables = if l.windowed { local.as_ref().unwrap_or(&global) } else { &global };
+            // Each kind's tables exist where a layer of that kind does.
+            let tables =
+                if l.windowed { local.as_ref().or(global.as_ref()) } else { global.as_ref().or(local.as_ref()) };
+            let tables = tables.ok_or_else(|| ModelError::InvalidInput("a model without layers".into()))?;
             let hs = l.attn_norm.apply(&x)?;
             let qkv = hs.f_linear(&l.qkv, l.qkv_bias.as_ref())?;
             let q = qkv.f_narrow(-1, 0, heads * hd)?.f_view([1, total, heads, hd])?;
