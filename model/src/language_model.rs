@@ -10,7 +10,8 @@ pub type SessionId = u64;
 pub struct ModelInfo {
     /// Human-readable name (the checkpoint directory or table file name).
     pub name: String,
-    /// `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM` or `Table`.
+    /// The checkpoint class (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`,
+    /// `Qwen3ForCausalLM`, `Gemma3ForCausalLM`) or `Table`.
     pub architecture: String,
     /// Number of logits per position (may exceed the tokenizer's vocabulary).
     pub vocab_size: usize,

@@ -154,7 +154,7 @@ fn corrupt_safetensors() -> Result<()> {
 }
 
 #[test]
-fn unsupported_dtype_fails_only_when_the_tensor_is_needed() -> Result<()> {
+fn an_unsupported_dtype_is_named_and_an_unused_tensor_refused() -> Result<()> {
     use safetensors::{Dtype, tensor::TensorView};
     let dir = copy_fixture("llama_gqa_untied", "dtype")?;
     let path = dir.join("model.safetensors");
