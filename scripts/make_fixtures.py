@@ -250,6 +250,41 @@ def main():
             2,
             False,
         ),
+        (
+            # A 4B-27B-style checkpoint: the text model inside Gemma3ForConditionalGeneration,
+            # beside a (tiny) vision tower the loader skips.
+            "gemma3_multimodal",
+            transformers.Gemma3Config(
+                text_config=transformers.Gemma3TextConfig(
+                    **{**common, "num_hidden_layers": 2},
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    head_dim=16,
+                    query_pre_attn_scalar=16,
+                    sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"],
+                    pad_token_id=0,
+                    rope_parameters={
+                        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    },
+                ),
+                vision_config={
+                    "model_type": "siglip_vision_model",
+                    "hidden_size": 16,
+                    "intermediate_size": 32,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 2,
+                    "image_size": 28,
+                    "patch_size": 14,
+                },
+                mm_tokens_per_image=4,
+                eos_token_id=2,
+                bos_token_id=1,
+            ),
+            2,
+            False,
+        ),
     ]
     for name, cfg, eos, shard in fixtures:
         write_fixture(tmp, name, cfg, eos, shard=shard, tok=tok)

@@ -96,6 +96,10 @@ pub struct ArchFeatures {
     /// RoPE base and scaling of the windowed layers where they differ from the global
     /// layers' (Gemma 3's `rope_local_base_freq`).
     pub local_rope: Option<(f64, RopeScaling)>,
+    /// The text model of a `Gemma3ForConditionalGeneration` checkpoint: its weights are
+    /// named under `model.language_model.` or `language_model.model.`, and its vision
+    /// tower's are not used.
+    pub multimodal_wrapper: bool,
 }
 
 /// The parts of `config.json` the forward pass needs, validated.
@@ -199,7 +203,22 @@ impl LlamaConfig {
     /// Parses and validates a `config.json` value; `path` is for error messages.
     pub fn from_value(path: &Path, value: &Value) -> Result<Self> {
         let invalid = |message: String| ModelError::InvalidFile { path: path.to_owned(), message };
+        let multimodal = crate::gemma3::is_multimodal(value);
+        let text;
+        let value = if multimodal {
+            text = crate::gemma3::text_config(value).map_err(invalid)?;
+            &text
+        } else {
+            value
+        };
         let architecture = architecture_of(path, value)?;
+        let filled;
+        let value = if architecture == Architecture::Gemma3 {
+            filled = crate::gemma3::with_size_defaults(value);
+            &filled
+        } else {
+            value
+        };
         let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
         let activation = match (architecture, raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref())) {
             (Architecture::Gemma3, None | Some("gelu_pytorch_tanh" | "gelu_tanh")) => Activation::GeluTanh,
@@ -287,6 +306,7 @@ impl LlamaConfig {
             return Err(invalid(format!("rope_theta {rope_theta} must be positive")));
         }
         features.activation = activation;
+        features.multimodal_wrapper = multimodal;
         let sliding_window_key = value.get("sliding_window");
         let (qkv_bias, o_bias, mlp_bias, sliding_window) = match architecture {
             Architecture::Llama => (raw.attention_bias, raw.attention_bias, raw.mlp_bias, None),

@@ -13,10 +13,16 @@
 //!   transformers 5 `rope_parameters` keyed by layer kind;
 //! - optional final logit soft-capping.
 //!
+//! The larger Gemma 3 checkpoints (4B–27B) are `Gemma3ForConditionalGeneration`
+//! (`model_type: gemma3`): the same text model inside, its config under `text_config` and
+//! its weights under `model.language_model.` (transformers 5) or `language_model.model.`
+//! (4.x), beside a vision tower this crate does not run. [`text_config`] lifts the text
+//! config out; the loader renames the weights and skips the vision ones.
+//!
 //! Attention soft-capping (Gemma 2's `attn_logit_softcapping`) and bidirectional attention
 //! are refused: no Gemma 3 text checkpoint uses them.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::{ArchFeatures, RopeScaling, parse_rope_scaling};
 
@@ -89,6 +95,7 @@ pub(crate) fn features(
         final_logit_softcapping: number("final_logit_softcapping")?,
         sliding_layers,
         local_rope: Some(local),
+        multimodal_wrapper: false,
     };
     Ok((global.0, global.1, features))
 }
@@ -124,4 +131,54 @@ fn rope(value: &Value, max_position_embeddings: usize) -> Result<RopePair, Strin
     let global = (theta_of(value.get("rope_theta"), GLOBAL_THETA)?, scaling_of(value.get("rope_scaling"))?);
     let local = (theta_of(value.get("rope_local_base_freq"), LOCAL_THETA)?, RopeScaling::None);
     Ok((global, local))
+}
+
+/// `Gemma3TextConfig`'s defaults of the sizes a config may leave out (transformers writes a
+/// nested config's differences from them only).
+const SIZE_DEFAULTS: [(&str, u64); 6] = [
+    ("vocab_size", 262_208),
+    ("hidden_size", 2304),
+    ("intermediate_size", 9216),
+    ("num_hidden_layers", 26),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 4),
+];
+
+/// A Gemma 3 text config with the sizes it leaves out filled in.
+pub(crate) fn with_size_defaults(value: &Value) -> Value {
+    let mut value = value.clone();
+    if let Some(object) = value.as_object_mut() {
+        for (key, default) in SIZE_DEFAULTS {
+            object.entry(key).or_insert(Value::from(default));
+        }
+    }
+    value
+}
+
+/// Whether `value` is a `Gemma3ForConditionalGeneration` config (the text model nested).
+pub(crate) fn is_multimodal(value: &Value) -> bool {
+    value.get("model_type").and_then(Value::as_str) == Some("gemma3")
+        || value.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str)
+            == Some("Gemma3ForConditionalGeneration")
+}
+
+/// The text model's config of a `Gemma3ForConditionalGeneration` config: `text_config`,
+/// with the outer config's token ids, tying and dtype where the inner one has none, named
+/// as the text model.
+pub(crate) fn text_config(value: &Value) -> Result<Value, String> {
+    let mut text: Map<String, Value> = match value.get("text_config") {
+        Some(Value::Object(inner)) => inner.clone(),
+        None | Some(Value::Null) => Map::new(),
+        Some(_) => return Err("text_config must be an object".into()),
+    };
+    for key in ["eos_token_id", "bos_token_id", "tie_word_embeddings", "dtype", "torch_dtype"] {
+        if let Some(outer) = value.get(key)
+            && !text.contains_key(key)
+        {
+            text.insert(key.to_owned(), outer.clone());
+        }
+    }
+    text.insert("model_type".into(), "gemma3_text".into());
+    text.insert("architectures".into(), serde_json::json!(["Gemma3ForCausalLM"]));
+    Ok(Value::Object(text))
 }

@@ -129,6 +129,16 @@ impl LlamaModel {
         let tok_path = dir.join("tokenizer.json");
         let tokenizer = if tok_path.is_file() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
         let mut store = WeightStore::open(dir, device, opts.dtype.kind())?;
+        if cfg.features.multimodal_wrapper {
+            store.rename_and_skip(
+                &[
+                    ("model.language_model.", "model."),
+                    ("language_model.model.", "model."),
+                    ("language_model.lm_head.", "lm_head."),
+                ],
+                &["model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector."],
+            );
+        }
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         let model = Self::build(cfg, name, tokenizer, &mut store, &opts)?;
         store.finish(opts.allow_unused_weights)?;

@@ -142,6 +142,22 @@ impl WeightStore {
         Ok((entry, stored))
     }
 
+    /// Names the tensors of a multimodal checkpoint's text model as the text model's own
+    /// (`from` prefixes become `to`), and forgets those under `skip` (the vision tower).
+    pub(crate) fn rename_and_skip(&mut self, renames: &[(&str, &str)], skip: &[&str]) {
+        let entries = std::mem::take(&mut self.entries);
+        for (name, entry) in entries {
+            if skip.iter().any(|prefix| name.starts_with(prefix)) {
+                continue;
+            }
+            let renamed = renames
+                .iter()
+                .find_map(|(from, to)| name.strip_prefix(from).map(|rest| format!("{to}{rest}")))
+                .unwrap_or(name);
+            self.entries.insert(renamed, entry);
+        }
+    }
+
     /// Takes `name` if present (checking its shape), `None` if absent.
     pub(crate) fn take_optional(&mut self, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
         if self.entries.contains_key(name) { self.take(name, shape).map(Some) } else { Ok(None) }

@@ -1,8 +1,9 @@
 //! Parity with transformers: f32 logits on CPU within 1e-4 of the reference for every
 //! fixture (GQA, tied/untied, Qwen2 biases, Mistral sharded and sliding window, Llama-3 rope
 //! scaling, Qwen3 tied with YaRN and untied with biases, Gemma 3 with windowed and global
-//! layers over more tokens than its window and soft-capped logits), plus tokenizer and
-//! generation-config parity.
+//! layers over more tokens than its window and soft-capped logits, the Gemma 3 text model
+//! inside a Gemma3ForConditionalGeneration checkpoint), plus tokenizer and generation-config
+//! parity.
 
 mod common;
 
@@ -41,6 +42,8 @@ fn architectures_and_eos_come_from_the_checkpoint() -> Result<()> {
         ("qwen3_tied_yarn", "Qwen3ForCausalLM"),
         ("qwen3_untied", "Qwen3ForCausalLM"),
         ("gemma3", "Gemma3ForCausalLM"),
+        // The text model of a Gemma3ForConditionalGeneration checkpoint.
+        ("gemma3_multimodal", "Gemma3ForCausalLM"),
     ];
     for (name, arch) in expect {
         let m = load(name)?;
@@ -87,6 +90,12 @@ fn new_architectures_are_read_with_their_features() -> Result<()> {
     assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 2.0 });
     assert_eq!(c.features.local_rope, Some((10_000.0, RopeScaling::None)));
     assert!(c.features.norm_plus_one && c.features.sandwich_norms && c.features.scale_embeddings);
+    assert!(!c.features.multimodal_wrapper);
+    let wrapped = load("gemma3_multimodal")?;
+    let c = wrapped.config();
+    assert!(c.features.multimodal_wrapper, "read from text_config, weights under language_model.model.");
+    assert_eq!((c.num_hidden_layers, c.head_dim, c.sliding_window), (2, 16, Some(4)));
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
     Ok(())
 }
 

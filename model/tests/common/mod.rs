@@ -10,9 +10,9 @@ use serde::Deserialize;
 use specd_model::{DType, DeviceSpec, LlamaModel, LoadOptions, Logits};
 
 /// Bump when `scripts/make_fixtures.py` changes what it writes.
-const FIXTURE_VERSION: &str = "model-v2";
+const FIXTURE_VERSION: &str = "model-v3";
 
-pub const FIXTURES: [&str; 8] = [
+pub const FIXTURES: [&str; 9] = [
     "llama_gqa_untied",
     "llama_tied",
     "qwen2",
@@ -21,13 +21,14 @@ pub const FIXTURES: [&str; 8] = [
     "qwen3_tied_yarn",
     "qwen3_untied",
     "gemma3",
+    "gemma3_multimodal",
 ];
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("model/ has a parent").to_path_buf()
 }
 
-/// `target/fixtures/model-v2`, made by `scripts/make_fixtures.py` on first use (PyPI
+/// `target/fixtures/model-v3`, made by `scripts/make_fixtures.py` on first use (PyPI
 /// `transformers` + torch, random weights, nothing downloaded).
 pub fn fixtures_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
