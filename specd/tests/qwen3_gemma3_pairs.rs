@@ -2,7 +2,8 @@
 //! coordinator over real gRPC (specd-e2e's cluster, in this process), with the tiny random
 //! checkpoints transformers writes (`scripts/make_fixtures.py`: a Qwen3 target with YaRN
 //! drafted by an untied Qwen3; a Gemma 3 target with windowed and global layers drafted by a
-//! smaller Gemma 3). For each pair:
+//! smaller Gemma 3; the same draft for a target in Gemma 3 27B's Gemma3ForConditionalGeneration
+//! format). For each pair:
 //!
 //! - greedy identity: speculative greedy output equals target-only greedy output on 12
 //!   prompts of up to 8 tokens plus 12 new ones, past the Gemma target's window of 4 (f64,
@@ -100,6 +101,13 @@ async fn a_qwen3_pair_is_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gemma3_pair_is_exact() {
     check_pair("gemma3", &hf_fixture("gemma3"), &hf_fixture("gemma3_draft")).await;
+}
+
+/// A target in the format of Gemma 3 4B–27B (the text model inside
+/// Gemma3ForConditionalGeneration, a vision tower beside it) drafted by a text-only Gemma 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemma3_multimodal_format_target_with_a_text_draft_is_exact() {
+    check_pair("gemma3 multimodal", &hf_fixture("gemma3_multimodal"), &hf_fixture("gemma3_draft")).await;
 }
 
 /// The audit above has power on these models: a coordinator that resamples from p on
