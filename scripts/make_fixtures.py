@@ -175,9 +175,123 @@ def main():
             2,
             False,
         ),
+        (
+            "qwen3_tied_yarn",
+            transformers.Qwen3Config(
+                **common,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=12,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                },
+            ),
+            2,
+            False,
+        ),
+        (
+            "qwen3_untied",
+            transformers.Qwen3Config(
+                **common,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                head_dim=8,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=False,
+                attention_bias=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+            2,
+            False,
+        ),
+        (
+            # Windowed layers 0 and 2 around a global layer 1; the window (4) is shorter than
+            # the reference tokens, and each kind has its own RoPE.
+            "gemma3",
+            transformers.Gemma3TextConfig(
+                **{**common, "num_hidden_layers": 3},
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                query_pre_attn_scalar=24,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                final_logit_softcapping=5.0,
+                pad_token_id=0,
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+            ),
+            2,
+            False,
+        ),
+        (
+            # The Gemma 3 target's draft in the whole-system tests: one windowed layer and
+            # one global, transformers' default RoPE bases.
+            "gemma3_draft",
+            transformers.Gemma3TextConfig(
+                **{**common, "num_hidden_layers": 2},
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=16,
+                query_pre_attn_scalar=16,
+                sliding_window=6,
+                layer_types=["sliding_attention", "full_attention"],
+                pad_token_id=0,
+            ),
+            2,
+            False,
+        ),
+        (
+            # A 4B-27B-style checkpoint: the text model inside Gemma3ForConditionalGeneration,
+            # beside a (tiny) vision tower the loader skips.
+            "gemma3_multimodal",
+            transformers.Gemma3Config(
+                text_config=transformers.Gemma3TextConfig(
+                    **{**common, "num_hidden_layers": 2},
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    head_dim=16,
+                    query_pre_attn_scalar=16,
+                    sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"],
+                    pad_token_id=0,
+                    rope_parameters={
+                        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    },
+                ),
+                vision_config={
+                    "model_type": "siglip_vision_model",
+                    "hidden_size": 16,
+                    "intermediate_size": 32,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 2,
+                    "image_size": 28,
+                    "patch_size": 14,
+                },
+                mm_tokens_per_image=4,
+                eos_token_id=2,
+                bos_token_id=1,
+            ),
+            2,
+            False,
+        ),
     ]
     for name, cfg, eos, shard in fixtures:
         write_fixture(tmp, name, cfg, eos, shard=shard, tok=tok)
+    # Defaults transformers gives configs that leave a key out, for the loader to match.
+    defaults = {"mistral_sliding_window": transformers.MistralConfig().sliding_window}
+    with open(os.path.join(tmp, "defaults.json"), "w") as f:
+        json.dump(defaults, f)
     with open(os.path.join(tmp, "VERSION"), "w") as f:
         f.write(f"transformers {transformers.__version__} torch {torch.__version__}\n")
     try:

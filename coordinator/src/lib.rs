@@ -15,6 +15,7 @@
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
 //!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
+//! - `vocab`: which vocabularies fit together (a draft may lack the target's padding rows);
 //! - [`discovery`]: `dns:///` node addresses, re-resolved, one watcher actor per role;
 //! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
@@ -38,6 +39,7 @@ pub mod round_stream;
 pub mod service;
 pub mod session;
 pub mod text;
+mod vocab;
 
 use std::future::Future;
 use std::time::Duration;

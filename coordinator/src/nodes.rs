@@ -295,6 +295,8 @@ impl Replica for DraftClient {
     }
 }
 
+/// [`crate::vocab::check_vocabulary`]: the node's tokenizer and vocabulary fit the first
+/// target's.
 pub(crate) fn check_compatible(
     target_address: &str,
     target: &NodeInfo,
@@ -302,17 +304,5 @@ pub(crate) fn check_compatible(
     address: &str,
     info: &NodeInfo,
 ) -> Result<(), CoordinatorError> {
-    if info.vocab_size != target.vocab_size {
-        return Err(CoordinatorError::Incompatible(format!(
-            "vocabularies differ: the target at {target_address} ({}) has {} tokens, the {role} at {address} ({}) has {}",
-            target.model_id, target.vocab_size, info.model_id, info.vocab_size
-        )));
-    }
-    if info.tokenizer_fingerprint != target.tokenizer_fingerprint {
-        return Err(CoordinatorError::Incompatible(format!(
-            "tokenizers differ: the target at {target_address} ({}) has fingerprint {}, the {role} at {address} ({}) has {}",
-            target.model_id, target.tokenizer_fingerprint, info.model_id, info.tokenizer_fingerprint
-        )));
-    }
-    Ok(())
+    crate::vocab::check_vocabulary(target_address, target, role, address, info)
 }

@@ -42,6 +42,8 @@ fn config() -> LlamaConfig {
         sliding_window: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        checkpoint_dtype: None,
+        features: Default::default(),
     }
 }
 
@@ -52,7 +54,7 @@ fn device() -> DeviceSpec {
 fn setup() -> (LlamaModel, SessionId) {
     let device = device();
     let dtype: DType = std::env::var("SPECD_BENCH_DTYPE").ok().and_then(|d| d.parse().ok()).unwrap_or_default();
-    let opts = LoadOptions { device, dtype, memory_budget: None, threads: None };
+    let opts = LoadOptions { device, dtype, ..LoadOptions::default() };
     let mut m = match std::env::var_os("SPECD_BENCH_MODEL_DIR") {
         Some(dir) => LlamaModel::load(dir.as_ref(), &opts).expect("checkpoint"),
         None => LlamaModel::random(config(), 7, &opts).expect("random model"),

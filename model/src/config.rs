@@ -1,13 +1,15 @@
-//! `config.json` and `generation_config.json` of a Llama-family checkpoint.
+//! `config.json` and `generation_config.json` of a Llama-family checkpoint (Llama, Mistral,
+//! Qwen2, Qwen3, Gemma 3 text); what sets Gemma 3 apart is read in [`crate::gemma3`].
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::device::DType;
 use crate::error::{ModelError, Result};
 
-/// The three families this crate runs; they share one forward pass.
+/// The families this crate runs; they share one forward pass, which [`ArchFeatures`] varies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// `LlamaForCausalLM` (`model_type: llama`).
@@ -16,6 +18,10 @@ pub enum Architecture {
     Mistral,
     /// `Qwen2ForCausalLM` (`model_type: qwen2`): biases on q/k/v.
     Qwen2,
+    /// `Qwen3ForCausalLM` (`model_type: qwen3`): RMS norms on each head's q and k.
+    Qwen3,
+    /// `Gemma3ForCausalLM` (`model_type: gemma3_text`): see [`crate::gemma3`].
+    Gemma3,
 }
 
 impl Architecture {
@@ -25,6 +31,8 @@ impl Architecture {
             Self::Llama => "LlamaForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 }
@@ -38,6 +46,60 @@ pub enum RopeScaling {
     Linear { factor: f64 },
     /// Llama 3.x frequency-dependent scaling.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    /// YaRN (Qwen3's long context): frequencies blended between interpolated and
+    /// extrapolated by a linear ramp over the dimensions, and cos/sin scaled by
+    /// `attention_factor`; defaults resolved as transformers resolves them.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
+}
+
+/// The MLP's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SiLU (Llama, Mistral, Qwen).
+    #[default]
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`, Gemma).
+    GeluTanh,
+    /// Exact GELU (`gelu`).
+    Gelu,
+}
+
+/// What sets an architecture's forward pass apart from Llama's; the default is Llama's.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ArchFeatures {
+    /// RMS norms over each head's q and k, after the projection and before RoPE (Qwen3,
+    /// Gemma 3).
+    pub qk_norm: bool,
+    /// RMS norms scale by `1 + w`, computed in float32 (Gemma).
+    pub norm_plus_one: bool,
+    /// Norms after attention and around the MLP as well as before (Gemma's
+    /// `post_attention_layernorm`, `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    /// Embeddings multiplied by √hidden, cast to the run's dtype (Gemma).
+    pub scale_embeddings: bool,
+    pub activation: Activation,
+    /// Attention scores scaled by `query_pre_attn_scalar^-1/2` instead of `head_dim^-1/2`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Logits become `c * tanh(logits / c)`.
+    pub final_logit_softcapping: Option<f64>,
+    /// Per layer, whether [`LlamaConfig::sliding_window`] applies to it; empty: it applies to
+    /// every layer (Mistral). Gemma 3 interleaves windowed ("sliding_attention") layers with
+    /// global ones.
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base and scaling of the windowed layers where they differ from the global
+    /// layers' (Gemma 3's `rope_local_base_freq`).
+    pub local_rope: Option<(f64, RopeScaling)>,
+    /// The text model of a `Gemma3ForConditionalGeneration` checkpoint: its weights are
+    /// named under `model.language_model.` or `language_model.model.`, and its vision
+    /// tower's are not used.
+    pub multimodal_wrapper: bool,
 }
 
 /// The parts of `config.json` the forward pass needs, validated.
@@ -62,10 +124,15 @@ pub struct LlamaConfig {
     pub o_bias: bool,
     /// Biases in the MLP (`mlp_bias` for Llama).
     pub mlp_bias: bool,
-    /// A query at position i sees keys j with i - j < window (Mistral `sliding_window`).
+    /// A query at position i sees keys j with i - j < window (Mistral `sliding_window`; in
+    /// Gemma 3 only on the layers [`ArchFeatures::sliding_layers`] marks).
     pub sliding_window: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// The dtype the checkpoint says its weights are in (`dtype`, or `torch_dtype` before
+    /// transformers 5), which `--dtype auto` keeps on a GPU.
+    pub checkpoint_dtype: Option<DType>,
+    pub features: ArchFeatures,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,11 +158,14 @@ struct RawConfig {
     #[serde(default)]
     mlp_bias: bool,
     hidden_act: Option<String>,
+    hidden_activation: Option<String>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
     partial_rotary_factor: Option<f64>,
+    dtype: Option<String>,
+    torch_dtype: Option<String>,
 }
 
 fn default_eps() -> f64 {
@@ -133,13 +203,34 @@ impl LlamaConfig {
     /// Parses and validates a `config.json` value; `path` is for error messages.
     pub fn from_value(path: &Path, value: &Value) -> Result<Self> {
         let invalid = |message: String| ModelError::InvalidFile { path: path.to_owned(), message };
+        let multimodal = crate::gemma3::is_multimodal(value);
+        let text;
+        let value = if multimodal {
+            text = crate::gemma3::text_config(value).map_err(invalid)?;
+            &text
+        } else {
+            value
+        };
         let architecture = architecture_of(path, value)?;
+        let filled;
+        let value = if architecture == Architecture::Gemma3 {
+            filled = crate::gemma3::with_size_defaults(value);
+            &filled
+        } else {
+            value
+        };
         let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
-        if let Some(act) = &raw.hidden_act
-            && act != "silu"
-        {
-            return Err(invalid(format!("hidden_act {act:?} is not supported (only silu)")));
-        }
+        let activation = match (architecture, raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref())) {
+            (Architecture::Gemma3, None | Some("gelu_pytorch_tanh" | "gelu_tanh")) => Activation::GeluTanh,
+            (Architecture::Gemma3, Some("gelu")) => Activation::Gelu,
+            (Architecture::Gemma3, Some(other)) => {
+                return Err(invalid(format!(
+                    "hidden_activation {other:?} is not supported (gelu_pytorch_tanh or gelu)"
+                )));
+            }
+            (_, None | Some("silu")) => Activation::Silu,
+            (_, Some(other)) => return Err(invalid(format!("hidden_act {other:?} is not supported (only silu)"))),
+        };
         if raw.partial_rotary_factor.is_some_and(|f| f != 1.0) {
             return Err(invalid("partial_rotary_factor != 1 is not supported".into()));
         }
@@ -150,18 +241,26 @@ impl LlamaConfig {
                 "num_attention_heads {heads} must be a positive multiple of num_key_value_heads {kv_heads}"
             )));
         }
+        let max_position_embeddings = match (architecture, value.get("max_position_embeddings")) {
+            // transformers' Gemma 3 default; the others default to 2048 here.
+            (Architecture::Gemma3, None) => 131_072,
+            _ => raw.max_position_embeddings,
+        };
         if raw.hidden_size == 0
             || raw.vocab_size == 0
             || raw.num_hidden_layers == 0
             || raw.intermediate_size == 0
-            || raw.max_position_embeddings == 0
+            || max_position_embeddings == 0
         {
             return Err(invalid("sizes must be positive".into()));
         }
-        let head_dim = match raw.head_dim {
-            Some(d) => d,
-            None if raw.hidden_size.is_multiple_of(heads) => raw.hidden_size / heads,
-            None => {
+        let head_dim = match (raw.head_dim, architecture) {
+            (Some(d), _) => d,
+            // Defaults of Qwen3Config and Gemma3TextConfig, not hidden / heads.
+            (None, Architecture::Qwen3) => 128,
+            (None, Architecture::Gemma3) => 256,
+            (None, _) if raw.hidden_size.is_multiple_of(heads) => raw.hidden_size / heads,
+            (None, _) => {
                 return Err(invalid(format!(
                     "hidden_size {} is not divisible by num_attention_heads {heads}",
                     raw.hidden_size
@@ -177,7 +276,7 @@ impl LlamaConfig {
             ("num_hidden_layers", raw.num_hidden_layers, 1 << 10),
             ("num_attention_heads", heads, 1 << 12),
             ("head_dim", head_dim, 1 << 12),
-            ("max_position_embeddings", raw.max_position_embeddings, 1 << 24),
+            ("max_position_embeddings", max_position_embeddings, 1 << 24),
         ] {
             if value > max {
                 return Err(invalid(format!("{name} {value} exceeds the supported maximum {max}")));
@@ -189,33 +288,63 @@ impl LlamaConfig {
         if !(raw.rms_norm_eps.is_finite() && raw.rms_norm_eps >= 0.0) {
             return Err(invalid("rms_norm_eps must be finite and non-negative".into()));
         }
-        // transformers 5 writes `rope_parameters` (theta inside); 4.x writes `rope_theta`
-        // and `rope_scaling`.
-        let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
-        let rope_theta =
-            rope.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64).or(raw.rope_theta).unwrap_or(10_000.0);
+        let (rope_theta, rope_scaling, mut features) = if architecture == Architecture::Gemma3 {
+            crate::gemma3::features(value, raw.num_hidden_layers, max_position_embeddings).map_err(invalid)?
+        } else {
+            // transformers 5 writes `rope_parameters` (theta inside); 4.x writes `rope_theta`
+            // and `rope_scaling`.
+            let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+            let rope_theta =
+                rope.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64).or(raw.rope_theta).unwrap_or(10_000.0);
+            let rope_scaling = match rope {
+                None | Some(Value::Null) => RopeScaling::None,
+                Some(r) => parse_rope_scaling(r, max_position_embeddings).map_err(invalid)?,
+            };
+            (rope_theta, rope_scaling, ArchFeatures::default())
+        };
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
             return Err(invalid(format!("rope_theta {rope_theta} must be positive")));
         }
-        let rope_scaling = match rope {
-            None | Some(Value::Null) => RopeScaling::None,
-            Some(r) => parse_rope_scaling(r).map_err(invalid)?,
-        };
+        features.activation = activation;
+        features.multimodal_wrapper = multimodal;
+        let sliding_window_key = value.get("sliding_window");
         let (qkv_bias, o_bias, mlp_bias, sliding_window) = match architecture {
             Architecture::Llama => (raw.attention_bias, raw.attention_bias, raw.mlp_bias, None),
-            Architecture::Mistral => (false, false, false, raw.sliding_window),
-            Architecture::Qwen2 => {
-                // Qwen2 windows only the layers from `max_window_layers` on; no released
+            // MistralConfig's default window is 4096: a config without the key is windowed,
+            // one with `null` is not.
+            Architecture::Mistral => {
+                (false, false, false, if sliding_window_key.is_none() { Some(4096) } else { raw.sliding_window })
+            }
+            Architecture::Qwen2 | Architecture::Qwen3 => {
+                // Qwen2 and Qwen3 window only the layers from `max_window_layers` on; no released
                 // checkpoint turns it on, so refuse rather than approximate.
                 if raw.use_sliding_window == Some(true) {
-                    return Err(invalid("Qwen2 use_sliding_window = true is not supported".into()));
+                    return Err(invalid(format!(
+                        "{} use_sliding_window = true is not supported",
+                        architecture.class_name()
+                    )));
                 }
-                (true, false, false, None)
+                let qwen3 = architecture == Architecture::Qwen3;
+                features.qk_norm = qwen3;
+                // Qwen3 biases every attention projection when `attention_bias` says so;
+                // Qwen2 always biases q/k/v and never o.
+                if qwen3 { (raw.attention_bias, raw.attention_bias, false, None) } else { (true, false, false, None) }
             }
+            Architecture::Gemma3 => (
+                raw.attention_bias,
+                raw.attention_bias,
+                false,
+                if sliding_window_key.is_none() { Some(4096) } else { raw.sliding_window },
+            ),
         };
         if sliding_window == Some(0) {
             return Err(invalid("sliding_window must be positive".into()));
         }
+        let tie_word_embeddings = match (architecture, value.get("tie_word_embeddings")) {
+            // Gemma3TextConfig ties by default; the others do not.
+            (Architecture::Gemma3, None) => true,
+            _ => raw.tie_word_embeddings,
+        };
         let eos_token_ids = match &raw.eos_token_id {
             Some(v) => token_ids(path, "eos_token_id", v)?,
             None => Vec::new(),
@@ -223,6 +352,10 @@ impl LlamaConfig {
         let bos_token_id = match &raw.bos_token_id {
             Some(v) => token_ids(path, "bos_token_id", v)?.first().copied(),
             None => None,
+        };
+        let checkpoint_dtype = match raw.dtype.as_deref().or(raw.torch_dtype.as_deref()) {
+            None => None,
+            Some(name) => Some(name.parse().map_err(|_| invalid(format!("dtype {name:?} is not a float dtype")))?),
         };
         Ok(Self {
             architecture,
@@ -236,15 +369,23 @@ impl LlamaConfig {
             rms_norm_eps: raw.rms_norm_eps,
             rope_theta,
             rope_scaling,
-            max_position_embeddings: raw.max_position_embeddings,
-            tie_word_embeddings: raw.tie_word_embeddings,
+            max_position_embeddings,
+            tie_word_embeddings,
             qkv_bias,
             o_bias,
             mlp_bias,
             sliding_window,
             bos_token_id,
             eos_token_ids,
+            checkpoint_dtype,
+            features,
         })
+    }
+
+    /// The sliding window of layer `layer`, if it has one.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let windowed = self.features.sliding_layers.get(layer).copied().unwrap_or(true);
+        if windowed { self.sliding_window } else { None }
     }
 
     /// Number of parameters implied by the config.
@@ -255,7 +396,9 @@ impl LlamaConfig {
         let i = self.intermediate_size as u64;
         let v = self.vocab_size as u64;
         let attn = h * qd * 2 + h * kvd * 2;
-        let layer = attn + 3 * h * i + 2 * h;
+        let qk_norms = if self.features.qk_norm { 2 * self.head_dim as u64 } else { 0 };
+        let norms = if self.features.sandwich_norms { 4 * h } else { 2 * h };
+        let layer = attn + 3 * h * i + norms + qk_norms;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + head + h + self.num_hidden_layers as u64 * layer
     }
@@ -269,6 +412,8 @@ fn architecture_of(path: &Path, value: &Value) -> Result<Architecture> {
         Some("llama") => Some(Architecture::Llama),
         Some("mistral") => Some(Architecture::Mistral),
         Some("qwen2") => Some(Architecture::Qwen2),
+        Some("qwen3") => Some(Architecture::Qwen3),
+        Some("gemma3_text") => Some(Architecture::Gemma3),
         Some(other) => return Err(unsupported(format!("model_type {other:?}"))),
         None => None,
     };
@@ -276,6 +421,8 @@ fn architecture_of(path: &Path, value: &Value) -> Result<Architecture> {
         Some("LlamaForCausalLM") => Some(Architecture::Llama),
         Some("MistralForCausalLM") => Some(Architecture::Mistral),
         Some("Qwen2ForCausalLM") => Some(Architecture::Qwen2),
+        Some("Qwen3ForCausalLM") => Some(Architecture::Qwen3),
+        Some("Gemma3ForCausalLM") => Some(Architecture::Gemma3),
         Some(other) => return Err(unsupported(format!("architectures[0] {other:?}"))),
         None => None,
     };
@@ -290,7 +437,12 @@ fn architecture_of(path: &Path, value: &Value) -> Result<Architecture> {
     }
 }
 
-fn parse_rope_scaling(r: &Value) -> std::result::Result<RopeScaling, String> {
+/// One RoPE parameter dict's scaling (`rope_type` or `type`); `max_position_embeddings` is
+/// YaRN's default `original_max_position_embeddings`, as transformers sets it.
+pub(crate) fn parse_rope_scaling(
+    r: &Value,
+    max_position_embeddings: usize,
+) -> std::result::Result<RopeScaling, String> {
     let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("default");
     let num = |key: &str| -> std::result::Result<f64, String> {
         r.get(key)
@@ -314,6 +466,28 @@ fn parse_rope_scaling(r: &Value) -> std::result::Result<RopeScaling, String> {
                 return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor".into());
             }
             Ok(s)
+        }
+        "yarn" => {
+            let optional = |key: &str| r.get(key).and_then(Value::as_f64).filter(|x| *x != 0.0);
+            let factor = num("factor")?;
+            let original = optional("original_max_position_embeddings").unwrap_or(max_position_embeddings as f64);
+            // transformers: `attention_factor`, else mscale / mscale_all_dim when both are
+            // set, else 0.1 ln(factor) + 1.
+            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let attention_factor = match (optional("attention_factor"), optional("mscale"), optional("mscale_all_dim"))
+            {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                _ => mscale(factor, 1.0),
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: optional("beta_fast").unwrap_or(32.0),
+                beta_slow: optional("beta_slow").unwrap_or(1.0),
+                attention_factor,
+                truncate: r.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            })
         }
         other => Err(format!("rope scaling type {other:?} is not supported")),
     }

@@ -1,57 +1,86 @@
-//! What the CPU can do fast with bfloat16, read from its feature flags (Linux `/proc/cpuinfo`).
+//! What the host CPU can do with bfloat16, read from `/proc/cpuinfo`, for the choices that
+//! depend on it (the default dtype of a CPU model, the demo's training matmuls).
 //!
 //! Two levels matter:
 //! - bf16 **instructions** (`avx512_bf16`, or AMX's `amx_bf16`): the CPU converts and dots bf16
-//!   pairs in hardware. Without them libtorch emulates bf16 arithmetic, which is slower than
-//!   f32.
-//! - bf16 **matrix units** (Intel AMX, `amx_bf16`): a pass over a few tokens costs about what
-//!   one token costs, and bf16 serving keeps up with f32 one token at a time.
+//!   pairs in hardware. Without them libtorch emulates bf16 arithmetic, slower than f32.
+//! - bf16 **matrix units** (x86 AMX, `amx_bf16`): bf16 matmuls outrun f32 ones by far, and a
+//!   pass over a few tokens costs about what one token costs.
 
-/// Whether a CPU `flags` line names bf16 matrix units (AMX).
-pub fn flags_have_bf16_matrix_units(flags: &str) -> bool {
-    flags.split_whitespace().any(|flag| flag == "amx_bf16")
+use std::sync::OnceLock;
+
+fn cpuinfo() -> &'static str {
+    static INFO: OnceLock<String> = OnceLock::new();
+    INFO.get_or_init(|| std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
 }
 
-/// Whether a CPU `flags` line names bf16 dot-product instructions (AVX-512 BF16 or AMX).
-pub fn flags_have_bf16_instructions(flags: &str) -> bool {
-    flags.split_whitespace().any(|flag| flag == "avx512_bf16" || flag == "amx_bf16")
-}
-
-/// This machine's CPU flags; empty where they cannot be read.
-pub fn cpu_flags() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|line| line.starts_with("flags"))
-                .and_then(|line| line.split_once(':'))
-                .map(|(_, flags)| flags.to_owned())
+/// The first `flags` line of a `/proc/cpuinfo` text, split into flags.
+fn flags(cpuinfo: &str) -> impl Iterator<Item = &str> {
+    cpuinfo
+        .lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == "flags").then_some(value)
         })
-        .unwrap_or_default()
+        .unwrap_or("")
+        .split_whitespace()
 }
 
-/// Whether this machine's CPU has bf16 matrix units (AMX).
+/// Whether the CPU has bfloat16 matrix units (x86 AMX: the `amx_bf16` flag), on which bf16
+/// matmuls outrun f32 ones. Without them (AVX-512 BF16 alone converts and dots vectors)
+/// libtorch's bf16 serving passes are slower than its f32 ones. `false` where
+/// `/proc/cpuinfo` cannot be read or has no x86 flags.
 pub fn has_bf16_matrix_units() -> bool {
-    flags_have_bf16_matrix_units(&cpu_flags())
+    cpuinfo_has_bf16_matrix_units(cpuinfo())
 }
 
-/// Whether this machine's CPU has bf16 instructions (AVX-512 BF16 or AMX).
+/// [`has_bf16_matrix_units`] of a `/proc/cpuinfo` text: whether its first `flags` line
+/// lists `amx_bf16`.
+pub fn cpuinfo_has_bf16_matrix_units(cpuinfo: &str) -> bool {
+    flags(cpuinfo).any(|flag| flag == "amx_bf16")
+}
+
+/// Whether the CPU has bfloat16 instructions (AVX-512 BF16 or AMX), without which libtorch
+/// emulates bf16 arithmetic.
 pub fn has_bf16_instructions() -> bool {
-    flags_have_bf16_instructions(&cpu_flags())
+    cpuinfo_has_bf16_instructions(cpuinfo())
+}
+
+/// [`has_bf16_instructions`] of a `/proc/cpuinfo` text.
+pub fn cpuinfo_has_bf16_instructions(cpuinfo: &str) -> bool {
+    flags(cpuinfo).any(|flag| flag == "avx512_bf16" || flag == "amx_bf16")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const AVX512_BF16_ONLY: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\nbugs\t\t: spectre_v1\n";
+    const SAPPHIRE_RAPIDS: &str = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n";
+    const ZEN3: &str = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n";
+
     #[test]
-    fn each_level_reads_its_own_flags() {
-        let sapphire_rapids = "avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8";
-        let zen4 = "avx2 avx512f avx512_bf16 avx_vnni";
-        let zen3 = "avx2 fma";
-        assert!(flags_have_bf16_matrix_units(sapphire_rapids) && flags_have_bf16_instructions(sapphire_rapids));
-        assert!(!flags_have_bf16_matrix_units(zen4) && flags_have_bf16_instructions(zen4));
-        assert!(!flags_have_bf16_matrix_units(zen3) && !flags_have_bf16_instructions(zen3));
-        assert!(!flags_have_bf16_instructions("avx512_bf16x amx_tile"));
+    fn amx_bf16_is_a_matrix_unit_and_avx512_bf16_is_not() {
+        assert!(!cpuinfo_has_bf16_matrix_units(AVX512_BF16_ONLY));
+        assert!(cpuinfo_has_bf16_matrix_units(SAPPHIRE_RAPIDS));
+        // Only whole flags count, and only on the flags line.
+        assert!(!cpuinfo_has_bf16_matrix_units("flags\t: amx_bf16x amx_tile\nbugs\t: amx_bf16\n"));
+        assert!(!cpuinfo_has_bf16_matrix_units("Features\t: fp asimd bf16 i8mm\n"));
+        assert!(!cpuinfo_has_bf16_matrix_units(""));
+    }
+
+    #[test]
+    fn bf16_instructions_come_with_avx512_bf16_or_amx() {
+        assert!(cpuinfo_has_bf16_instructions(AVX512_BF16_ONLY));
+        assert!(cpuinfo_has_bf16_instructions(SAPPHIRE_RAPIDS));
+        assert!(!cpuinfo_has_bf16_instructions(ZEN3));
+        assert!(!cpuinfo_has_bf16_instructions("flags\t: avx512_bf16x\nbugs\t: avx512_bf16\n"));
+    }
+
+    #[test]
+    fn this_host_is_read_like_its_cpuinfo() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        assert_eq!(has_bf16_matrix_units(), cpuinfo_has_bf16_matrix_units(&info));
+        assert_eq!(has_bf16_instructions(), cpuinfo_has_bf16_instructions(&info));
     }
 }

@@ -1,4 +1,4 @@
-//! `--device cpu|cuda:N` and `--dtype f32|f16|bf16|f64`.
+//! `--device cpu|cuda:N` and `--dtype auto|f32|f16|bf16|f64`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -66,6 +66,9 @@ impl fmt::Display for DeviceSpec {
 /// The dtype weights and caches are kept in; logits always come back as `f32`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DType {
+    /// Chosen at load ([`DType::resolve`]): the checkpoint's own dtype on a GPU; on a CPU,
+    /// bf16 where it has bf16 matrix units and f32 elsewhere. Until resolved it acts as f32.
+    Auto,
     /// 32-bit float (the reference for parity tests).
     #[default]
     F32,
@@ -80,10 +83,29 @@ pub enum DType {
 }
 
 impl DType {
+    /// The dtype a model loads in: `self` unless it is [`DType::Auto`]. On a GPU that is
+    /// `checkpoint` (what `config.json` says the weights are; f32 when it says nothing). On
+    /// a CPU it is the fastest that keeps parity with transformers: libtorch's bf16
+    /// matmuls are slower than f32 ones unless the CPU has bf16 matrix units
+    /// ([`crate::cpu_features::has_bf16_matrix_units`]), so f32 without them and bf16 with.
+    pub fn resolve(self, device: DeviceSpec, checkpoint: Option<DType>) -> DType {
+        match (self, device) {
+            (Self::Auto, DeviceSpec::Cuda(_)) => checkpoint.filter(|d| *d != Self::Auto).unwrap_or(Self::F32),
+            (Self::Auto, DeviceSpec::Cpu) => {
+                if crate::cpu_features::has_bf16_matrix_units() {
+                    Self::Bf16
+                } else {
+                    Self::F32
+                }
+            }
+            (concrete, _) => concrete,
+        }
+    }
+
     /// The libtorch kind.
     pub fn kind(self) -> tch::Kind {
         match self {
-            Self::F32 => tch::Kind::Float,
+            Self::Auto | Self::F32 => tch::Kind::Float,
             Self::F16 => tch::Kind::Half,
             Self::Bf16 => tch::Kind::BFloat16,
             Self::F64 => tch::Kind::Double,
@@ -93,7 +115,7 @@ impl DType {
     /// Bytes per element.
     pub fn size_in_bytes(self) -> u64 {
         match self {
-            Self::F32 => 4,
+            Self::Auto | Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
             Self::F64 => 8,
         }
@@ -105,11 +127,12 @@ impl FromStr for DType {
 
     fn from_str(s: &str) -> Result<Self> {
         match s {
+            "auto" => Ok(Self::Auto),
             "f32" | "float32" => Ok(Self::F32),
             "f16" | "float16" => Ok(Self::F16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
             "f64" | "float64" => Ok(Self::F64),
-            _ => Err(ModelError::Device(format!("unknown dtype {s:?} (expected f32, f16, bf16 or f64)"))),
+            _ => Err(ModelError::Device(format!("unknown dtype {s:?} (expected auto, f32, f16, bf16 or f64)"))),
         }
     }
 }
@@ -117,6 +140,7 @@ impl FromStr for DType {
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Self::Auto => "auto",
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Bf16 => "bf16",

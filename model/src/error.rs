@@ -27,7 +27,7 @@ pub enum ModelError {
 
     /// `config.json` names an architecture this crate does not implement.
     #[error(
-        "unsupported architecture in {path}: {found} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
+        "unsupported architecture in {path}: {found} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)"
     )]
     UnsupportedArchitecture { path: PathBuf, found: String },
 
@@ -42,6 +42,17 @@ pub enum ModelError {
     /// A tensor is stored with a dtype this crate cannot convert.
     #[error("tensor {tensor} in {path} has unsupported dtype {dtype}")]
     TensorDtype { path: PathBuf, tensor: String, dtype: String },
+
+    /// The checkpoint holds tensors the model as `config.json` describes it does not use (a
+    /// bias the config does not declare, a layer past `num_hidden_layers`): it would compute
+    /// something else than the checkpoint's authors meant.
+    #[error(
+        "{} tensor(s) in {path} are not used by the model config.json describes: {}{} (--allow-unused-weights loads it anyway)",
+        tensors.len(),
+        tensors.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
+        if tensors.len() > 8 { ", ..." } else { "" }
+    )]
+    UnusedTensors { path: PathBuf, tensors: Vec<String> },
 
     /// The tokenizer file cannot be loaded or used.
     #[error("tokenizer {path}: {message}")]
@@ -121,6 +132,7 @@ impl ModelError {
             | Self::MissingTensor { .. }
             | Self::TensorShape { .. }
             | Self::TensorDtype { .. }
+            | Self::UnusedTensors { .. }
             | Self::Tokenizer { .. }
             | Self::Device(_)
             | Self::Corpus(_) => ErrorClass::FailedPrecondition,

@@ -10,7 +10,8 @@ pub type SessionId = u64;
 pub struct ModelInfo {
     /// Human-readable name (the checkpoint directory or table file name).
     pub name: String,
-    /// `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM` or `Table`.
+    /// The checkpoint class (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`,
+    /// `Qwen3ForCausalLM`, `Gemma3ForCausalLM`) or `Table`.
     pub architecture: String,
     /// Number of logits per position (may exceed the tokenizer's vocabulary).
     pub vocab_size: usize,
@@ -27,6 +28,9 @@ pub struct ModelInfo {
     pub has_tokenizer: bool,
     /// Bytes of KV cache one session needs per token of capacity.
     pub kv_bytes_per_token: u64,
+    /// The dtype the weights and caches are kept in (`--dtype auto` resolved; f32 for a
+    /// table model, whose probabilities are exact in any case).
+    pub dtype: crate::device::DType,
 }
 
 /// Logits for a run of positions, row-major `rows × vocab`, always `f32` on the host.

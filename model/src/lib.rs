@@ -15,7 +15,8 @@
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`];
 //!   [`batching`]: how that thread runs concurrent sessions' forward passes as one.
-//! - [`device`]: `--device` and `--dtype`; [`load`]: open a model from a path.
+//! - [`device`]: `--device` and `--dtype` (`auto` resolved at load); [`cpu_features`]: what
+//!   the CPU can do (bf16 matrix units); [`load`]: open a model from a path.
 //! - [`demo`]: builds the demo pair offline (tokenizer, target trained on Python sources,
 //!   draft distilled from it), written as Hugging Face directories.
 //! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one.
@@ -32,6 +33,7 @@ pub mod cpu_features;
 pub mod demo;
 pub mod device;
 pub mod error;
+mod gemma3;
 mod kv_cache;
 pub mod language_model;
 pub mod llama;
@@ -46,7 +48,7 @@ mod weights;
 pub mod worker;
 
 pub use batching::{BatchPolicy, BatchTotals};
-pub use config::{Architecture, LlamaConfig, RopeScaling};
+pub use config::{Activation, ArchFeatures, Architecture, LlamaConfig, RopeScaling};
 pub use device::{DType, DeviceSpec};
 pub use error::{ErrorClass, ModelError, Result};
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};

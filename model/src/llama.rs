@@ -1,11 +1,13 @@
-//! The Llama family (Llama, Mistral, Qwen2) on libtorch: one forward pass scores a run of
-//! tokens against a session's KV cache.
+//! The Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text) on libtorch: one forward
+//! pass scores a run of tokens against a session's KV cache. What the later families add
+//! (q/k norms, Gemma's norms, embedding scale, GELU, windowed layers with their own RoPE,
+//! soft-capped logits) is switched on by [`crate::config::ArchFeatures`].
 
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::config::LlamaConfig;
+use crate::config::{Activation, LlamaConfig};
 use crate::device::DType;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -20,13 +22,22 @@ use crate::weights::WeightStore;
 /// three and two), which matters most for small runs of tokens.
 #[derive(Debug)]
 struct Layer {
-    attn_norm: Tensor,
+    attn_norm: Norm,
+    /// Per-head RMS norms of q and k (Qwen3, Gemma 3).
+    qk_norm: Option<(Norm, Norm)>,
+    /// Gemma's norm of the attention output, before the residual add.
+    post_attn_norm: Option<Norm>,
+    /// Gemma's norm of the MLP output, before the residual add.
+    post_mlp_norm: Option<Norm>,
+    /// Whether the sliding window applies (Gemma 3's local layers; every layer of a
+    /// windowed Mistral).
+    windowed: bool,
     /// `[q_dim + 2 * kv_dim, hidden]`: q, k, v stacked.
     qkv: Tensor,
     qkv_bias: Option<Tensor>,
     o: Tensor,
     o_bias: Option<Tensor>,
-    mlp_norm: Tensor,
+    mlp_norm: Norm,
     /// `[2 * intermediate, hidden]`: gate, up stacked.
     gate_up: Tensor,
     gate_up_bias: Option<Tensor>,
@@ -39,14 +50,6 @@ fn stack(parts: &[Tensor]) -> Result<Tensor> {
     Ok(Tensor::f_cat(parts, 0)?)
 }
 
-/// Stacks optional biases: all present or all absent (the config decides).
-fn stack_bias(parts: [Option<Tensor>; 3]) -> Result<Option<Tensor>> {
-    match parts {
-        [Some(a), Some(b), Some(c)] => stack(&[a, b, c]).map(Some),
-        _ => Ok(None),
-    }
-}
-
 /// A Llama-family causal LM with its sessions' KV caches.
 #[derive(Debug)]
 pub struct LlamaModel {
@@ -55,10 +58,14 @@ pub struct LlamaModel {
     tokenizer: Option<TextTokenizer>,
     embed: Tensor,
     layers: Vec<Layer>,
-    norm: Tensor,
+    norm: Norm,
     /// The embedding matrix itself when embeddings are tied.
     lm_head: Tensor,
+    /// √hidden in the run's dtype (Gemma), by which embeddings are multiplied.
+    embed_scale: Option<Tensor>,
     rope: Rope,
+    /// The windowed layers' RoPE where it differs (Gemma 3).
+    local_rope: Option<Rope>,
     device: Device,
     kind: Kind,
     sessions: SessionTable<KvCache>,
@@ -71,11 +78,19 @@ trait WeightSource {
     fn get_bias(&mut self, present: bool, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
         if present { self.get(name, shape).map(Some) } else { Ok(None) }
     }
+    /// The tensors `parts` stacked along dim 0 (a fused projection).
+    fn get_stacked(&mut self, parts: &[(&str, &[i64])]) -> Result<Tensor> {
+        let tensors = parts.iter().map(|(name, shape)| self.get(name, shape)).collect::<Result<Vec<_>>>()?;
+        stack(&tensors)
+    }
 }
 
 impl WeightSource for WeightStore {
     fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
         self.take(name, shape)
+    }
+    fn get_stacked(&mut self, parts: &[(&str, &[i64])]) -> Result<Tensor> {
+        self.take_stacked(parts)
     }
     fn get_optional(&mut self, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
         self.take_optional(name, shape)
@@ -104,24 +119,39 @@ impl WeightSource for RandomWeights {
 
 impl LlamaModel {
     /// Loads a Hugging Face checkpoint directory (`config.json`, safetensors weights,
-    /// optional `tokenizer.json` and `generation_config.json`).
+    /// optional `tokenizer.json` and `generation_config.json`). `--dtype auto` is resolved
+    /// here ([`DType::resolve`]); a tensor the model does not use is an error
+    /// ([`ModelError::UnusedTensors`]) unless `opts.allow_unused_weights`.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let cfg = LlamaConfig::from_dir(dir)?;
+        let opts = LoadOptions { dtype: opts.dtype.resolve(opts.device, cfg.checkpoint_dtype), ..opts.clone() };
         let device = opts.device.to_device()?;
-        let kind = opts.dtype.kind();
         let tok_path = dir.join("tokenizer.json");
         let tokenizer = if tok_path.is_file() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
-        let mut store = WeightStore::load(dir, device, kind)?;
+        let mut store = WeightStore::open(dir, device, opts.dtype.kind())?;
+        if cfg.features.multimodal_wrapper {
+            store.rename_and_skip(
+                &[
+                    ("model.language_model.", "model."),
+                    ("language_model.model.", "model."),
+                    ("language_model.lm_head.", "lm_head."),
+                ],
+                &["model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector."],
+            );
+        }
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        Self::build(cfg, name, tokenizer, &mut store, opts)
+        let model = Self::build(cfg, name, tokenizer, &mut store, &opts)?;
+        store.finish(opts.allow_unused_weights)?;
+        Ok(model)
     }
 
     /// A model of the given shape with random weights (N(0, 0.02²), unit norms), for
     /// benchmarks. Seeded through libtorch's global generator.
     pub fn random(cfg: LlamaConfig, seed: i64, opts: &LoadOptions) -> Result<Self> {
         tch::manual_seed(seed);
+        let opts = LoadOptions { dtype: opts.dtype.resolve(opts.device, cfg.checkpoint_dtype), ..opts.clone() };
         let mut source = RandomWeights { device: opts.device.to_device()?, kind: opts.dtype.kind() };
-        Self::build(cfg, "random".into(), None, &mut source, opts)
+        Self::build(cfg, "random".into(), None, &mut source, &opts)
     }
 
     fn build(
@@ -139,38 +169,73 @@ impl LlamaModel {
         let qd = (cfg.num_attention_heads * cfg.head_dim) as i64;
         let kvd = (cfg.num_key_value_heads * cfg.head_dim) as i64;
         let embed = w.get("model.embed_tokens.weight", &[v, h])?;
+        let features = &cfg.features;
+        let hd = cfg.head_dim as i64;
+        let eps = cfg.rms_norm_eps;
+        let norm = |w: &mut dyn WeightSource, name: &str, size: i64| -> Result<Norm> {
+            Norm::new(w.get(name, &[size])?, features.norm_plus_one, eps)
+        };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
-            let q = w.get(&format!("{a}.q_proj.weight"), &[qd, h])?;
-            let q_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.q_proj.bias"), &[qd])?;
-            let k = w.get(&format!("{a}.k_proj.weight"), &[kvd, h])?;
-            let k_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.k_proj.bias"), &[kvd])?;
-            let v = w.get(&format!("{a}.v_proj.weight"), &[kvd, h])?;
-            let v_bias = w.get_bias(cfg.qkv_bias, &format!("{a}.v_proj.bias"), &[kvd])?;
-            let gate = w.get(&format!("{m}.gate_proj.weight"), &[i, h])?;
-            let gate_bias = w.get_bias(cfg.mlp_bias, &format!("{m}.gate_proj.bias"), &[i])?;
-            let up = w.get(&format!("{m}.up_proj.weight"), &[i, h])?;
-            let up_bias = w.get_bias(cfg.mlp_bias, &format!("{m}.up_proj.bias"), &[i])?;
+            let (q, k, v) = (format!("{a}.q_proj"), format!("{a}.k_proj"), format!("{a}.v_proj"));
+            let qkv = w.get_stacked(&[
+                (&format!("{q}.weight"), &[qd, h]),
+                (&format!("{k}.weight"), &[kvd, h]),
+                (&format!("{v}.weight"), &[kvd, h]),
+            ])?;
+            let qkv_bias = if cfg.qkv_bias {
+                Some(w.get_stacked(&[
+                    (&format!("{q}.bias"), &[qd]),
+                    (&format!("{k}.bias"), &[kvd]),
+                    (&format!("{v}.bias"), &[kvd]),
+                ])?)
+            } else {
+                None
+            };
+            let (gate, up) = (format!("{m}.gate_proj"), format!("{m}.up_proj"));
+            let gate_up = w.get_stacked(&[(&format!("{gate}.weight"), &[i, h]), (&format!("{up}.weight"), &[i, h])])?;
+            let gate_up_bias = if cfg.mlp_bias {
+                Some(w.get_stacked(&[(&format!("{gate}.bias"), &[i]), (&format!("{up}.bias"), &[i])])?)
+            } else {
+                None
+            };
+            let qk_norm = if features.qk_norm {
+                Some((norm(w, &format!("{a}.q_norm.weight"), hd)?, norm(w, &format!("{a}.k_norm.weight"), hd)?))
+            } else {
+                None
+            };
+            // Gemma's four norms: post_attention_layernorm follows attention there, and
+            // pre_feedforward_layernorm is the one before the MLP.
+            let (post_attn_norm, mlp_norm, post_mlp_norm) = if features.sandwich_norms {
+                (
+                    Some(norm(w, &format!("{p}.post_attention_layernorm.weight"), h)?),
+                    norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                    Some(norm(w, &format!("{p}.post_feedforward_layernorm.weight"), h)?),
+                )
+            } else {
+                (None, norm(w, &format!("{p}.post_attention_layernorm.weight"), h)?, None)
+            };
             layers.push(Layer {
-                attn_norm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv: stack(&[q, k, v])?,
-                qkv_bias: stack_bias([q_bias, k_bias, v_bias])?,
+                attn_norm: norm(w, &format!("{p}.input_layernorm.weight"), h)?,
+                qk_norm,
+                post_attn_norm,
+                post_mlp_norm,
+                windowed: cfg.layer_window(l).is_some(),
+                qkv,
+                qkv_bias,
                 o: w.get(&format!("{a}.o_proj.weight"), &[h, qd])?,
                 o_bias: w.get_bias(cfg.o_bias, &format!("{a}.o_proj.bias"), &[h])?,
-                mlp_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up: stack(&[gate, up])?,
-                gate_up_bias: match (gate_bias, up_bias) {
-                    (Some(g), Some(u)) => Some(stack(&[g, u])?),
-                    _ => None,
-                },
+                mlp_norm,
+                gate_up,
+                gate_up_bias,
                 down: w.get(&format!("{m}.down_proj.weight"), &[h, i])?,
                 down_bias: w.get_bias(cfg.mlp_bias, &format!("{m}.down_proj.bias"), &[h])?,
             });
         }
-        let norm = w.get("model.norm.weight", &[h])?;
+        let norm = norm(w, "model.norm.weight", h)?;
         let lm_head = if cfg.tie_word_embeddings {
             // Some tied checkpoints still store a copy; the embedding is authoritative.
             w.get_optional("lm_head.weight", &[v, h])?;
@@ -178,7 +243,17 @@ impl LlamaModel {
         } else {
             w.get("lm_head.weight", &[v, h])?
         };
-        let rope = Rope::new(&cfg, device)?;
+        let rope = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, device)?;
+        let local_rope = match &features.local_rope {
+            Some((theta, scaling)) => Some(Rope::new(cfg.head_dim, *theta, scaling, device)?),
+            None => None,
+        };
+        // transformers keeps √hidden as a float32 tensor and casts it to the weights' dtype.
+        let embed_scale = if features.scale_embeddings {
+            Some(Tensor::from((cfg.hidden_size as f64).sqrt() as f32).f_to_device(device)?.f_to_kind(kind)?)
+        } else {
+            None
+        };
         let tokenizer_fingerprint = tokenizer
             .as_ref()
             .map_or_else(|| format!("untokenized:vocab_size={}", cfg.vocab_size), |t| t.fingerprint().to_owned());
@@ -198,6 +273,7 @@ impl LlamaModel {
                 cfg.head_dim,
                 opts.dtype.size_in_bytes(),
             ),
+            dtype: opts.dtype,
         };
         Ok(Self {
             cfg,
@@ -207,7 +283,9 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            embed_scale,
             rope,
+            local_rope,
             device,
             kind,
             sessions: SessionTable::new(opts.memory_budget),
@@ -245,43 +323,53 @@ impl LlamaModel {
     /// Returns `[Σ rows, vocab]` float32 logits on the model's device, the runs' rows in order.
     fn forward_segments(&mut self, segments: &[Segment<'_>]) -> Result<Tensor> {
         let cfg = &self.cfg;
+        let features = &cfg.features;
         let (heads, kv_heads, hd) =
             (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
         let ids: Vec<i64> = segments.iter().flat_map(|s| s.tokens.iter().map(|&t| i64::from(t))).collect();
         let total = ids.len() as i64;
         let ids = Tensor::from_slice(&ids).f_to_device(self.device)?;
         let mut x = self.embed.f_index_select(0, &ids)?.f_unsqueeze(0)?;
-        let mut cos = Vec::with_capacity(segments.len());
-        let mut sin = Vec::with_capacity(segments.len());
-        let mut masks = Vec::with_capacity(segments.len());
-        for s in segments {
-            let (c, n) = self.rope.cos_sin(s.past, s.tokens.len(), self.kind)?;
-            cos.push(c);
-            sin.push(n);
-            masks.push(attention_mask(s.past, s.tokens.len(), cfg.sliding_window, self.kind, self.device)?);
+        if let Some(scale) = &self.embed_scale {
+            x = x.f_mul(scale)?;
         }
-        // Rotary embeddings are per position, so they apply to the concatenated runs at once.
-        let (cos, sin) = if segments.len() == 1 {
-            (cos.remove(0), sin.remove(0))
+        // Global layers, then (where some layers are windowed) the windowed layers: the
+        // rotary tables of every segment's positions and each segment's mask.
+        let global = if self.layers.iter().any(|l| !l.windowed) {
+            Some(self.position_tables(segments, &self.rope, None)?)
         } else {
-            (Tensor::f_cat(&cos, 0)?, Tensor::f_cat(&sin, 0)?)
+            None
+        };
+        let local = if self.layers.iter().any(|l| l.windowed) {
+            Some(self.position_tables(segments, self.local_rope.as_ref().unwrap_or(&self.rope), cfg.sliding_window)?)
+        } else {
+            None
         };
         let gqa = heads != kv_heads;
+        let scale = features.query_pre_attn_scalar.map(|s| 1.0 / s.sqrt());
         for (li, l) in self.layers.iter().enumerate() {
-            let hs = rms_norm(&x, &l.attn_norm, cfg.rms_norm_eps)?;
+            // Each kind's tables exist where a layer of that kind does.
+            let tables =
+                if l.windowed { local.as_ref().or(global.as_ref()) } else { global.as_ref().or(local.as_ref()) };
+            let tables = tables.ok_or_else(|| ModelError::InvalidInput("a model without layers".into()))?;
+            let hs = l.attn_norm.apply(&x)?;
             let qkv = hs.f_linear(&l.qkv, l.qkv_bias.as_ref())?;
-            let q = qkv.f_narrow(-1, 0, heads * hd)?.f_view([1, total, heads, hd])?.f_transpose(1, 2)?;
-            let k =
-                qkv.f_narrow(-1, heads * hd, kv_heads * hd)?.f_reshape([1, total, kv_heads, hd])?.f_transpose(1, 2)?;
+            let q = qkv.f_narrow(-1, 0, heads * hd)?.f_view([1, total, heads, hd])?;
+            let k = qkv.f_narrow(-1, heads * hd, kv_heads * hd)?.f_reshape([1, total, kv_heads, hd])?;
+            let (q, k) = match &l.qk_norm {
+                Some((qn, kn)) => (qn.apply(&q)?, kn.apply(&k)?),
+                None => (q, k),
+            };
+            let (q, k) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?);
             let v = qkv
                 .f_narrow(-1, (heads + kv_heads) * hd, kv_heads * hd)?
                 .f_reshape([1, total, kv_heads, hd])?
                 .f_transpose(1, 2)?;
-            let q = apply_rope(&q, &cos, &sin)?;
-            let k = apply_rope(&k, &cos, &sin)?;
+            let q = apply_rope(&q, &tables.cos, &tables.sin)?;
+            let k = apply_rope(&k, &tables.cos, &tables.sin)?;
             let mut outputs = Vec::with_capacity(segments.len());
             let mut start = 0i64;
-            for (s, mask) in segments.iter().zip(&masks) {
+            for (s, mask) in segments.iter().zip(&tables.masks) {
                 let n = s.tokens.len() as i64;
                 let cache = &mut self.sessions.get_mut(s.session)?.state;
                 let (k_all, v_all) = cache.append(li, s.past, &k.f_narrow(2, start, n)?, &v.f_narrow(2, start, n)?)?;
@@ -292,7 +380,7 @@ impl LlamaModel {
                     mask.as_ref(),
                     0.0,
                     false,
-                    None::<f64>,
+                    scale,
                     gqa,
                 )?;
                 outputs.push(attn.f_transpose(1, 2)?.f_reshape([1, n, heads * hd])?);
@@ -300,19 +388,57 @@ impl LlamaModel {
             }
             let attn = if outputs.len() == 1 { outputs.remove(0) } else { Tensor::f_cat(&outputs, 1)? };
             let attn = attn.f_linear(&l.o, l.o_bias.as_ref())?;
+            let attn = match &l.post_attn_norm {
+                Some(norm) => norm.apply(&attn)?,
+                None => attn,
+            };
             x = x.f_add(&attn)?;
-            let hs = rms_norm(&x, &l.mlp_norm, cfg.rms_norm_eps)?;
+            let hs = l.mlp_norm.apply(&x)?;
             let gate_up = hs.f_linear(&l.gate_up, l.gate_up_bias.as_ref())?;
             let inter = cfg.intermediate_size as i64;
-            let gate = gate_up.f_narrow(-1, 0, inter)?.f_silu()?;
+            let gate = gate_up.f_narrow(-1, 0, inter)?;
+            let gate = match features.activation {
+                Activation::Silu => gate.f_silu()?,
+                Activation::GeluTanh => gate.f_gelu("tanh")?,
+                Activation::Gelu => gate.f_gelu("none")?,
+            };
             let up = gate_up.f_narrow(-1, inter, inter)?;
             let mlp = gate.f_mul(&up)?.f_linear(&l.down, l.down_bias.as_ref())?;
+            let mlp = match &l.post_mlp_norm {
+                Some(norm) => norm.apply(&mlp)?,
+                None => mlp,
+            };
             x = x.f_add(&mlp)?;
         }
         let x = last_rows(&x, segments)?;
-        let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps)?;
+        let x = self.norm.apply(&x)?;
         let logits = x.f_linear(&self.lm_head, None::<&Tensor>)?;
+        let logits = match features.final_logit_softcapping {
+            Some(cap) => logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?,
+            None => logits,
+        };
         Ok(logits.f_squeeze_dim(0)?.f_to_kind(Kind::Float)?)
+    }
+
+    /// The rotary tables of `rope` for every segment's positions, concatenated, and each
+    /// segment's mask with `window`.
+    fn position_tables(&self, segments: &[Segment<'_>], rope: &Rope, window: Option<usize>) -> Result<PositionTables> {
+        let mut cos = Vec::with_capacity(segments.len());
+        let mut sin = Vec::with_capacity(segments.len());
+        let mut masks = Vec::with_capacity(segments.len());
+        for s in segments {
+            let (c, n) = rope.cos_sin(s.past, s.tokens.len(), self.kind)?;
+            cos.push(c);
+            sin.push(n);
+            masks.push(attention_mask(s.past, s.tokens.len(), window, self.kind, self.device)?);
+        }
+        // Rotary embeddings are per position, so they apply to the concatenated runs at once.
+        let (cos, sin) = if segments.len() == 1 {
+            (cos.remove(0), sin.remove(0))
+        } else {
+            (Tensor::f_cat(&cos, 0)?, Tensor::f_cat(&sin, 0)?)
+        };
+        Ok(PositionTables { cos, sin, masks })
     }
 
     /// Checks an item of a forward pass and returns its segment (the session's length now).
@@ -350,6 +476,16 @@ impl LlamaModel {
     }
 }
 
+/// The rotary tables and masks of one kind of layer for one pass.
+#[derive(Debug)]
+struct PositionTables {
+    /// `[Σ n, head_dim]` each.
+    cos: Tensor,
+    sin: Tensor,
+    /// One per segment ([`attention_mask`]).
+    masks: Vec<Option<Tensor>>,
+}
+
 /// One session's run of tokens in a forward pass, at positions `past..past + tokens.len()`.
 #[derive(Debug, Clone, Copy)]
 struct Segment<'a> {
@@ -373,6 +509,33 @@ fn last_rows(x: &Tensor, segments: &[Segment<'_>]) -> Result<Tensor> {
         parts.push(x.f_narrow(1, end - s.rows as i64, s.rows as i64)?);
     }
     Ok(if let [one] = parts.as_slice() { one.shallow_clone() } else { Tensor::f_cat(&parts, 1)? })
+}
+
+/// An RMS norm with its weight: Llama's `w * normed` in the input's dtype, or Gemma's
+/// `(1 + w) * normed` in float32 (the weight kept as `1 + w` in float32).
+#[derive(Debug)]
+struct Norm {
+    weight: Tensor,
+    plus_one: bool,
+    eps: f64,
+}
+
+impl Norm {
+    fn new(weight: Tensor, plus_one: bool, eps: f64) -> Result<Self> {
+        let weight = if plus_one { weight.f_to_kind(Kind::Float)?.f_add_scalar(1.0)? } else { weight };
+        Ok(Self { weight, plus_one, eps })
+    }
+
+    /// Normalises the last dimension of `x`; the result has `x`'s dtype.
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.plus_one {
+            return rms_norm(x, &self.weight, self.eps);
+        }
+        let xf = x.f_to_kind(Kind::Float)?;
+        let var = xf.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
+        let normed = xf.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
+        Ok(normed.f_mul(&self.weight)?.f_to_kind(x.kind())?)
+    }
 }
 
 /// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 as in transformers.

@@ -14,7 +14,7 @@ use crate::table::TableModel;
 pub struct LoadOptions {
     /// Device for weights and caches.
     pub device: DeviceSpec,
-    /// Dtype for weights and caches.
+    /// Dtype for weights and caches ([`DType::Auto`]: see [`DType::resolve`]).
     pub dtype: DType,
     /// Upper bound on the bytes of KV cache held by all open sessions (`None`: unbounded).
     pub memory_budget: Option<u64>,
@@ -23,6 +23,9 @@ pub struct LoadOptions {
     /// are too short to split, and on a busy machine waiting for a second thread costs more
     /// than it saves.
     pub threads: Option<usize>,
+    /// Load a checkpoint even when it holds tensors the model does not use (by default an
+    /// error naming them: [`ModelError::UnusedTensors`]).
+    pub allow_unused_weights: bool,
 }
 
 /// A model that can move to its worker thread.

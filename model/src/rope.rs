@@ -1,11 +1,11 @@
 //! Rotary position embeddings (the `rotate_half` convention of Hugging Face Llama), with
-//! linear and Llama-3 frequency scaling.
+//! linear, Llama-3 and YaRN frequency scaling.
 
 use std::f64::consts::PI;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{LlamaConfig, RopeScaling};
+use crate::config::RopeScaling;
 use crate::error::Result;
 
 /// Inverse frequencies for one head dimension; cos/sin are computed per call for the
@@ -16,16 +16,30 @@ pub(crate) struct Rope {
     inv_freq: Tensor,
     /// Positions are divided by this (linear scaling), 1 otherwise.
     position_scale: f64,
+    /// cos and sin are multiplied by this (YaRN's attention factor), 1 otherwise.
+    attention_factor: f64,
     device: Device,
 }
 
 impl Rope {
-    pub(crate) fn new(cfg: &LlamaConfig, device: Device) -> Result<Self> {
-        let d = cfg.head_dim;
-        let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / cfg.rope_theta.powf((2 * i) as f64 / d as f64)).collect();
-        let (inv, position_scale) = match cfg.rope_scaling {
+    pub(crate) fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, device: Device) -> Result<Self> {
+        let d = head_dim;
+        let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / theta.powf((2 * i) as f64 / d as f64)).collect();
+        let mut attention_factor = 1.0;
+        let (inv, position_scale) = match *scaling {
             RopeScaling::None => (base, 1.0),
             RopeScaling::Linear { factor } => (base, factor),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: old,
+                beta_fast,
+                beta_slow,
+                attention_factor: attention,
+                truncate,
+            } => {
+                attention_factor = attention;
+                (yarn(&base, d, theta, factor, old, beta_fast, beta_slow, truncate), 1.0)
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -52,7 +66,7 @@ impl Rope {
             }
         };
         let inv: Vec<f32> = inv.into_iter().map(|x| x as f32).collect();
-        Ok(Self { inv_freq: Tensor::from_slice(&inv).f_to_device(device)?, position_scale, device })
+        Ok(Self { inv_freq: Tensor::from_slice(&inv).f_to_device(device)?, position_scale, attention_factor, device })
     }
 
     /// `(cos, sin)`, each `[n, head_dim]` in `kind`, for positions `start..start + n`.
@@ -61,8 +75,49 @@ impl Rope {
         let pos = if self.position_scale == 1.0 { pos } else { pos.f_div_scalar(self.position_scale)? };
         let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
         let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-        Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
+        let (cos, sin) = (emb.f_cos()?, emb.f_sin()?);
+        let (cos, sin) = if self.attention_factor == 1.0 {
+            (cos, sin)
+        } else {
+            (cos.f_mul_scalar(self.attention_factor)?, sin.f_mul_scalar(self.attention_factor)?)
+        };
+        Ok((cos.f_to_kind(kind)?, sin.f_to_kind(kind)?))
     }
+}
+
+/// YaRN's inverse frequencies, as transformers computes them: dimensions that turn fewer
+/// than `beta_slow` times over the original context are interpolated (divided by `factor`),
+/// those that turn more than `beta_fast` times are kept, and a linear ramp blends between.
+#[allow(clippy::too_many_arguments)]
+fn yarn(
+    base: &[f64],
+    dim: usize,
+    theta: f64,
+    factor: f64,
+    original: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    truncate: bool,
+) -> Vec<f64> {
+    let d = dim as f64;
+    let correction_dim = |rotations: f64| d * (original / (rotations * 2.0 * PI)).ln() / (2.0 * theta.ln());
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        // transformers' guard against a zero-width ramp.
+        high += 0.001;
+    }
+    base.iter()
+        .enumerate()
+        .map(|(i, &extrapolated)| {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            (extrapolated / factor) * (1.0 - keep) + extrapolated * keep
+        })
+        .collect()
 }
 
 /// `x * cos + rotate_half(x) * sin` for `x: [1, heads, n, head_dim]`.

@@ -19,8 +19,10 @@
 //! ```
 //!
 //! - `vocab_size` (required, ≥ 1): ids are `0..vocab_size`.
-//! - `tokens` (optional): one distinct name per id. They make `--text` work (the text is
-//!   split on whitespace and each word must be a name) and enter the fingerprint.
+//! - `tokens` (optional): one distinct name per id, for the first ids or all of them (the
+//!   ids past the names are padding rows no token string maps to). They make `--text` work
+//!   (the text is split on whitespace and each word must be a name) and enter the
+//!   fingerprint.
 //! - `eos_token_ids` (optional, default none), `context_length` (optional, default 4096).
 //! - `default` (required): the distribution wherever no rule matches.
 //! - `rules` (optional): each has exactly one of `prefix` (matches when the session's whole
@@ -120,7 +122,9 @@ impl TableModel {
         let names = match &file.tokens {
             None => None,
             Some(tokens) => {
-                if tokens.len() != v {
+                // Fewer names than rows: the rest are padding rows, as real checkpoints pad
+                // their embeddings past the tokenizer.
+                if tokens.is_empty() || tokens.len() > v {
                     return Err(format!("{} token names for vocab_size {v}", tokens.len()));
                 }
                 let mut map = HashMap::new();
@@ -175,6 +179,7 @@ impl TableModel {
                 tokenizer_fingerprint: fingerprint,
                 has_tokenizer: names.is_some(),
                 kv_bytes_per_token: 4,
+                dtype: crate::device::DType::F32,
             },
             names,
             rows,

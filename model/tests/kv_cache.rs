@@ -1,6 +1,6 @@
 //! KV-cache consistency: incremental decoding equals a full recompute, truncate-then-redecode
 //! equals a fresh session, one forward of k tokens equals k one-token forwards, and a pass
-//! that returns its last rows only equals those rows of the whole pass (≤ 1e-5, f32).
+//! that returns its last rows only equals those rows of the whole pass (≤ 2e-5, f32).
 
 mod common;
 
@@ -8,7 +8,10 @@ use anyhow::Result;
 use common::{FIXTURES, load, max_abs_diff, reference, rows};
 use specd_model::{LanguageModel, LlamaModel, ModelError, SessionId};
 
-const TOL: f32 = 1e-5;
+/// float32 noise between a block and the same tokens one at a time: ≤ 1e-5 for most
+/// fixtures, 1.3e-5 for gemma3_multimodal (logits up to 9, four `(1 + w)` norms a layer).
+/// A wrong cache is off by more than 1e-2 (asserted below).
+const TOL: f32 = 2e-5;
 
 fn full(m: &mut LlamaModel, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
     let s = m.open_session(None)?;

@@ -47,6 +47,8 @@ pub struct NodeConfig {
     /// A CPU model's threads get one CPU each where they use every CPU the process may run
     /// on ([`specd_model::pinning`]).
     pub pin_threads: bool,
+    /// Load a checkpoint that holds tensors the model does not use (refused by default).
+    pub allow_unused_weights: bool,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -113,6 +115,7 @@ impl Node {
             dtype: config.dtype,
             memory_budget: config.kv_budget_bytes,
             threads: config.threads,
+            allow_unused_weights: config.allow_unused_weights,
         };
         let thread = format!("specd-{role}-model");
         let model = NodeModel::load(
@@ -166,7 +169,7 @@ impl Node {
             vocab_size: info.vocab_size as u32,
             tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
             device: self.config.device.to_string(),
-            dtype: self.config.dtype.to_string(),
+            dtype: info.dtype.to_string(),
             context_length: info.context_length as u32,
             eos_token_ids: info.eos_token_ids.clone(),
             active_sessions: self.model.active_sessions() as u32,

@@ -73,15 +73,20 @@ pub fn parse_sparse_proposal(p: &v1::ProposedPosition, vocab_size: usize) -> Res
     Ok((p.token_id, q))
 }
 
-/// The candidate and its dense q, validated against the vocabulary size.
+/// The candidate and its dense q over the target's `vocab_size` ids. A draft whose
+/// vocabulary lacks the target's last (padding) rows sends fewer entries: its q is 0 on the
+/// ids it lacks, so it is padded with zeros (the coordinator checked at startup that the
+/// tokenizers agree).
 pub fn parse_dense_proposal(p: &v1::ProposedPosition, vocab_size: usize) -> Result<(u32, DenseDist), ProtoError> {
-    if p.dense_q.len() != vocab_size {
+    if p.dense_q.is_empty() || p.dense_q.len() > vocab_size {
         return Err(ProtoError::invalid(
             "ProposedPosition.dense_q",
             format!("{} entries for a vocabulary of {vocab_size}", p.dense_q.len()),
         ));
     }
-    Ok((p.token_id, DenseDist::new(p.dense_q.clone())?))
+    let mut q = p.dense_q.clone();
+    q.resize(vocab_size, 0.0);
+    Ok((p.token_id, DenseDist::new(q)?))
 }
 
 /// The target's sparse reply as wire positions.
@@ -166,7 +171,12 @@ mod tests {
         assert_eq!(parse_sparse_proposal(&empty, 10), Err(ProtoError::MissingField("ProposedPosition.support")));
         let dense = DenseDist::new(vec![0.5, 0.5]).unwrap();
         assert_eq!(parse_dense_proposal(&dense_proposal(1, &dense), 2).unwrap(), (1, dense.clone()));
-        assert!(parse_dense_proposal(&dense_proposal(1, &dense), 3).is_err());
+        // A draft without the target's last (padding) row: q is 0 there.
+        let padded = DenseDist::new(vec![0.5, 0.5, 0.0]).unwrap();
+        assert_eq!(parse_dense_proposal(&dense_proposal(1, &dense), 3).unwrap(), (1, padded));
+        assert!(parse_dense_proposal(&dense_proposal(1, &dense), 1).is_err(), "more entries than the target has");
+        let nothing = v1::ProposedPosition { token_id: 0, ..Default::default() };
+        assert!(parse_dense_proposal(&nothing, 3).is_err());
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub struct LogitsArgs {
 
 /// Runs the subcommand.
 pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
-    let opts = LoadOptions { device: args.device, dtype: args.dtype, memory_budget: None, threads: None };
+    let opts = LoadOptions { device: args.device, dtype: args.dtype, ..LoadOptions::default() };
     let path = args.model.clone();
     let handle = ModelWorker::spawn("specd-logits", 1, move || load_model(&path, &opts))
         .map_err(|e| user_error(e, "cannot load the model"))?;

@@ -53,9 +53,16 @@ pub struct NodeOptions {
     /// cpu or cuda:N.
     #[arg(long, env = "SPECD_DEVICE", default_value = "cpu", value_parser = parse_device)]
     device: DeviceSpec,
-    /// f32, f16, bf16 or f64 (f64: slow, for exact greedy identity checks).
-    #[arg(long, env = "SPECD_DTYPE", default_value = "f32", value_parser = parse_dtype)]
+    /// auto, f32, f16, bf16 or f64 (f64: slow, for exact greedy identity checks). auto: the
+    /// checkpoint's own dtype on a GPU; on a CPU bf16 where it has bf16 matrix units (AMX),
+    /// f32 elsewhere.
+    #[arg(long, env = "SPECD_DTYPE", default_value = "auto", value_parser = parse_dtype)]
     dtype: DType,
+    /// Load a checkpoint even when it holds tensors the model does not use (a bias its
+    /// config.json does not declare, a layer past num_hidden_layers); refused by default,
+    /// naming them, since the model would compute something else than the checkpoint.
+    #[arg(long, env = "SPECD_ALLOW_UNUSED_WEIGHTS")]
+    allow_unused_weights: bool,
     /// Sessions a node holds at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SPECD_MAX_SESSIONS", default_value_t = 256)]
     max_sessions: usize,
@@ -521,6 +528,7 @@ impl NodeOptions {
             threads: self.threads,
             sampling_threads: self.sampling_threads,
             pin_threads: self.pin_threads,
+            allow_unused_weights: self.allow_unused_weights,
             batch,
         })
     }

@@ -111,6 +111,7 @@ impl Cluster {
             threads: None,
             sampling_threads: None,
             pin_threads: false,
+            allow_unused_weights: false,
             batch: options.batch,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
@@ -260,13 +261,13 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 }
 
 /// The tiny random Hugging Face checkpoints of `scripts/make_fixtures.py` (made with PyPI
-/// `transformers` on first use, shared with the model crate's tests; all five share one
+/// `transformers` on first use, shared with the model crate's tests; all share one
 /// tokenizer of 96 tokens).
 pub fn hf_fixture(name: &str) -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = root.join("target/fixtures/model-v1");
+        let out = root.join("target/fixtures/model-v3");
         if !out.join("VERSION").is_file() {
             std::fs::create_dir_all(out.parent().expect("parent")).expect("fixture parent");
             let python = std::env::var_os("SPECD_PYTHON").map_or_else(|| root.join(".venv/bin/python"), PathBuf::from);

@@ -65,6 +65,7 @@ impl Node {
             threads: None,
             sampling_threads: None,
             pin_threads: false,
+            allow_unused_weights: false,
             batch: Default::default(),
         };
         let address = listener.local_addr().unwrap();

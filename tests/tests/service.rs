@@ -263,11 +263,16 @@ async fn nodes_with_different_vocabularies_or_tokenizers_are_refused_naming_both
     };
     let target = write("target.json", r#"{"vocab_size": 2, "tokens": ["yes", "no"], "default": [0.5, 0.5]}"#);
     let renamed = write("renamed.json", r#"{"vocab_size": 2, "tokens": ["oui", "non"], "default": [0.5, 0.5]}"#);
-    let wider = write("wider.json", r#"{"vocab_size": 3, "default": [0.5, 0.25, 0.25]}"#);
+    // The same tokenizer with a padding row more than the target has: a draft may lack the
+    // target's padding rows (tests/tests/vocab_padding.rs), never have more.
+    let wider = write("wider.json", r#"{"vocab_size": 3, "tokens": ["yes", "no"], "default": [0.5, 0.25, 0.25]}"#);
+    let unnamed = write("unnamed.json", r#"{"vocab_size": 3, "default": [0.5, 0.25, 0.25]}"#);
     let err = Cluster::start(&target, &renamed, &ClusterOptions::default()).await.unwrap_err().to_string();
     assert!(err.contains("tokenizers differ") && err.contains("target.json") && err.contains("renamed.json"), "{err}");
     let err = Cluster::start(&target, &wider, &ClusterOptions::default()).await.unwrap_err().to_string();
-    assert!(err.contains("vocabularies differ") && err.contains("2 tokens") && err.contains("has 3"), "{err}");
+    assert!(err.contains("vocabularies differ") && err.contains("2 rows") && err.contains("has 3"), "{err}");
+    let err = Cluster::start(&target, &unnamed, &ClusterOptions::default()).await.unwrap_err().to_string();
+    assert!(err.contains("tokenizers differ") && err.contains("unnamed.json"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

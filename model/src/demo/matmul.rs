@@ -61,20 +61,20 @@ impl std::str::FromStr for MatmulKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_features::flags_have_bf16_instructions;
+    use crate::cpu_features::cpuinfo_has_bf16_instructions;
 
-    // /proc/cpuinfo flags of the host classes this project meets, trimmed to the ones that
+    // /proc/cpuinfo flags lines of the host classes this project meets, trimmed to the ones that
     // matter and neighbours that share their prefixes.
-    const AMX_HOST: &str = "fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8";
-    const AVX512_BF16_HOST: &str = "fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni avx_vnni";
-    const AVX2_HOST: &str = "fpu sse2 avx2 fma avx512f";
+    const AMX_HOST: &str = "flags\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8\n";
+    const AVX512_BF16_HOST: &str = "flags\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni avx_vnni\n";
+    const AVX2_HOST: &str = "flags\t: fpu sse2 avx2 fma avx512f\n";
 
     #[test]
     fn bf16_with_bf16_instructions_f32_without() {
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions(AMX_HOST)), MatmulKind::Bf16);
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions(AVX512_BF16_HOST)), MatmulKind::Bf16);
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions(AVX2_HOST)), MatmulKind::F32);
-        assert_eq!(MatmulKind::for_cpu(flags_have_bf16_instructions("")), MatmulKind::F32);
+        assert_eq!(MatmulKind::for_cpu(cpuinfo_has_bf16_instructions(AMX_HOST)), MatmulKind::Bf16);
+        assert_eq!(MatmulKind::for_cpu(cpuinfo_has_bf16_instructions(AVX512_BF16_HOST)), MatmulKind::Bf16);
+        assert_eq!(MatmulKind::for_cpu(cpuinfo_has_bf16_instructions(AVX2_HOST)), MatmulKind::F32);
+        assert_eq!(MatmulKind::for_cpu(cpuinfo_has_bf16_instructions("")), MatmulKind::F32);
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl TrainableLlama {
             });
         }
         let norm = (&model / "norm").f_var("weight", &[h], Init::Const(1.0))?;
-        let rope = Rope::new(cfg, root.device())?;
+        let rope = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, root.device())?;
         Ok(Self { cfg: cfg.clone(), embed, layers, norm, rope })
     }
 

@@ -103,6 +103,8 @@ impl DemoSpec {
             sliding_window: None,
             bos_token_id: Some(END_OF_TEXT),
             eos_token_ids: vec![END_OF_TEXT],
+            checkpoint_dtype: None,
+            features: Default::default(),
         }
     }
 

@@ -10,15 +10,25 @@ use serde::Deserialize;
 use specd_model::{DType, DeviceSpec, LlamaModel, LoadOptions, Logits};
 
 /// Bump when `scripts/make_fixtures.py` changes what it writes.
-const FIXTURE_VERSION: &str = "model-v1";
+const FIXTURE_VERSION: &str = "model-v3";
 
-pub const FIXTURES: [&str; 5] = ["llama_gqa_untied", "llama_tied", "qwen2", "mistral_sharded", "mistral_window"];
+pub const FIXTURES: [&str; 9] = [
+    "llama_gqa_untied",
+    "llama_tied",
+    "qwen2",
+    "mistral_sharded",
+    "mistral_window",
+    "qwen3_tied_yarn",
+    "qwen3_untied",
+    "gemma3",
+    "gemma3_multimodal",
+];
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("model/ has a parent").to_path_buf()
 }
 
-/// `target/fixtures/model-v1`, made by `scripts/make_fixtures.py` on first use (PyPI
+/// `target/fixtures/model-v3`, made by `scripts/make_fixtures.py` on first use (PyPI
 /// `transformers` + torch, random weights, nothing downloaded).
 pub fn fixtures_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -63,7 +73,7 @@ pub fn reference(name: &str) -> Result<Reference> {
 }
 
 pub fn cpu_f32() -> LoadOptions {
-    LoadOptions { device: DeviceSpec::Cpu, dtype: DType::F32, memory_budget: None, threads: None }
+    LoadOptions { device: DeviceSpec::Cpu, dtype: DType::F32, ..LoadOptions::default() }
 }
 
 pub fn load(name: &str) -> Result<LlamaModel> {
