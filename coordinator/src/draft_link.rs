@@ -121,7 +121,7 @@ impl DraftLink {
     /// After a round: the draft's cursor follows the committed sequence.
     pub fn after_round(&mut self, base: usize, report: &RoundReport) {
         match &mut self.state {
-            State::Up(session) if report.gamma > 0 => {
+            State::Up(session) if report.drafted => {
                 session.cache_filled = true;
                 session.cursor.advance(base, &report.outcome);
             }

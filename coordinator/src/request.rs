@@ -23,7 +23,7 @@ pub enum RuleVariant {
     /// The exact rule of Leviathan et al. and Chen et al.
     #[default]
     Exact,
-    /// Resample from p on rejection: wrong, dense wire format only. For tests that must
+    /// Resample from p on rejection (on either wire format): wrong. For tests that must
     /// prove they detect a broken coordinator.
     NaiveResampleFromTarget,
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use prost::Message;
 use specd_proto::convert::{parse_dense_rows, parse_scored_block};
 use specd_proto::v1::{Support, VerifyRequest};
-use specd_sampling::naive::naive_verify_block_dense;
+use specd_sampling::naive::{naive_verify_block_dense, naive_verify_block_sparse};
 use specd_sampling::{
     BlockOutcome, DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse,
 };
@@ -90,6 +90,19 @@ pub struct RoundReport {
     pub target_batch: BatchSum,
     /// The draft's forward passes of this round and the sessions that shared them.
     pub draft_batches: BatchSum,
+    /// The draft was asked for this round's block (it then follows the committed sequence
+    /// to this round's base, whatever it proposed).
+    pub drafted: bool,
+    /// What proposed each candidate ([`crate::propose::source_name`]), in block order.
+    pub sources: Vec<&'static str>,
+}
+
+impl RoundReport {
+    /// The draft was asked and proposed nothing (a deterministic proposer without a match):
+    /// the round ran target-only.
+    pub fn empty_proposal(&self) -> bool {
+        self.drafted && self.gamma == 0
+    }
 }
 
 /// Forward passes and Σ over them of the sequences that shared each (batching across
@@ -157,6 +170,7 @@ async fn run_round_in(
     let mut wire = WireBytes::default();
     let (mut optimistic_attempt, mut optimistic_hit, mut optimistic_pushed) = (false, false, false);
     let mut draft_batches = BatchSum::default();
+    let (mut drafted, mut sources) = (false, Vec::new());
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -173,6 +187,7 @@ async fn run_round_in(
         draft_ns = proposed.draft_ns;
         draft_batches = proposed.batches;
         proposals = proposed.proposals;
+        (drafted, sources) = (true, proposed.sources);
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -206,7 +221,11 @@ async fn run_round_in(
     let outcome = match &proposals {
         Proposals::Sparse(p) => {
             let block: Vec<_> = p.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
-            verify_block_sparse(&block, &parse_scored_block(&reply), key)?
+            let scored = parse_scored_block(&reply);
+            match spec.rule {
+                RuleVariant::Exact => verify_block_sparse(&block, &scored, key)?,
+                RuleVariant::NaiveResampleFromTarget => naive_verify_block_sparse(&block, &scored, key)?,
+            }
         }
         Proposals::Dense(p) => {
             let rows = parse_dense_rows(&reply, gamma, vocab_size)?;
@@ -230,5 +249,7 @@ async fn run_round_in(
         // Nodes from before batching send 0: they ran every pass alone.
         target_batch: BatchSum { forward_passes: 1, batched_sequences: u64::from(reply.batch_size.max(1)) },
         draft_batches,
+        drafted,
+        sources,
     })
 }
