@@ -152,11 +152,7 @@ pub fn validate(
         stop_strings: stopping.stop_strings,
         eos_token_ids: if stopping.ignore_eos { Vec::new() } else { facts.eos_token_ids.clone() },
         gamma,
-        wire: if speculation.dense || defaults.rule != RuleVariant::Exact {
-            Wire::Dense
-        } else {
-            Wire::Sparse(defaults.truncation)
-        },
+        wire: if speculation.dense { Wire::Dense } else { Wire::Sparse(defaults.truncation) },
         rule: defaults.rule,
         optimistic: defaults.optimistic,
         detokenize: facts.has_tokenizer,

@@ -6,7 +6,9 @@
 //! - [`law_through_cluster`]: the output law through three gRPC servers, χ² against the
 //!   exact target law;
 //! - [`optimistic`]: optimistic drafting, same outputs and the same law;
-//! - [`greedy_hf`]: greedy identity on Hugging Face checkpoints.
+//! - [`greedy_hf`]: greedy identity on Hugging Face checkpoints;
+//! - [`proposers`]: the n-gram, suffix and model+ngram proposers: the law, greedy identity,
+//!   the suffix node's memory bound.
 //!
 //! `service.rs`, `discovery.rs` and `metrics.rs` stay binaries of their own: they assert
 //! deadlines, which a law check running beside them could make them miss.
@@ -14,3 +16,4 @@
 mod greedy_hf;
 mod law_through_cluster;
 mod optimistic;
+mod proposers;
