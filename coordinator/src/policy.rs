@@ -48,7 +48,7 @@ use specd_sampling::cost::expected_tokens_per_round;
 
 use crate::average::Average;
 use crate::governor::{LoadLevel, LoadMode};
-use crate::round::RoundReport;
+use crate::round_report::RoundReport;
 
 /// γ of the first round, before anything is measured.
 pub const START_GAMMA: u32 = 4;

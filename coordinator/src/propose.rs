@@ -26,7 +26,7 @@ use specd_sampling::{DenseDist, SparseDist};
 use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
-use crate::round::BatchSum;
+use crate::round_report::BatchSum;
 
 /// Blocks the draft keeps pushed ahead of the last request (ProposeRequest.push_depth). On
 /// a hit the next round starts as soon as its verify pass can, so the draft must be this
