@@ -9,8 +9,8 @@
 //! [`FALSE_FAILURE`]. Its power is shown on the n-gram node against the rule that treats
 //! the one-hot q wrongly (on a rejection it draws from p without taking x off, so it emits
 //! x again with probability p(x)): the first token's law moves from p(2) = 0.1 to 0.19, and
-//! a fortieth of the samples (5 000) rejects that with a p-value far below [`FALSE_FAILURE`]
-//! (2 000 samples gave p = 8e-55).
+//! [`POWER_SAMPLES`] reject that with a p-value far below [`FALSE_FAILURE`] (5 000 gave
+//! p = 2e-149, 2 000 gave p = 8e-55), whatever `SPECD_LAW_SAMPLES` says.
 
 use std::time::Duration;
 
@@ -29,6 +29,10 @@ use specd_proto::v1::{
 use specd_sampling::{Purpose, SamplingParams, StreamKey, Truncation};
 
 use crate::law_through_cluster::{FALSE_FAILURE, law_run, samples};
+
+/// Samples of the check that the audit catches the wrong rule: fixed, since its power is
+/// what it shows.
+const POWER_SAMPLES: u64 = 5_000;
 
 /// Repeats itself: the n-gram proposes 2 after it, where p = (0.6, 0.3, 0.1).
 const PROMPT: [u32; 5] = [0, 1, 2, 0, 1];
@@ -79,7 +83,7 @@ async fn law_with_the_model_and_ngram_proposer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_that_mistreats_one_hot_q_is_caught() {
     let options = options(ProposerKind::Ngram, RuleVariant::NaiveResampleFromTarget);
-    let run = law_run(options, SamplingParams::default(), false, samples() / 40, &PROMPT).await;
+    let run = law_run(options, SamplingParams::default(), false, POWER_SAMPLES, &PROMPT).await;
     assert!(run.p_value < FALSE_FAILURE, "the naive rule passed with the n-gram proposer: p = {}", run.p_value);
 }
 
