@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, DraftRounds};
-use crate::round::{Cursor, RoundReport};
+use crate::round_report::{Cursor, RoundReport};
 
 /// First wait before trying a lost draft again; it doubles up to [`MAX_RETRY`].
 pub const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -121,7 +121,7 @@ impl DraftLink {
     /// After a round: the draft's cursor follows the committed sequence.
     pub fn after_round(&mut self, base: usize, report: &RoundReport) {
         match &mut self.state {
-            State::Up(session) if report.gamma > 0 => {
+            State::Up(session) if report.drafted => {
                 session.cache_filled = true;
                 session.cursor.advance(base, &report.outcome);
             }

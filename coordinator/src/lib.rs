@@ -9,6 +9,8 @@
 //!   tokens per session-second in alternating periods;
 //! - `average`: the running average both learn with;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
+//! - [`round_report`]: what a round leaves behind (its report, tallies, the nodes' cursors),
+//!   read by the draft's side of a round and the policy without depending on the round loop;
 //! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
 //! - [`admission`]: bearer token, the limit of generations in flight, client deadlines;
@@ -35,6 +37,7 @@ pub mod policy;
 pub mod propose;
 pub mod request;
 pub mod round;
+pub mod round_report;
 pub mod round_stream;
 pub mod service;
 pub mod session;

@@ -17,6 +17,8 @@ pub fn round(metrics: Option<&RequestMetrics>, report: &RoundReport, emitted: us
             wall_ns: report.wall_ns,
             optimistic_attempt: report.optimistic_attempt,
             optimistic_hit: report.optimistic_hit,
+            sources: report.sources.clone(),
+            empty_proposal: report.empty_proposal(),
         };
         metrics.round(&sample, emitted);
     }

@@ -48,7 +48,7 @@ use specd_sampling::cost::expected_tokens_per_round;
 
 use crate::average::Average;
 use crate::governor::{LoadLevel, LoadMode};
-use crate::round::RoundReport;
+use crate::round_report::RoundReport;
 
 /// γ of the first round, before anything is measured.
 pub const START_GAMMA: u32 = 4;
@@ -99,6 +99,9 @@ pub struct AdaptiveGamma {
     plain_streak: u64,
     /// Positions this session's own rounds evaluated (its α's prior excluded).
     own_positions: u64,
+    /// Share of drafting rounds whose draft proposed nothing (a deterministic proposer
+    /// without a match): they commit one token in a target-only pass plus the draft's call.
+    empty_share: Average,
 }
 
 const MS: f64 = 1e-6;
@@ -118,6 +121,7 @@ impl AdaptiveGamma {
             last_choice: 0,
             plain_streak: 0,
             own_positions: 0,
+            empty_share: Average::default(),
         }
     }
 
@@ -228,8 +232,20 @@ impl AdaptiveGamma {
 
     /// [`Self::speed`] had the acceptance been `alpha`.
     fn speed_at(&self, gamma: u32, alpha: f64) -> Option<f64> {
-        let tokens = if gamma == 0 { 1.0 } else { expected_tokens_per_round(alpha.clamp(0.0, 0.999), gamma) };
-        Some(tokens / self.round_ms(gamma)?)
+        if gamma == 0 {
+            return Some(1.0 / self.round_ms(0)?);
+        }
+        let (tokens, drafting_ms) = (expected_tokens_per_round(alpha.clamp(0.0, 0.999), gamma), self.round_ms(gamma)?);
+        // A proposer whose block length varies (n-gram, suffix): a share of the rounds asked
+        // for γ propose nothing and commit one token at a target-only pass's cost plus the
+        // speculative round's overhead (the draft's call); shorter blocks than γ are in the
+        // per-token costs, which are measured on the candidates actually sent.
+        let empty = self.empty_share.get().unwrap_or(0.0);
+        if empty == 0.0 {
+            return Some(tokens / drafting_ms);
+        }
+        let empty_ms = (self.verify_plain_ms.get()? + self.spec_overhead_ms.get()?).max(1e-6);
+        Some(((1.0 - empty) * tokens + empty) / ((1.0 - empty) * drafting_ms + empty * empty_ms))
     }
 
     /// Expected time of a round at `gamma`; `None` while a cost is unmeasured.
@@ -287,10 +303,27 @@ impl AdaptiveGamma {
     pub fn observe(&mut self, report: &RoundReport, steady: SteadyCosts) {
         self.rounds += 1;
         // Counted from the rounds that ran: a round retried after a lost node chose twice.
-        self.plain_streak = if report.gamma == 0 { self.plain_streak + 1 } else { 0 };
+        // A round whose draft was asked but proposed nothing (a deterministic proposer with
+        // no match) was not a choice to stop drafting: it leaves the streak as it was, and
+        // only its verify pass counts (a target-only pass, below).
+        if !report.empty_proposal() {
+            self.plain_streak = if report.gamma == 0 { self.plain_streak + 1 } else { 0 };
+        }
         let (draft, verify, wall) =
             (report.draft_ns as f64 * MS, report.verify_ns as f64 * MS, report.wall_ns as f64 * MS);
         let overhead = (wall - draft - verify).max(0.0);
+        if report.empty_proposal() {
+            // A target-only pass, but a round with the draft's call in it: its overhead is
+            // neither side's.
+            self.empty_share.add(1.0, SMOOTHING);
+            if steady.target {
+                self.verify_plain_ms.add(within_spikes(verify, self.verify_plain_ms), SMOOTHING);
+            }
+            return;
+        }
+        if report.gamma > 0 {
+            self.empty_share.add(0.0, SMOOTHING);
+        }
         if report.gamma == 0 {
             if steady.target {
                 self.verify_plain_ms.add(within_spikes(verify, self.verify_plain_ms), SMOOTHING);
@@ -583,6 +616,8 @@ mod tests {
             target_batch: Default::default(),
             draft_batches: Default::default(),
             optimistic_pushed: false,
+            drafted: gamma > 0,
+            sources: vec!["model"; gamma],
         }
     }
 
@@ -623,6 +658,37 @@ mod tests {
             session.observe(&round, SteadyCosts::BOTH);
             memory.remember(settings, session, &round.outcome.expected_acceptance);
         }
+    }
+
+    #[test]
+    fn rounds_with_no_proposal_count_against_drafting() {
+        // A world where drafting pays when the draft proposes (α = 0.8, a cheap draft, a
+        // 40 ms target pass) but the draft's call costs 30 ms of overhead.
+        let world = |policy: &mut AdaptiveGamma, empty_every: usize, rounds: usize| {
+            for round in 0..rounds {
+                let gamma = policy.next_gamma() as usize;
+                let mut report = report(gamma, (0.8 * gamma as f64) as usize, 0.8, 0.1 * gamma as f64, 40.0, 30.0);
+                if gamma == 0 {
+                    report.wall_ns = 40_300_000;
+                } else if empty_every > 0 && round % empty_every != 0 {
+                    // Asked and nothing proposed: one token at a target-only pass and the call.
+                    report = RoundReport { gamma: 0, drafted: true, sources: Vec::new(), ..report };
+                    report.outcome.accepted = 0;
+                    report.outcome.tokens = vec![0];
+                    report.outcome.expected_acceptance.clear();
+                }
+                policy.observe(&report, SteadyCosts::BOTH);
+            }
+        };
+        let mut proposing = AdaptiveGamma::new(8);
+        world(&mut proposing, 0, 300);
+        assert!(proposing.best_gamma() > 0, "{}", proposing.summary());
+        // Nine rounds in ten come back empty: each costs 70 ms for one token against 40 ms
+        // target-only, and the policy stops drafting.
+        let mut mostly_empty = AdaptiveGamma::new(8);
+        world(&mut mostly_empty, 10, 300);
+        assert!(mostly_empty.empty_share.get().unwrap() > 0.5);
+        assert_eq!(mostly_empty.best_gamma(), 0, "{}", mostly_empty.summary());
     }
 
     #[test]

@@ -20,13 +20,13 @@ use std::collections::HashMap;
 
 use prost::Message;
 use specd_proto::convert::{parse_dense_proposal, parse_sparse_proposal};
-use specd_proto::v1::{ProposeRequest, ProposeResponse};
+use specd_proto::v1::{ProposalSource, ProposeRequest, ProposeResponse};
 use specd_sampling::{DenseDist, SparseDist};
 
 use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
-use crate::round::BatchSum;
+use crate::round_report::BatchSum;
 
 /// Blocks the draft keeps pushed ahead of the last request (ProposeRequest.push_depth). On
 /// a hit the next round starts as soon as its verify pass can, so the draft must be this
@@ -48,6 +48,8 @@ pub enum Proposals {
 #[derive(Debug)]
 pub struct Proposed {
     pub proposals: Proposals,
+    /// What drew each candidate, by its [`source_name`].
+    pub sources: Vec<&'static str>,
     /// Encoded bytes sent to the draft and received from it (pushes and late replies read
     /// during this round included).
     pub sent: u64,
@@ -103,6 +105,7 @@ pub async fn propose(
             let batches = batches_of(&block);
             return Ok(Proposed {
                 proposals,
+                sources: sources_of(&block),
                 sent,
                 received,
                 draft_ns: 0,
@@ -141,7 +144,9 @@ pub async fn propose(
         // Keeping one could take a block drafted on another history of the same length.
         draft.pushed.clear();
         draft.drafting_ahead = spec.optimistic;
-        if message.positions.len() != gamma as usize {
+        // A deterministic proposer's block ends where its match does: fewer candidates, or
+        // none at all (the round then runs target-only).
+        if message.positions.len() > gamma as usize {
             return Err(CoordinatorError::Protocol(format!(
                 "asked the draft for {gamma} candidates, got {}",
                 message.positions.len()
@@ -149,8 +154,24 @@ pub async fn propose(
         }
         let proposals = parse(spec, &message, vocab_size)?;
         let (draft_ns, optimistic_hit, batches) = (message.draft_ns, message.optimistic_hit, batches_of(&message));
-        return Ok(Proposed { proposals, sent, received, draft_ns, optimistic_hit, pushed: false, batches });
+        let sources = sources_of(&message);
+        return Ok(Proposed { proposals, sources, sent, received, draft_ns, optimistic_hit, pushed: false, batches });
     }
+}
+
+/// The name a candidate's [`ProposalSource`] is counted under in the stats and `/metrics`
+/// (an unknown value, from a newer draft, counts as the model's).
+pub fn source_name(source: i32) -> &'static str {
+    match ProposalSource::try_from(source).unwrap_or(ProposalSource::Model) {
+        ProposalSource::Model => "model",
+        ProposalSource::PromptMatch => "prompt_match",
+        ProposalSource::OutputMatch => "output_match",
+        ProposalSource::Suffix => "suffix",
+    }
+}
+
+fn sources_of(message: &ProposeResponse) -> Vec<&'static str> {
+    message.positions.iter().map(|p| source_name(p.source)).collect()
 }
 
 fn batches_of(message: &ProposeResponse) -> BatchSum {

@@ -23,7 +23,7 @@ pub enum RuleVariant {
     /// The exact rule of Leviathan et al. and Chen et al.
     #[default]
     Exact,
-    /// Resample from p on rejection: wrong, dense wire format only. For tests that must
+    /// Resample from p on rejection (on either wire format): wrong. For tests that must
     /// prove they detect a broken coordinator.
     NaiveResampleFromTarget,
 }
@@ -152,11 +152,7 @@ pub fn validate(
         stop_strings: stopping.stop_strings,
         eos_token_ids: if stopping.ignore_eos { Vec::new() } else { facts.eos_token_ids.clone() },
         gamma,
-        wire: if speculation.dense || defaults.rule != RuleVariant::Exact {
-            Wire::Dense
-        } else {
-            Wire::Sparse(defaults.truncation)
-        },
+        wire: if speculation.dense { Wire::Dense } else { Wire::Sparse(defaults.truncation) },
         rule: defaults.rule,
         optimistic: defaults.optimistic,
         detokenize: facts.has_tokenizer,

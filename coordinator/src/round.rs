@@ -6,106 +6,21 @@ use std::time::Instant;
 use prost::Message;
 use specd_proto::convert::{parse_dense_rows, parse_scored_block};
 use specd_proto::v1::{Support, VerifyRequest};
-use specd_sampling::naive::naive_verify_block_dense;
-use specd_sampling::{
-    BlockOutcome, DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse,
-};
+use specd_sampling::naive::{naive_verify_block_dense, naive_verify_block_sparse};
+use specd_sampling::{DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse};
 
 use specd_telemetry::attributes;
 use specd_telemetry::propagation::context_map;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+pub use crate::round_report::{BatchSum, Cursor, RoundReport, WireBytes};
+
 use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::nodes::TargetRounds;
 use crate::propose::{Proposals, propose};
 use crate::request::{GenerationSpec, RuleVariant, Wire};
-
-/// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
-/// committed tokens after them that it has not been sent yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cursor {
-    pub valid: usize,
-    pub pending: Vec<u32>,
-}
-
-impl Cursor {
-    /// After a round that this node took part in: the accepted prefix stays valid, the
-    /// corrected token is pending.
-    pub fn advance(&mut self, base: usize, outcome: &BlockOutcome) {
-        self.valid = base + outcome.accepted;
-        self.pending = vec![outcome.emitted()];
-    }
-
-    /// After a round this node sat out: everything committed is pending.
-    pub fn append(&mut self, tokens: &[u32]) {
-        self.pending.extend_from_slice(tokens);
-    }
-}
-
-/// Encoded protobuf bytes of a round's messages, by the node at the other end.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WireBytes {
-    pub to_draft: u64,
-    pub from_draft: u64,
-    pub to_target: u64,
-    pub from_target: u64,
-}
-
-impl WireBytes {
-    pub fn sent(&self) -> u64 {
-        self.to_draft + self.to_target
-    }
-
-    pub fn received(&self) -> u64 {
-        self.from_draft + self.from_target
-    }
-
-    pub fn add(&mut self, other: &WireBytes) {
-        self.to_draft += other.to_draft;
-        self.from_draft += other.from_draft;
-        self.to_target += other.to_target;
-        self.from_target += other.from_target;
-    }
-}
-
-/// A finished round and what it cost.
-#[derive(Debug)]
-pub struct RoundReport {
-    pub outcome: BlockOutcome,
-    pub gamma: usize,
-    pub draft_ns: u64,
-    pub verify_ns: u64,
-    pub wall_ns: u64,
-    /// Encoded protobuf bytes of the round's requests and replies.
-    pub wire: WireBytes,
-    /// The Propose followed one that asked the draft to draft ahead.
-    pub optimistic_attempt: bool,
-    /// The draft answered from the block it had drafted ahead.
-    pub optimistic_hit: bool,
-    /// That block came pushed: the round did not wait for the draft.
-    pub optimistic_pushed: bool,
-    /// The target's forward pass of this round and how many sessions shared it.
-    pub target_batch: BatchSum,
-    /// The draft's forward passes of this round and the sessions that shared them.
-    pub draft_batches: BatchSum,
-}
-
-/// Forward passes and Σ over them of the sequences that shared each (batching across
-/// sessions on a node).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BatchSum {
-    pub forward_passes: u64,
-    pub batched_sequences: u64,
-}
-
-impl BatchSum {
-    pub fn add(&mut self, other: BatchSum) {
-        self.forward_passes += other.forward_passes;
-        self.batched_sequences += other.batched_sequences;
-    }
-}
 
 /// Runs round `round` with draft length `gamma` (0 or no draft: target-only), in a span of
 /// its own that the nodes' spans of this round are children of.
@@ -157,6 +72,7 @@ async fn run_round_in(
     let mut wire = WireBytes::default();
     let (mut optimistic_attempt, mut optimistic_hit, mut optimistic_pushed) = (false, false, false);
     let mut draft_batches = BatchSum::default();
+    let (mut drafted, mut sources) = (false, Vec::new());
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -173,6 +89,7 @@ async fn run_round_in(
         draft_ns = proposed.draft_ns;
         draft_batches = proposed.batches;
         proposals = proposed.proposals;
+        (drafted, sources) = (true, proposed.sources);
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -206,7 +123,11 @@ async fn run_round_in(
     let outcome = match &proposals {
         Proposals::Sparse(p) => {
             let block: Vec<_> = p.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
-            verify_block_sparse(&block, &parse_scored_block(&reply), key)?
+            let scored = parse_scored_block(&reply);
+            match spec.rule {
+                RuleVariant::Exact => verify_block_sparse(&block, &scored, key)?,
+                RuleVariant::NaiveResampleFromTarget => naive_verify_block_sparse(&block, &scored, key)?,
+            }
         }
         Proposals::Dense(p) => {
             let rows = parse_dense_rows(&reply, gamma, vocab_size)?;
@@ -230,5 +151,7 @@ async fn run_round_in(
         // Nodes from before batching send 0: they ran every pass alone.
         target_batch: BatchSum { forward_passes: 1, batched_sequences: u64::from(reply.batch_size.max(1)) },
         draft_batches,
+        drafted,
+        sources,
     })
 }

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use specd_proto::v1::{FinishReason, GenerateResponse, OpenSessionRequest, SamplingSettings, SpeculationStats, Usage};
+use specd_proto::v1::{
+    FinishReason, GenerateResponse, OpenSessionRequest, ProposerTally, SamplingSettings, SpeculationStats, Usage,
+};
 use specd_telemetry::RequestMetrics;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -158,6 +160,9 @@ struct Stats {
     target_batches: BatchSum,
     draft_batches: BatchSum,
     optimistic_pushed: u64,
+    /// Candidates proposed and accepted, by what proposed them.
+    by_proposer: std::collections::BTreeMap<&'static str, ProposerTally>,
+    empty_proposals: u64,
 }
 
 impl Stats {
@@ -183,6 +188,12 @@ impl Stats {
         self.target_batches.add(report.target_batch);
         self.draft_batches.add(report.draft_batches);
         self.optimistic_pushed += u64::from(report.optimistic_pushed);
+        for (i, &source) in report.sources.iter().enumerate() {
+            let tally = self.by_proposer.entry(source).or_default();
+            tally.proposed += 1;
+            tally.accepted += u64::from(i < report.outcome.accepted);
+        }
+        self.empty_proposals += u64::from(report.empty_proposal());
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -212,6 +223,8 @@ impl Stats {
             wire_bytes_sent_to_target: self.wire.to_target,
             wire_bytes_received_from_target: self.wire.from_target,
             optimistic_pushed: self.optimistic_pushed,
+            by_proposer: self.by_proposer.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            empty_proposals: self.empty_proposals,
         }
     }
 }

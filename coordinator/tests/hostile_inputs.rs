@@ -72,7 +72,7 @@ prop_compose! {
         support in proptest::collection::vec(token(), n..=n + 1),
         q in proptest::collection::vec(float(), n..=n + 1),
     ) -> ProposedPosition {
-        ProposedPosition { token_id, support, q, dense_q: Vec::new() }
+        ProposedPosition { token_id, support, q, dense_q: Vec::new(), ..Default::default() }
     }
 }
 
@@ -85,7 +85,7 @@ prop_compose! {
         support in Just(support),
     ) -> ProposedPosition {
         let total: f64 = weights.iter().sum();
-        ProposedPosition { token_id: support[pick], q: weights.iter().map(|w| w / total).collect(), support, dense_q: Vec::new() }
+        ProposedPosition { token_id: support[pick], q: weights.iter().map(|w| w / total).collect(), support, dense_q: Vec::new(), ..Default::default() }
     }
 }
 

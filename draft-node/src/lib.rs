@@ -7,12 +7,21 @@
 //! (optimistic drafting), it then drafts the next block ahead while the coordinator verifies
 //! this one, and answers the next round at once when its guess was right.
 //!
+//! The proposer need not be a model (`--proposer`, DESIGN.md §1, deterministic proposers):
+//! `ngram` and `suffix` copy tokens with q = one-hot and run no model at all; `model+ngram`
+//! copies where the history has a match and samples from the model elsewhere.
+//!
+//! - [`proposer`]: the proposers' pure logic (n-gram lookup, the suffix index) and
+//!   `--proposer`'s values;
 //! - [`propose`]: one block, run on the model thread, and the block drafted ahead;
+//! - [`lookup`]: a draft node with no model: sessions, proposals, the suffix index;
 //! - [`service`]: the `specd.v1.DraftService` implementation;
 //! - [`run`] / [`serve`]: the server; sessions, errors and configuration come from
 //!   `specd-node`.
 
+pub mod lookup;
 pub mod propose;
+pub mod proposer;
 pub mod service;
 
 use std::collections::HashMap;
@@ -20,6 +29,8 @@ use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use lookup::LookupNode;
+use proposer::{MatchSpan, ProposerConfig, ProposerKind};
 use specd_node::{Node, NodeConfig, NodeError, NodeServeError};
 use specd_proto::transport::ServeError;
 use specd_proto::v1::draft_service_server::DraftServiceServer;
@@ -28,10 +39,19 @@ use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 
-/// A loaded draft model and its sessions. Cheap to clone.
+/// A draft node's proposer: a loaded model (with n-gram lookup first for `model+ngram`), or
+/// no model at all.
+#[derive(Debug, Clone)]
+pub(crate) enum Proposer {
+    Model { node: Node, ngram: Option<MatchSpan> },
+    Lookup(LookupNode),
+}
+
+/// A draft node: its proposer and its sessions. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct DraftNode {
-    node: Node,
+    proposer: Proposer,
+    tls: specd_proto::tls::ServerTls,
     /// Randomness of the blocks drafted ahead: always [`Purpose::Draft`] in service.
     lookahead_purpose: Purpose,
     /// The stop flag of each session's drafting ahead while it runs.
@@ -43,10 +63,40 @@ pub struct DraftNode {
 type Interrupts = Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>;
 
 impl DraftNode {
-    /// Loads the model on its own worker thread.
+    /// Loads the model on its own worker thread (`--proposer model`).
     pub async fn load(config: NodeConfig) -> Result<Self, NodeError> {
-        let node = Node::load_async("draft", config).await?;
-        Ok(Self { node, lookahead_purpose: Purpose::Draft, interrupts: Interrupts::default(), corrupt_pushes: false })
+        Self::start(config, ProposerConfig::default()).await
+    }
+
+    /// Starts a draft node with `proposer`: a model loaded on its own worker thread, or, for
+    /// a proposer that needs none, no model (`config.model` is not read then).
+    pub async fn start(config: NodeConfig, proposer: ProposerConfig) -> Result<Self, NodeError> {
+        let tls = config.tls.clone();
+        let proposer = if proposer.kind.needs_model() {
+            let ngram = (proposer.kind == ProposerKind::ModelNgram).then_some(proposer.span);
+            Proposer::Model { node: Node::load_async("draft", config).await?, ngram }
+        } else {
+            let node = LookupNode::new(proposer, config.max_sessions);
+            if let Some(ttl) = config.session_ttl {
+                node.spawn_reaper(ttl);
+            }
+            Proposer::Lookup(node)
+        };
+        Ok(Self {
+            proposer,
+            tls,
+            lookahead_purpose: Purpose::Draft,
+            interrupts: Interrupts::default(),
+            corrupt_pushes: false,
+        })
+    }
+
+    /// The node with no model behind a `ngram` or `suffix` proposer; `None` for a model.
+    pub fn lookup(&self) -> Option<&LookupNode> {
+        match &self.proposer {
+            Proposer::Lookup(node) => Some(node),
+            Proposer::Model { .. } => None,
+        }
     }
 
     /// Pushes every block drafted ahead with its first candidate replaced by a token outside
@@ -84,6 +134,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let name = <DraftServiceServer<DraftNode> as NamedService>::NAME;
-    let tls = node.node.config().tls.clone();
+    let tls = node.tls.clone();
     specd_proto::transport::serve(listener, Routes::new(DraftServiceServer::new(node)), name, &tls, shutdown).await
 }

@@ -27,9 +27,11 @@ use std::time::Instant;
 
 use specd_model::{LanguageModel, Logits};
 use specd_node::{Lookahead, NodeError, SessionState};
-use specd_proto::convert::{dense_proposal, sparse_proposal};
+use specd_proto::convert::{dense_proposal, deterministic_dense_proposal, deterministic_proposal, sparse_proposal};
 use specd_proto::v1::ProposedPosition;
 use specd_sampling::{Purpose, StreamKey, TokenHistory, Truncation, effective_distribution};
+
+use crate::proposer::ngram::{MatchSpan, lookup};
 
 /// What a Propose asks for.
 #[derive(Debug, Clone)]
@@ -42,6 +44,9 @@ pub struct ProposeJob {
     pub truncation: Option<Truncation>,
     /// Draft the next block ahead after this one.
     pub optimistic: bool,
+    /// `model+ngram`: a position where the history has a match of these lengths takes the
+    /// token after it (q = one-hot) instead of a draw from the model.
+    pub ngram: Option<MatchSpan>,
 }
 
 /// The block and how long the model work took.
@@ -93,16 +98,8 @@ pub fn propose(
         positions = ahead.positions;
         while positions.len() < job.gamma {
             // Only the last block of the chain can be incomplete: the history ends with it.
-            let logits = forward_rest(model, state)?;
-            passes.record(model);
-            positions.push(draw_candidate(
-                &logits,
-                state,
-                job.round,
-                positions.len() + 1,
-                job.truncation,
-                Purpose::Draft,
-            )?);
+            let at = Draw { round: job.round, position: positions.len() + 1, purpose: Purpose::Draft };
+            positions.push(next_candidate(model, state, at, job.truncation, job.ngram, &mut passes)?);
         }
         if elided {
             positions.clear();
@@ -111,9 +108,8 @@ pub fn propose(
         state.lookahead.clear();
         state.history.catch_up(job.rollback_to, &job.pending)?;
         for position in 1..=job.gamma {
-            let logits = forward_rest(model, state)?;
-            passes.record(model);
-            positions.push(draw_candidate(&logits, state, job.round, position, job.truncation, Purpose::Draft)?);
+            let at = Draw { round: job.round, position, purpose: Purpose::Draft };
+            positions.push(next_candidate(model, state, at, job.truncation, job.ngram, &mut passes)?);
         }
     }
     let draft_ahead = job.optimistic && job.gamma > 0;
@@ -159,6 +155,9 @@ pub struct Ahead<'a> {
     /// Sends a complete block to the coordinator; `None`: blocks wait for their request.
     /// Returns whether it went out.
     pub push: Option<&'a mut dyn FnMut(&Lookahead) -> bool>,
+    /// `model+ngram`, as [`ProposeJob::ngram`]: the blocks drafted ahead are drafted as
+    /// their requests would draft them.
+    pub ngram: Option<MatchSpan>,
 }
 
 impl std::fmt::Debug for Ahead<'_> {
@@ -168,6 +167,7 @@ impl std::fmt::Debug for Ahead<'_> {
             .field("depth", &self.depth)
             .field("purpose", &self.purpose)
             .field("pushes", &self.push.is_some())
+            .field("ngram", &self.ngram)
             .finish()
     }
 }
@@ -213,15 +213,16 @@ pub fn draft_ahead_step(
     if state.history.len() > model.info().context_length {
         return Ok(false);
     }
-    let logits = forward_rest(model, state)?;
     if !guessed {
+        let logits = forward_rest(model, state)?;
         let q = effective_q(&logits, state)?;
         let guess = q.probs().iter().enumerate().fold(0, |best, (t, p)| if *p > q.probs()[best] { t } else { best });
         state.history.push_unforwarded(guess as u32);
         state.lookahead.last_mut().expect("checked above").guess = Some(guess as u32);
         return Ok(true);
     }
-    let candidate = draw_candidate(&logits, state, round, position, truncation, ahead.purpose)?;
+    let at = Draw { round, position, purpose: ahead.purpose };
+    let candidate = next_candidate(model, state, at, truncation, ahead.ngram, &mut BatchTally::default())?;
     let last = state.lookahead.last_mut().expect("checked above");
     last.positions.push(candidate);
     if last.positions.len() < last.gamma {
@@ -259,18 +260,49 @@ fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::
     )?)
 }
 
-/// Draws the candidate at block `position` of `round` from q after the history and appends
-/// it to the history, not forwarded yet.
+/// Where a candidate is drawn: block `position` of `round`, from the streams of `purpose`.
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    round: u32,
+    position: usize,
+    purpose: Purpose,
+}
+
+/// The next candidate, appended to the history (not forwarded yet): with `ngram`, the token
+/// after a match in the history when there is one (q = one-hot; no forward pass), otherwise
+/// a draw from the model's q after the history (one forward pass, recorded in `passes`).
+fn next_candidate(
+    model: &mut dyn LanguageModel,
+    state: &mut SessionState,
+    at: Draw,
+    truncation: Option<Truncation>,
+    ngram: Option<MatchSpan>,
+    passes: &mut BatchTally,
+) -> Result<ProposedPosition, NodeError> {
+    let history = &state.history;
+    if let Some(found) = ngram.and_then(|span| lookup(history.tokens(), history.prompt().len(), span, 1)) {
+        let token = found.tokens[0];
+        state.history.push_unforwarded(token);
+        return Ok(match truncation {
+            Some(_) => deterministic_proposal(token, found.source),
+            None => deterministic_dense_proposal(token, model.info().vocab_size, found.source),
+        });
+    }
+    let logits = forward_rest(model, state)?;
+    passes.record(model);
+    draw_candidate(&logits, state, at, truncation)
+}
+
+/// Draws the candidate at `at` from q after the history and appends it to the history, not
+/// forwarded yet.
 fn draw_candidate(
     logits: &Logits,
     state: &mut SessionState,
-    round: u32,
-    position: usize,
+    at: Draw,
     truncation: Option<Truncation>,
-    purpose: Purpose,
 ) -> Result<ProposedPosition, NodeError> {
     let q = effective_q(logits, state)?;
-    let u = StreamKey::new(state.seed, round, position as u32, purpose).uniform();
+    let u = StreamKey::new(state.seed, at.round, at.position as u32, at.purpose).uniform();
     let (token, wire) = match truncation {
         Some(t) => {
             let sparse = q.truncate(t);
@@ -290,6 +322,7 @@ fn draw_candidate(
 mod tests {
     use specd_model::TableModel;
     use specd_node::SessionHistory;
+    use specd_proto::v1::ProposalSource;
     use specd_sampling::SamplingParams;
 
     use super::*;
@@ -324,12 +357,12 @@ mod tests {
 
     fn job(round: u32, rollback_to: usize, pending: Vec<u32>, optimistic: bool) -> ProposeJob {
         let truncation = Some(Truncation::new(0.05, 3).unwrap());
-        ProposeJob { round, rollback_to, pending, gamma: GAMMA, truncation, optimistic }
+        ProposeJob { round, rollback_to, pending, gamma: GAMMA, truncation, optimistic, ngram: None }
     }
 
     /// Drafting ahead after round 0 without pushing: one block, for round 1.
     fn unpushed() -> Ahead<'static> {
-        Ahead { after_round: 0, depth: 1, purpose: Purpose::Draft, push: None }
+        Ahead { after_round: 0, depth: 1, purpose: Purpose::Draft, push: None, ngram: None }
     }
 
     /// Round 0 optimistic, then `steps` steps of drafting ahead (at most what there is).
@@ -370,6 +403,42 @@ mod tests {
             assert!(ahead.lookahead.is_empty() && !served.draft_ahead && !served.elided);
         }
         assert!(hits > 100);
+    }
+
+    #[test]
+    fn with_ngram_a_match_proposes_one_hot_and_drafting_ahead_stays_exact() {
+        let span = MatchSpan::new(1, 2).unwrap();
+        let mut model = model();
+        let (mut copied, mut sampled) = (0, 0);
+        for seed in 0..100u64 {
+            let ngram = |job: ProposeJob| ProposeJob { ngram: Some(span), ..job };
+            let mut ahead = session(&mut model, seed);
+            let first = propose(&mut model, &mut ahead, &ngram(job(0, 2, vec![], true))).unwrap();
+            for position in &first.positions {
+                if position.source == ProposalSource::Model as i32 {
+                    sampled += 1;
+                } else {
+                    // q = one-hot: a support of size one with q = 1.
+                    assert_eq!(
+                        (position.support.as_slice(), position.q.as_slice()),
+                        (&[position.token_id][..], &[1.0][..])
+                    );
+                    copied += 1;
+                }
+            }
+            let mut drafting =
+                Ahead { after_round: 0, depth: 1, purpose: Purpose::Draft, push: None, ngram: Some(span) };
+            draft_ahead(&mut model, &mut ahead, &mut drafting, &AtomicBool::new(false)).unwrap();
+            let guess = ahead.lookahead[0].guess.unwrap();
+            let next = ngram(job(1, 2 + GAMMA, vec![guess], false));
+            let served = propose(&mut model, &mut ahead, &next).unwrap();
+            assert!(served.optimistic_hit, "seed {seed}");
+            let mut plain = session(&mut model, seed);
+            propose(&mut model, &mut plain, &ngram(job(0, 2, vec![], false))).unwrap();
+            let drafted = propose(&mut model, &mut plain, &next).unwrap();
+            assert_eq!(served.positions, drafted.positions, "seed {seed}");
+        }
+        assert!(copied > 0 && sampled > 0, "{copied} copied, {sampled} sampled");
     }
 
     #[test]
@@ -422,7 +491,8 @@ mod tests {
                     pushed.push(block.clone());
                     true
                 };
-                let mut ahead = Ahead { after_round: 0, depth: 3, purpose: Purpose::Draft, push: Some(&mut push) };
+                let mut ahead =
+                    Ahead { after_round: 0, depth: 3, purpose: Purpose::Draft, push: Some(&mut push), ngram: None };
                 draft_ahead(&mut model, &mut state, &mut ahead, &AtomicBool::new(false)).unwrap();
             }
             assert_eq!(pushed.iter().map(|b| b.round).collect::<Vec<_>>(), [1, 2, 3], "seed {seed}");
@@ -454,7 +524,8 @@ mod tests {
                 guesses.push(block.guess.unwrap());
                 true
             };
-            let mut ahead = Ahead { after_round: 0, depth: 2, purpose: Purpose::Draft, push: Some(&mut push) };
+            let mut ahead =
+                Ahead { after_round: 0, depth: 2, purpose: Purpose::Draft, push: Some(&mut push), ngram: None };
             draft_ahead(&mut model, &mut state, &mut ahead, &AtomicBool::new(false)).unwrap();
         }
         assert_eq!(state.lookahead.len(), 2);

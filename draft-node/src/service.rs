@@ -20,8 +20,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::DraftNode;
 use crate::propose::{Ahead, Proposal, ProposeJob, draft_ahead, propose};
+use crate::{DraftNode, Proposer};
 
 /// Replies and pushed blocks queued on one stream: the blocks a session keeps ahead, the
 /// elided replies to their requests, and room to spare.
@@ -54,7 +54,14 @@ fn pushed_reply(block: &Lookahead) -> ProposeResponse {
 #[tonic::async_trait]
 impl DraftService for DraftNode {
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<NodeInfo>, Status> {
-        Ok(Response::new(self.node.info().await?))
+        let info = match &self.proposer {
+            Proposer::Model { node, ngram } => {
+                let proposer = if ngram.is_some() { "model+ngram" } else { "model" };
+                NodeInfo { proposer: proposer.into(), ..node.info().await? }
+            }
+            Proposer::Lookup(node) => node.info(),
+        };
+        Ok(Response::new(info))
     }
 
     async fn open_session(
@@ -62,7 +69,10 @@ impl DraftService for DraftNode {
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
-        self.node.open(request.into_inner()).instrument(span).await?;
+        match &self.proposer {
+            Proposer::Model { node, .. } => node.open(request.into_inner()).instrument(span).await?,
+            Proposer::Lookup(node) => span.in_scope(|| node.open(request.into_inner()))?,
+        }
         Ok(Response::new(OpenSessionResponse {}))
     }
 
@@ -97,7 +107,11 @@ impl DraftService for DraftNode {
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         let span = rpc_span("release", request.metadata());
-        let existed = self.node.release(&request.into_inner().session_id).instrument(span).await?;
+        let id = request.into_inner().session_id;
+        let existed = match &self.proposer {
+            Proposer::Model { node, .. } => node.release(&id).instrument(span).await?,
+            Proposer::Lookup(node) => node.release(&id).instrument(span).await,
+        };
         Ok(Response::new(ReleaseResponse { existed }))
     }
 }
@@ -136,9 +150,16 @@ impl DraftNode {
             gamma: req.gamma as usize,
             truncation,
             optimistic: req.optimistic,
+            ngram: None,
         };
         let round = job.round;
-        let proposal = self.node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?;
+        let proposal = match &self.proposer {
+            Proposer::Model { node, ngram } => {
+                let job = ProposeJob { ngram: *ngram, ..job };
+                node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?
+            }
+            Proposer::Lookup(node) => node.propose(&req.session_id, &job).await?,
+        };
         if proposal.draft_ahead {
             // Pushing needs a stream to push on; a depth above the cap is capped, not refused.
             let push = stream.filter(|_| req.push_depth > 0).cloned();
@@ -162,7 +183,9 @@ impl DraftNode {
     /// goes out, so the next Propose of the session always finds it: that Propose waits for
     /// one forward pass at most, then takes or drops what is done.
     fn draft_ahead(&self, session_id: String, round: u32, depth: usize, push: Option<Replies>) {
-        let (node, purpose, interrupts) = (self.node.clone(), self.lookahead_purpose, self.interrupts.clone());
+        let Proposer::Model { node, ngram } = &self.proposer else { return };
+        let (node, ngram) = (node.clone(), *ngram);
+        let (purpose, interrupts) = (self.lookahead_purpose, self.interrupts.clone());
         let corrupt = self.corrupt_pushes;
         let stop = Arc::new(AtomicBool::new(false));
         interrupts.lock().expect("interrupts lock").insert(session_id.clone(), Arc::clone(&stop));
@@ -182,7 +205,7 @@ impl DraftNode {
                 };
                 let push: Option<&mut dyn FnMut(&Lookahead) -> bool> =
                     if push.is_some() { Some(&mut send) } else { None };
-                let mut ahead = Ahead { after_round: round, depth, purpose, push };
+                let mut ahead = Ahead { after_round: round, depth, purpose, push, ngram };
                 draft_ahead(m, state, &mut ahead, &flag)
             };
             let result = node.run(&session_id, job).await;

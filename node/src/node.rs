@@ -175,6 +175,7 @@ impl Node {
             active_sessions: self.model.active_sessions() as u32,
             kv_cache_bytes: self.model.kv_cache_bytes().await?,
             has_tokenizer: info.has_tokenizer,
+            proposer: String::new(),
         })
     }
 

@@ -56,12 +56,45 @@ impl TryFrom<&v1::Truncation> for Truncation {
 
 /// A sparse proposal: the candidate and the q on S it was drawn from.
 pub fn sparse_proposal(token: u32, q: &SparseDist) -> v1::ProposedPosition {
-    v1::ProposedPosition { token_id: token, support: q.tokens().to_vec(), q: q.probs().to_vec(), dense_q: Vec::new() }
+    v1::ProposedPosition {
+        token_id: token,
+        support: q.tokens().to_vec(),
+        q: q.probs().to_vec(),
+        dense_q: Vec::new(),
+        source: v1::ProposalSource::Model.into(),
+    }
+}
+
+/// A deterministic proposer's candidate on the sparse wire: q = one-hot, a support of size
+/// one with q = 1 (DESIGN.md §1, deterministic proposers).
+pub fn deterministic_proposal(token: u32, source: v1::ProposalSource) -> v1::ProposedPosition {
+    v1::ProposedPosition {
+        token_id: token,
+        support: vec![token],
+        q: vec![1.0],
+        dense_q: Vec::new(),
+        source: source.into(),
+    }
+}
+
+/// [`deterministic_proposal`] on the dense wire: a one-hot q over the vocabulary.
+pub fn deterministic_dense_proposal(token: u32, vocab_size: usize, source: v1::ProposalSource) -> v1::ProposedPosition {
+    let mut dense_q = vec![0.0; vocab_size];
+    if let Some(q) = dense_q.get_mut(token as usize) {
+        *q = 1.0;
+    }
+    v1::ProposedPosition { token_id: token, support: Vec::new(), q: Vec::new(), dense_q, source: source.into() }
 }
 
 /// A dense proposal: the candidate and the full q.
 pub fn dense_proposal(token: u32, q: &DenseDist) -> v1::ProposedPosition {
-    v1::ProposedPosition { token_id: token, support: Vec::new(), q: Vec::new(), dense_q: q.probs().to_vec() }
+    v1::ProposedPosition {
+        token_id: token,
+        support: Vec::new(),
+        q: Vec::new(),
+        dense_q: q.probs().to_vec(),
+        source: v1::ProposalSource::Model.into(),
+    }
 }
 
 /// The candidate and its sparse q, validated against the vocabulary size.

@@ -26,6 +26,20 @@ pub fn verify_block_sparse(
     scored: &ScoredBlock,
     key: RoundKey,
 ) -> Result<BlockOutcome> {
+    verify_block_sparse_with(candidates, scored, key, sample_sparse_residual)
+}
+
+/// What a rule emits at the first rejection, at block `position`, from the draft's q, the
+/// target's pieces and the round's key: the token and which branch drew it.
+pub(crate) type SparseResidual = fn(usize, &SparseDist, &ScoredPosition, RoundKey) -> Result<(u32, EmittedFrom)>;
+
+/// [`verify_block_sparse`] with `residual` at the first rejection (the naive rule swaps it).
+pub(crate) fn verify_block_sparse_with(
+    candidates: &[SparseCandidate<'_>],
+    scored: &ScoredBlock,
+    key: RoundKey,
+    residual: SparseResidual,
+) -> Result<BlockOutcome> {
     let gamma = candidates.len();
     if scored.positions.len() != gamma {
         return Err(SamplingError::ShapeMismatch(format!(
@@ -51,7 +65,7 @@ pub fn verify_block_sparse(
             tokens.push(candidate.token);
             continue;
         }
-        let (token, emitted_from) = sample_sparse_residual(position, candidate.q, scored_i, key)?;
+        let (token, emitted_from) = residual(position, candidate.q, scored_i, key)?;
         tokens.push(token);
         return Ok(BlockOutcome { accepted: i, tokens, acceptance, expected_acceptance, emitted_from });
     }
@@ -149,6 +163,33 @@ mod tests {
             verify_block_sparse(&off_support, &scored(vec![0.5, 0.2], 0.3, Some(2)), key),
             Err(SamplingError::ImpossibleProposal { position: 1, token: 2 })
         );
+    }
+
+    #[test]
+    fn a_deterministic_candidate_is_accepted_with_p_and_otherwise_replaced_from_p_without_it() {
+        // q = one-hot(1): a support of size one with q = 1. p = (0.2, 0.3, 0.5).
+        let q = SparseDist::new(3, vec![1], vec![1.0]).unwrap();
+        let c = [SparseCandidate { token: 1, q: &q }];
+        let (mut accepted, mut replaced) = (0u32, [0u32; 3]);
+        let n = 20_000u64;
+        for seed in 0..n {
+            // The complement sample: what the target draws from p outside S, here 0 or 2.
+            let complement = if seed % 7 < 2 { 0 } else { 2 };
+            let block = scored(vec![0.3], 0.7, Some(complement));
+            let out = verify_block_sparse(&c, &block, RoundKey { seed, round: 0 }).unwrap();
+            assert_eq!(out.acceptance, vec![0.3]);
+            assert!((out.expected_acceptance[0] - 0.3).abs() < 1e-12);
+            if out.accepted == 1 {
+                accepted += 1;
+            } else {
+                // The residual max(0, p - q) is 0 on S: always the complement sample.
+                assert_eq!((out.tokens[0], out.emitted_from), (complement, EmittedFrom::Complement));
+                replaced[out.tokens[0] as usize] += 1;
+            }
+        }
+        // Acceptance 0.3: 6 000 of 20 000, σ ≈ 65; 6σ bounds.
+        assert!((accepted as f64 - 0.3 * n as f64).abs() < 6.0 * 65.0, "{accepted}");
+        assert_eq!(replaced[1], 0);
     }
 
     #[test]

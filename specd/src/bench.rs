@@ -18,11 +18,15 @@ use crate::bench_netns::{NetnsOptions, draft_delay};
 use crate::bench_sample::{Sample, run_one};
 use crate::cli_error::invalid;
 use crate::serve::{
-    DraftOptions, GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, bind, parse_gamma, parse_on_off,
+    DraftOptions, GammaFlag, LoopbackNodes, NodeOptions, PolicyOptions, ProposerOptions, bind, parse_gamma,
+    parse_on_off,
 };
 
 /// The default prompts: beginnings of Python code, written for this benchmark.
 const DEFAULT_PROMPTS: &str = include_str!("../bench/prompts.txt");
+/// `--prompt-set grounded`: work grounded in its input (edit, extend or quote the code the
+/// prompt gives), where copying from the prompt pays (n-gram drafting).
+const GROUNDED_PROMPTS: &str = include_str!("../bench/grounded_prompts.txt");
 /// Separates prompts in a prompts file (a line of its own).
 const PROMPT_SEPARATOR: &str = "---";
 
@@ -65,6 +69,10 @@ pub struct BenchArgs {
     /// prompts).
     #[arg(long, env = "SPECD_BENCH_PROMPTS")]
     prompts: Option<PathBuf>,
+    /// The built-in prompts when --prompts is not given: `code` (continue code) or
+    /// `grounded` (edit, extend or quote code given in the prompt).
+    #[arg(long, env = "SPECD_BENCH_PROMPT_SET", default_value = "code", value_parser = ["code", "grounded"])]
+    prompt_set: String,
     /// Draft length of the speculative runs: a number, or `auto` (the coordinator's policy).
     #[arg(long, env = "SPECD_GAMMA", default_value = "auto", value_parser = parse_gamma)]
     gamma: GammaFlag,
@@ -92,6 +100,9 @@ pub struct BenchArgs {
     /// For --embedded and --netns.
     #[command(flatten)]
     draft: DraftOptions,
+    /// The draft node's proposer, for --embedded and --netns.
+    #[command(flatten)]
+    proposer: ProposerOptions,
     /// Milliseconds added to every forward pass of the draft model only (a deliberately slow
     /// draft), for --embedded and --netns; overrides --forward-delay-ms for the draft.
     #[arg(long, env = "SPECD_DRAFT_DELAY_MS")]
@@ -151,6 +162,9 @@ struct Totals {
     optimistic_attempts: u64,
     optimistic_hits: u64,
     optimistic_pushed: u64,
+    /// Candidates proposed and accepted, by proposer (prompt and output matches apart).
+    by_proposer: std::collections::BTreeMap<String, (u64, u64)>,
+    empty_proposals: u64,
 }
 
 impl Totals {
@@ -177,6 +191,11 @@ impl Totals {
         self.optimistic_attempts += s.stats.optimistic_attempts;
         self.optimistic_hits += s.stats.optimistic_hits;
         self.optimistic_pushed += s.stats.optimistic_pushed;
+        for (proposer, tally) in &s.stats.by_proposer {
+            let sum = self.by_proposer.entry(proposer.clone()).or_default();
+            (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
+        }
+        self.empty_proposals += s.stats.empty_proposals;
     }
 
     fn tokens_per_s(&self) -> f64 {
@@ -211,9 +230,10 @@ impl ModeTotals {
     }
 }
 
-fn load_prompts(path: Option<&Path>) -> anyhow::Result<Vec<String>> {
+fn load_prompts(path: Option<&Path>, set: &str) -> anyhow::Result<Vec<String>> {
     let text = match path {
         Some(p) => std::fs::read_to_string(p).map_err(|e| invalid(format!("--prompts {}: {e}", p.display())))?,
+        None if set == "grounded" => GROUNDED_PROMPTS.to_owned(),
         None => DEFAULT_PROMPTS.to_owned(),
     };
     let mut prompts = Vec::new();
@@ -240,6 +260,12 @@ fn load_prompts(path: Option<&Path>) -> anyhow::Result<Vec<String>> {
 }
 
 impl BenchArgs {
+    /// The draft's proposer where this bench starts the nodes; `None` with --endpoint
+    /// (the endpoint's draft proposes however it was started).
+    fn proposer_name(&self) -> Option<String> {
+        (self.embedded || self.netns.netns).then(|| self.proposer.proposer.to_string())
+    }
+
     /// Whether this process runs the models (`--embedded`); with `--netns` they run in
     /// processes of their own.
     pub fn runs_models_here(&self) -> bool {
@@ -460,6 +486,14 @@ async fn measure(args: &BenchArgs, endpoint: String, prompts: &[String]) -> anyh
                 "received": whole.per_round(whole.wire_bytes_by_role[3] as f64),
             },
         },
+        // What proposed the candidates: a target that loops on its own output makes n-gram
+        // drafting look good for the wrong reason, so matches in the prompt and in the output
+        // are counted apart.
+        "proposer": args.proposer_name(),
+        "by_proposer": whole.by_proposer.iter().map(|(k, (proposed, accepted))| {
+            (k.clone(), json!({ "proposed": proposed, "accepted": accepted }))
+        }).collect::<serde_json::Map<_, _>>(),
+        "empty_proposals": whole.empty_proposals,
         "optimistic_attempts": whole.optimistic_attempts,
         "optimistic_hit_rate": if whole.optimistic_attempts == 0 {
             0.0
@@ -555,6 +589,14 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
             report["dtype"].as_str().unwrap_or("dtype of the endpoint's nodes")
         );
     }
+    if let Some(by) = report["by_proposer"].as_object().filter(|by| by.keys().any(|k| k != "model")) {
+        let parts: Vec<String> = by.iter().map(|(k, t)| format!("{k} {}/{}", t["accepted"], t["proposed"])).collect();
+        outln!(
+            "accepted/proposed by proposer: {}; {} rounds proposed nothing",
+            parts.join(", "),
+            report["empty_proposals"]
+        );
+    }
     if report["optimistic_attempts"].as_u64().unwrap_or(0) > 0 {
         outln!(
             "optimistic drafting: {:.1}% of rounds served from a block drafted ahead, {:.1}% from one pushed (no wait)",
@@ -568,10 +610,11 @@ fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
 /// Runs the subcommand.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
-    let prompts = load_prompts(args.prompts.as_deref())?;
+    let prompts = load_prompts(args.prompts.as_deref(), &args.prompt_set)?;
     if args.netns.netns && args.netns.netns_child.is_none() {
         let target = args.node.to_args(None, None);
-        let draft = args.node.to_args(args.draft_delay_ms, Some(&args.draft));
+        let mut draft = args.node.to_args(args.draft_delay_ms, Some(&args.draft));
+        draft.extend(args.proposer.to_args());
         let mut netns = args.netns.clone();
         if let Some(on) = args.optimistic {
             netns.coordinator_arg.push(format!("--optimistic={}", if on { "on" } else { "off" }));
@@ -593,7 +636,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 if let Some(delay) = draft_delay(args.draft_delay_ms)? {
                     draft.forward_delay = delay;
                 }
-                let nodes = LoopbackNodes::start(target, draft).await?;
+                let nodes = LoopbackNodes::start(target, draft, args.proposer.config()?).await?;
                 let policy = PolicyOptions::defaults()?;
                 let mut config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
                 if let Some(on) = args.optimistic {
@@ -630,11 +673,13 @@ mod tests {
 
     #[test]
     fn prompts_split_on_separator_lines_and_keep_their_indentation() {
-        let p = load_prompts(None).unwrap();
+        let p = load_prompts(None, "code").unwrap();
         assert!(p.len() >= 6);
         assert!(p[0].starts_with("def fibonacci(n):\n    \"\"\""));
         assert!(!p[0].ends_with('\n'));
         assert!(p.iter().all(|x| !x.contains("\n---\n")));
+        let grounded = load_prompts(None, "grounded").unwrap();
+        assert!(grounded.len() >= 6 && grounded.iter().all(|x| !x.contains("\n---\n")));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use specd_coordinator::{
     Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, NodeAddress, RuleVariant,
 };
 use specd_draft_node::DraftNode;
+use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
 use specd_model::{BatchPolicy, DType, DeviceSpec, LlamaConfig, ModelError, TableModel};
 use specd_node::NodeConfig;
 use specd_proto::tls::{ClientTls, ServerTls};
@@ -134,6 +135,62 @@ impl DraftOptions {
     }
 }
 
+/// What a draft node proposes with (`specd draft`, `specd up`, `specd bench`).
+#[derive(Debug, Clone, Args)]
+pub struct ProposerOptions {
+    /// model (the draft model samples), ngram (prompt lookup: copies what followed the
+    /// longest match of the last tokens in the prompt and output; no model), suffix (the
+    /// most frequent continuation over recent sessions and this one; no model), or
+    /// model+ngram (a match proposes; the model where there is none).
+    #[arg(long, env = "SPECD_PROPOSER", default_value = "model", value_parser = parse_proposer)]
+    pub(crate) proposer: ProposerKind,
+    /// Shortest n-gram match that proposes (ngram, suffix, model+ngram).
+    #[arg(long, env = "SPECD_NGRAM_MIN", default_value_t = 2)]
+    pub(crate) ngram_min: usize,
+    /// Longest n-gram match tried first.
+    #[arg(long, env = "SPECD_NGRAM_MAX", default_value_t = 4)]
+    pub(crate) ngram_max: usize,
+    /// Tokens of finished sessions the suffix proposer's index holds (its memory bound:
+    /// about this × ngram-max contexts).
+    #[arg(long, env = "SPECD_SUFFIX_BUDGET_TOKENS", default_value_t = 1 << 18)]
+    pub(crate) suffix_budget_tokens: usize,
+}
+
+fn parse_proposer(s: &str) -> Result<ProposerKind, String> {
+    s.parse()
+}
+
+impl ProposerOptions {
+    pub(crate) fn config(&self) -> anyhow::Result<ProposerConfig> {
+        let span =
+            MatchSpan::new(self.ngram_min, self.ngram_max).map_err(|e| invalid(format!("--ngram-min/max: {e}")))?;
+        if self.suffix_budget_tokens == 0 {
+            return Err(invalid("--suffix-budget-tokens must be at least 1"));
+        }
+        Ok(ProposerConfig { kind: self.proposer, span, suffix_budget_tokens: self.suffix_budget_tokens })
+    }
+
+    /// The flags that give a `specd draft` process this proposer (`specd bench --netns`).
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        vec![
+            format!("--proposer={}", self.proposer),
+            format!("--ngram-min={}", self.ngram_min),
+            format!("--ngram-max={}", self.ngram_max),
+            format!("--suffix-budget-tokens={}", self.suffix_budget_tokens),
+        ]
+    }
+}
+
+/// The draft model a proposer needs: required for `model` and `model+ngram`, not read
+/// otherwise (an empty path stands for none).
+fn draft_model_path(flag: &str, model: Option<&PathBuf>, proposer: ProposerKind) -> anyhow::Result<PathBuf> {
+    match model {
+        Some(path) => Ok(path.clone()),
+        None if proposer.needs_model() => Err(invalid(format!("{flag} is required with --proposer {proposer}"))),
+        None => Ok(PathBuf::new()),
+    }
+}
+
 /// Where to serve Prometheus metrics (off by default).
 #[derive(Debug, Clone, Args)]
 pub struct MetricsOptions {
@@ -197,12 +254,16 @@ pub struct TargetArgs {
     check: CheckArgs,
 }
 
-/// Run a draft node: the cheap model, proposing blocks with their distributions.
+/// Run a draft node: the cheap model (or a proposer with none), proposing blocks with their
+/// distributions.
 #[derive(Debug, Args)]
 pub struct DraftArgs {
     /// Checkpoint directory or table-model .json; its tokenizer must match the target's.
+    /// Not needed by --proposer ngram or suffix.
     #[arg(long, env = "SPECD_MODEL")]
-    model: PathBuf,
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    proposer: ProposerOptions,
     /// Address to serve on.
     #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50053")]
     listen: SocketAddr,
@@ -414,9 +475,12 @@ pub struct UpArgs {
     /// The target model: checkpoint directory or table-model .json.
     #[arg(long, env = "SPECD_TARGET_MODEL")]
     target_model: PathBuf,
-    /// The draft model: checkpoint directory or table-model .json.
+    /// The draft model: checkpoint directory or table-model .json (not needed by
+    /// --proposer ngram or suffix).
     #[arg(long, env = "SPECD_DRAFT_MODEL")]
-    draft_model: PathBuf,
+    draft_model: Option<PathBuf>,
+    #[command(flatten)]
+    proposer: ProposerOptions,
     /// Address the coordinator serves clients on (the nodes take free loopback ports).
     #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -657,7 +721,8 @@ pub fn run_target(args: &TargetArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
-    let mut config = args.node.config(args.model.clone())?;
+    let proposer = args.proposer.config()?;
+    let mut config = args.node.config(draft_model_path("--model", args.model.as_ref(), proposer.kind)?)?;
     config.tls = args.service.tls.tls()?;
     let grace = args.service.drain.grace()?;
     if args.check.check_config {
@@ -667,7 +732,7 @@ pub fn run_draft(args: &DraftArgs) -> anyhow::Result<()> {
         let listener = bind(args.listen).await?;
         config.metrics = args.service.metrics.start().await?;
         log_openmp_wait();
-        let node = DraftNode::load(config).await?;
+        let node = DraftNode::start(config, proposer).await?;
         announce(&listener)?;
         serve_until_signal(grace, |stop| specd_draft_node::serve(listener, node, stop)).await
     })
@@ -710,11 +775,19 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 
 pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let mut target_config = args.node.config(args.target_model.clone())?;
-    let mut draft_config = args.draft.apply(args.node.config(args.draft_model.clone())?);
+    let proposer = args.proposer.config()?;
+    let draft_model = draft_model_path("--draft-model", args.draft_model.as_ref(), proposer.kind)?;
+    let mut draft_config = args.draft.apply(args.node.config(draft_model)?);
     let grace = args.drain.grace()?;
     if args.check.check_config {
         args.policy.config(Vec::new(), Vec::new())?;
-        let (target, draft) = (check_model(&target_config.model)?, check_model(&draft_config.model)?);
+        let target = check_model(&target_config.model)?;
+        let draft = if proposer.kind.needs_model() {
+            let model = check_model(&draft_config.model)?;
+            if proposer.kind == ProposerKind::Model { model } else { format!("{model} ({})", proposer.kind) }
+        } else {
+            format!("none ({})", proposer.kind)
+        };
         let traces = traces_summary(&args.telemetry)?;
         outln!(
             "config ok: up on {}, target {target}, draft {draft}, {} {} (draft {}){}{traces}",
@@ -732,7 +805,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         let metrics = args.metrics.start().await?;
         (target_config.metrics, draft_config.metrics) = (metrics.clone(), metrics.clone());
         log_openmp_wait();
-        let nodes = LoopbackNodes::start(target_config, draft_config).await?;
+        let nodes = LoopbackNodes::start(target_config, draft_config, proposer).await?;
         let mut config = args.policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
         config.metrics = metrics;
         let service = specd_coordinator::connect(&config).await?;
@@ -755,13 +828,18 @@ pub struct LoopbackNodes {
 }
 
 impl LoopbackNodes {
-    /// Loads both models (concurrently) and starts serving them.
-    pub async fn start(target_config: NodeConfig, draft_config: NodeConfig) -> anyhow::Result<Self> {
+    /// Loads both models (concurrently; the draft's only where `proposer` needs one) and
+    /// starts serving them.
+    pub async fn start(
+        target_config: NodeConfig,
+        draft_config: NodeConfig,
+        proposer: ProposerConfig,
+    ) -> anyhow::Result<Self> {
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);
         let target_url = format!("http://{}", target_listener.local_addr()?);
         let draft_url = format!("http://{}", draft_listener.local_addr()?);
-        let (target, draft) = tokio::join!(TargetNode::load(target_config), DraftNode::load(draft_config));
+        let (target, draft) = tokio::join!(TargetNode::load(target_config), DraftNode::start(draft_config, proposer));
         let (target, draft) = (target?, draft?);
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -843,7 +921,8 @@ fn metrics_summary(metrics: &MetricsOptions) -> String {
 
 /// `--check-config` of a node role: everything but loading the weights.
 fn check_node(role: &str, listen: SocketAddr, config: &NodeConfig, service: &ServiceArgs) -> anyhow::Result<()> {
-    let model = check_model(&config.model)?;
+    // An empty path: a draft whose proposer needs no model.
+    let model = if config.model.as_os_str().is_empty() { "none".to_owned() } else { check_model(&config.model)? };
     let traces = traces_summary(&service.telemetry)?;
     let tls = if service.tls.tls_client_ca.is_some() {
         ", mutual TLS"

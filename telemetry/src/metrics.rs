@@ -30,6 +30,11 @@ struct PositionLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProposerLabel {
+    proposer: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FinishLabel {
     finish_reason: &'static str,
 }
@@ -178,7 +183,7 @@ impl NodeGauges {
 }
 
 /// What one round cost and achieved, in the coordinator's terms.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RoundSample {
     /// Draft length γ of the round (0: target-only).
     pub gamma: usize,
@@ -192,6 +197,11 @@ pub struct RoundSample {
     /// answered from the block it had drafted ahead (optimistic drafting).
     pub optimistic_attempt: bool,
     pub optimistic_hit: bool,
+    /// What proposed each candidate, in block order ("model", "prompt_match",
+    /// "output_match", "suffix"): the first `accepted` were accepted.
+    pub sources: Vec<&'static str>,
+    /// The draft was asked for candidates and proposed none: the round ran target-only.
+    pub empty_proposal: bool,
 }
 
 /// The coordinator's counters, histograms and its `specd_active_sessions` series.
@@ -203,6 +213,9 @@ pub struct CoordinatorMetrics {
     accepted_per_position: Family<PositionLabel, Counter>,
     optimistic_attempts: Counter,
     optimistic_hits: Counter,
+    proposed_by: Family<ProposerLabel, Counter>,
+    accepted_by: Family<ProposerLabel, Counter>,
+    empty_proposals: Counter,
     emitted_tokens: Counter,
     requests: Family<FinishLabel, Counter>,
     round_draft: Histogram,
@@ -229,6 +242,9 @@ impl CoordinatorMetrics {
             accepted_per_position: Family::default(),
             optimistic_attempts: Counter::default(),
             optimistic_hits: Counter::default(),
+            proposed_by: Family::default(),
+            accepted_by: Family::default(),
+            empty_proposals: Counter::default(),
             emitted_tokens: Counter::default(),
             requests: Family::default(),
             round_draft: phase(),
@@ -261,6 +277,21 @@ impl CoordinatorMetrics {
             "specd_optimistic_hits",
             "Rounds the draft answered from the block it had drafted ahead",
             this.optimistic_hits.clone(),
+        );
+        registry.register(
+            "specd_proposed_tokens_by_proposer",
+            "Draft tokens proposed, by what proposed them (model, prompt_match, output_match, suffix)",
+            this.proposed_by.clone(),
+        );
+        registry.register(
+            "specd_accepted_tokens_by_proposer",
+            "Draft tokens accepted, by what proposed them",
+            this.accepted_by.clone(),
+        );
+        registry.register(
+            "specd_empty_proposals",
+            "Rounds whose draft proposed nothing (no match): run target-only",
+            this.empty_proposals.clone(),
         );
         registry.register(
             "specd_emitted_tokens",
@@ -313,6 +344,13 @@ impl CoordinatorMetrics {
         for position in 1..=round.accepted as u64 {
             self.accepted_per_position.get_or_create(&PositionLabel { position }).inc();
         }
+        for (i, &proposer) in round.sources.iter().enumerate() {
+            self.proposed_by.get_or_create(&ProposerLabel { proposer }).inc();
+            if i < round.accepted {
+                self.accepted_by.get_or_create(&ProposerLabel { proposer }).inc();
+            }
+        }
+        self.empty_proposals.inc_by(u64::from(round.empty_proposal));
         let network = round.wall_ns.saturating_sub(round.draft_ns).saturating_sub(round.verify_ns);
         self.round_draft.observe(seconds(round.draft_ns));
         self.round_verify.observe(seconds(round.verify_ns));
@@ -384,8 +422,20 @@ mod tests {
             wall_ns: 4_000_000,
             optimistic_attempt: true,
             optimistic_hit: true,
+            sources: vec!["prompt_match", "prompt_match", "model", "output_match"],
+            empty_proposal: false,
         };
         request.round(&round, 3);
+        let empty = RoundSample {
+            gamma: 0,
+            accepted: 0,
+            optimistic_attempt: false,
+            optimistic_hit: false,
+            sources: Vec::new(),
+            empty_proposal: true,
+            ..round.clone()
+        };
+        request.round(&empty, 1);
         let text = metrics.encode().await.unwrap();
         assert_eq!(value(&text, "specd_active_sessions{role=\"coordinator\"}"), Some(1.0), "{text}");
         request.finish(FinishReason::Length);
@@ -393,20 +443,24 @@ mod tests {
         drop(request);
         let text = metrics.encode().await.unwrap();
         for (series, want) in [
-            ("specd_rounds_total", 1.0),
+            ("specd_rounds_total", 2.0),
+            ("specd_proposed_tokens_by_proposer_total{proposer=\"prompt_match\"}", 2.0),
+            ("specd_accepted_tokens_by_proposer_total{proposer=\"prompt_match\"}", 2.0),
+            ("specd_proposed_tokens_by_proposer_total{proposer=\"output_match\"}", 1.0),
+            ("specd_empty_proposals_total", 1.0),
             ("specd_draft_tokens_total", 4.0),
             ("specd_accepted_tokens_total", 2.0),
             ("specd_optimistic_attempts_total", 1.0),
             ("specd_optimistic_hits_total", 1.0),
             ("specd_accepted_tokens_per_pos_total{position=\"1\"}", 1.0),
             ("specd_accepted_tokens_per_pos_total{position=\"2\"}", 1.0),
-            ("specd_emitted_tokens_total", 3.0),
+            ("specd_emitted_tokens_total", 4.0),
             ("specd_requests_total{finish_reason=\"length\"}", 1.0),
             ("specd_requests_total{finish_reason=\"error\"}", 0.0),
-            ("specd_round_seconds_count", 1.0),
-            ("specd_round_network_seconds_sum", 0.001),
+            ("specd_round_seconds_count", 2.0),
+            ("specd_round_network_seconds_sum", 0.002),
             ("specd_time_to_first_token_seconds_count", 1.0),
-            ("specd_inter_token_latency_seconds_count", 3.0),
+            ("specd_inter_token_latency_seconds_count", 4.0),
             ("specd_active_sessions{role=\"coordinator\"}", 0.0),
         ] {
             assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");

@@ -13,11 +13,17 @@ pub const PROMPT: [u32; 1] = [0];
 
 /// Target and draft tables for continuations of up to `length` tokens after [`PROMPT`].
 pub fn tables(length: usize) -> (Table, Table) {
+    tables_after(&PROMPT, length)
+}
+
+/// [`tables`] after another prompt (the proposers' audits use one that repeats itself, so
+/// that an n-gram match proposes the token the target finds least likely).
+pub fn tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
     let mut target = Table { vocab_size: VOCAB, default: vec![1.0 / 3.0; VOCAB], rules: Vec::new() };
     let mut draft = target.clone();
-    target.rules.push((PROMPT.to_vec(), vec![0.6, 0.3, 0.1]));
-    draft.rules.push((PROMPT.to_vec(), vec![0.5, 0.25, 0.25]));
-    let mut prefixes = vec![PROMPT.to_vec()];
+    target.rules.push((prompt.to_vec(), vec![0.6, 0.3, 0.1]));
+    draft.rules.push((prompt.to_vec(), vec![0.5, 0.25, 0.25]));
+    let mut prefixes = vec![prompt.to_vec()];
     for _ in 1..length {
         prefixes =
             prefixes.iter().flat_map(|p| (0..VOCAB as u32).map(move |t| [p.clone(), vec![t]].concat())).collect();
@@ -45,19 +51,47 @@ fn row(i: u64, depth: u32, salt: u32) -> Vec<f64> {
     w.iter().map(|x| x / total).collect()
 }
 
-/// The target's effective distributions, computed as the target node does (logits ln p).
+/// The target's effective distributions, computed as the target node does (logits ln p),
+/// after [`PROMPT`].
 #[derive(Debug)]
 pub struct EffectiveTarget {
     pub table: Table,
     pub params: SamplingParams,
 }
 
+impl EffectiveTarget {
+    /// After another prompt of `prompt_len` tokens.
+    pub fn after(self, prompt_len: usize) -> EffectiveTargetAfter {
+        EffectiveTargetAfter { target: self, prompt_len }
+    }
+}
+
+/// [`EffectiveTarget`] after a prompt of `prompt_len` tokens.
+#[derive(Debug)]
+pub struct EffectiveTargetAfter {
+    target: EffectiveTarget,
+    prompt_len: usize,
+}
+
+impl PrefixModel for EffectiveTargetAfter {
+    fn target(&self, prefix: &[u32]) -> DenseDist {
+        effective_target(&self.target, prefix, self.prompt_len)
+    }
+    fn draft(&self, prefix: &[u32]) -> DenseDist {
+        self.target(prefix)
+    }
+}
+
+fn effective_target(model: &EffectiveTarget, prefix: &[u32], prompt_len: usize) -> DenseDist {
+    let logits: Vec<f32> =
+        model.table.probs(prefix).iter().map(|&p| if p > 0.0 { p.ln() as f32 } else { -1e30 }).collect();
+    let history = TokenHistory { prompt: &prefix[..prompt_len], generated: &prefix[prompt_len..] };
+    effective_distribution(&logits, &model.params, history).unwrap()
+}
+
 impl PrefixModel for EffectiveTarget {
     fn target(&self, prefix: &[u32]) -> DenseDist {
-        let logits: Vec<f32> =
-            self.table.probs(prefix).iter().map(|&p| if p > 0.0 { p.ln() as f32 } else { -1e30 }).collect();
-        let history = TokenHistory { prompt: &prefix[..PROMPT.len()], generated: &prefix[PROMPT.len()..] };
-        effective_distribution(&logits, &self.params, history).unwrap()
+        effective_target(self, prefix, PROMPT.len())
     }
     fn draft(&self, prefix: &[u32]) -> DenseDist {
         self.target(prefix)

@@ -12,6 +12,7 @@ use std::time::Duration;
 use chaos::ChaosProxy;
 use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
+use specd_draft_node::proposer::ProposerConfig;
 use specd_model::{BatchPolicy, DType, DeviceSpec};
 use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
@@ -55,6 +56,8 @@ pub struct ClusterOptions {
     /// The coordinator reaches the draft through a `specd_netns::delay_proxy` adding this
     /// much each way (loopback stands in for a network; the proxy needs no root).
     pub draft_one_way_delay: Option<Duration>,
+    /// The draft node's proposer (`--proposer`; default: the model).
+    pub proposer: ProposerConfig,
 }
 
 impl Default for ClusterOptions {
@@ -73,6 +76,7 @@ impl Default for ClusterOptions {
             batch: BatchPolicy::default(),
             corrupt_pushes: false,
             draft_one_way_delay: None,
+            proposer: ProposerConfig::default(),
         }
     }
 }
@@ -85,6 +89,8 @@ pub struct Cluster {
     pub draft_url: String,
     /// `http://127.0.0.1:PORT/metrics` when [`ClusterOptions::metrics`] is set.
     pub metrics_url: Option<String>,
+    /// The draft node (a handle: it is served by the cluster's task).
+    pub draft: DraftNode,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     _chaos: Option<ChaosProxy>,
@@ -115,10 +121,11 @@ impl Cluster {
             batch: options.batch,
         };
         let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
-        let draft = DraftNode::load(config(draft_model, options.forward_delays.1))
+        let draft = DraftNode::start(config(draft_model, options.forward_delays.1), options.proposer)
             .await?
             .with_lookahead_purpose(options.lookahead_purpose);
         let draft = if options.corrupt_pushes { draft.with_corrupt_pushes() } else { draft };
+        let draft_handle = draft.clone();
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -191,7 +198,7 @@ impl Cluster {
                 specd_telemetry::serve_metrics(listener, metrics, stopped(rx)).await.expect("metrics served");
             }));
         }
-        Ok(Self { endpoint, target_url, draft_url, metrics_url, stop, tasks, _chaos: chaos })
+        Ok(Self { endpoint, target_url, draft_url, metrics_url, draft: draft_handle, stop, tasks, _chaos: chaos })
     }
 
     pub async fn client(&self) -> anyhow::Result<GenerationClient<Channel>> {

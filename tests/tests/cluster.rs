@@ -7,7 +7,9 @@
 //!   exact target law;
 //! - [`optimistic`]: optimistic drafting, same outputs and the same law;
 //! - [`greedy_hf`]: greedy identity on Hugging Face checkpoints;
-//! - [`vocab_padding`]: a draft without the target's padding rows, same law.
+//! - [`vocab_padding`]: a draft without the target's padding rows, same law;
+//! - [`proposers`]: the n-gram, suffix and model+ngram proposers: the law, greedy identity,
+//!   the suffix node's memory bound.
 //!
 //! `service.rs`, `discovery.rs` and `metrics.rs` stay binaries of their own: they assert
 //! deadlines, which a law check running beside them could make them miss.
@@ -15,4 +17,5 @@
 mod greedy_hf;
 mod law_through_cluster;
 mod optimistic;
+mod proposers;
 mod vocab_padding;

@@ -8,12 +8,13 @@
 //! coordinator with the naive rule (resample from p) and asserts the same check rejects it.
 //! N is `SPECD_LAW_SAMPLES` (default 200 000).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, scratch_dir};
 use specd_model::BatchPolicy;
 use specd_proto::v1::generate_request::Prompt;
@@ -23,11 +24,11 @@ use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation};
 use tokio_stream::StreamExt;
 
-const FALSE_FAILURE: f64 = 1e-3;
+pub(crate) const FALSE_FAILURE: f64 = 1e-3;
 const LENGTH: usize = 3;
 const CLIENTS: u64 = 8;
 
-fn samples() -> u64 {
+pub(crate) fn samples() -> u64 {
     std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000)
 }
 
@@ -57,12 +58,37 @@ async fn law_check(options: ClusterOptions, params: SamplingParams, dense: bool,
 
 /// [`law_check`], and the target's mean batch size over the verify passes.
 async fn law_check_batched(options: ClusterOptions, params: SamplingParams, dense: bool, n: u64) -> (f64, u64, f64) {
+    let run = law_run(options, params, dense, n, &PROMPT).await;
+    (run.p_value, run.fallbacks, run.mean_batch)
+}
+
+/// What one law check measured.
+#[derive(Debug, Default)]
+pub(crate) struct LawRun {
+    pub p_value: f64,
+    pub fallbacks: u64,
+    pub mean_batch: f64,
+    /// Candidates proposed and accepted, by proposer, over every generation.
+    pub by_proposer: HashMap<String, (u64, u64)>,
+    pub empty_proposals: u64,
+}
+
+/// Draws `n` continuations of `prompt` through a cluster on [`tables_after`] and measures
+/// the χ² p-value against the exact law.
+pub(crate) async fn law_run(
+    options: ClusterOptions,
+    params: SamplingParams,
+    dense: bool,
+    n: u64,
+    prompt: &[u32],
+) -> LawRun {
     // A directory of its own: checks with the same settings run at once, and each empties
     // its directory as it starts.
     static CHECKS: AtomicUsize = AtomicUsize::new(0);
     let check = CHECKS.fetch_add(1, Ordering::Relaxed);
     let dir = scratch_dir(&format!("law-{check}-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
-    let (target_table, draft_table) = tables(LENGTH);
+    let (target_table, draft_table) = tables_after(prompt, LENGTH);
+    let prompt = Arc::new(prompt.to_vec());
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
@@ -70,14 +96,16 @@ async fn law_check_batched(options: ClusterOptions, params: SamplingParams, dens
     let params = Arc::new(params);
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let (mut client, params) = (client.clone(), Arc::clone(&params));
+        let (mut client, params, prompt) = (client.clone(), Arc::clone(&params), Arc::clone(&prompt));
         tasks.push(tokio::spawn(async move {
             let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
             let mut fallbacks = 0;
             let (mut passes, mut sequences) = (0, 0);
+            let mut by_proposer: HashMap<String, (u64, u64)> = HashMap::new();
+            let mut empty = 0;
             for seed in (c..n).step_by(CLIENTS as usize) {
                 let request = GenerateRequest {
-                    prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
+                    prompt: Some(Prompt::TokenIds(TokenIds { ids: prompt.to_vec() })),
                     sampling: Some(wire(&params, seed)),
                     stopping: Some(StoppingCriteria {
                         max_new_tokens: Some(LENGTH as u32),
@@ -100,37 +128,51 @@ async fn law_check_batched(options: ClusterOptions, params: SamplingParams, dens
                 fallbacks += stats.draft_fallbacks;
                 passes += stats.target_forward_passes;
                 sequences += stats.target_batched_sequences;
+                empty += stats.empty_proposals;
+                for (proposer, tally) in stats.by_proposer {
+                    let sum = by_proposer.entry(proposer).or_default();
+                    (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
+                }
                 assert_eq!(tokens.len(), LENGTH);
                 counts[cell(&tokens)] += 1;
             }
-            (counts, fallbacks, passes, sequences)
+            (counts, fallbacks, passes, sequences, by_proposer, empty)
         }));
     }
     let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
     let (mut fallbacks, mut passes, mut sequences) = (0, 0, 0);
+    let mut run = LawRun::default();
     for task in tasks {
-        let (lane, lost, lane_passes, lane_sequences) = task.await.unwrap();
+        let (lane, lost, lane_passes, lane_sequences, by_proposer, empty) = task.await.unwrap();
         fallbacks += lost;
         passes += lane_passes;
         sequences += lane_sequences;
+        run.empty_proposals += empty;
+        for (proposer, (proposed, accepted)) in by_proposer {
+            let sum = run.by_proposer.entry(proposer).or_default();
+            (sum.0, sum.1) = (sum.0 + proposed, sum.1 + accepted);
+        }
         for (total, c) in counts.iter_mut().zip(lane) {
             *total += c;
         }
     }
     cluster.shutdown().await;
-    let model = EffectiveTarget { table: target_table, params: *params };
+    let model = EffectiveTarget { table: target_table, params: *params }.after(prompt.len());
     let mut expected = vec![0.0; counts.len()];
-    for (seq, p) in target_sequence_law(&model, &PROMPT, LENGTH) {
+    for (seq, p) in target_sequence_law(&model, &prompt, LENGTH) {
         expected[cell(&seq)] = p;
     }
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
     let mean_batch = sequences as f64 / passes.max(1) as f64;
     eprintln!(
-        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, {fallbacks} draft losses, mean target batch {mean_batch:.2}: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
-        options.rule
+        options.rule,
+        options.proposer.kind,
+        run.by_proposer,
+        run.empty_proposals,
     );
-    (p_value, fallbacks, mean_batch)
+    LawRun { p_value, fallbacks, mean_batch, ..run }
 }
 
 fn gamma_name(gamma: GammaChoice) -> String {

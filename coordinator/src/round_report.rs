@@ -1,0 +1,105 @@
+//! What a round leaves behind: its report (outcome, costs, what proposed each candidate),
+//! the wire and batching tallies, and each node's [`Cursor`] into the committed sequence.
+//! Plain data, apart from the round itself ([`crate::round`]), so that the draft's side of a
+//! round ([`crate::propose`], [`crate::draft_link`]) and the policy read it without
+//! depending on the round loop.
+
+use specd_sampling::BlockOutcome;
+
+/// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
+/// committed tokens after them that it has not been sent yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub valid: usize,
+    pub pending: Vec<u32>,
+}
+
+impl Cursor {
+    /// After a round that this node took part in: the accepted prefix stays valid, the
+    /// corrected token is pending.
+    pub fn advance(&mut self, base: usize, outcome: &BlockOutcome) {
+        self.valid = base + outcome.accepted;
+        self.pending = vec![outcome.emitted()];
+    }
+
+    /// After a round this node sat out: everything committed is pending.
+    pub fn append(&mut self, tokens: &[u32]) {
+        self.pending.extend_from_slice(tokens);
+    }
+}
+
+/// Encoded protobuf bytes of a round's messages, by the node at the other end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireBytes {
+    pub to_draft: u64,
+    pub from_draft: u64,
+    pub to_target: u64,
+    pub from_target: u64,
+}
+
+impl WireBytes {
+    pub fn sent(&self) -> u64 {
+        self.to_draft + self.to_target
+    }
+
+    pub fn received(&self) -> u64 {
+        self.from_draft + self.from_target
+    }
+
+    pub fn add(&mut self, other: &WireBytes) {
+        self.to_draft += other.to_draft;
+        self.from_draft += other.from_draft;
+        self.to_target += other.to_target;
+        self.from_target += other.from_target;
+    }
+}
+
+/// A finished round and what it cost.
+#[derive(Debug)]
+pub struct RoundReport {
+    pub outcome: BlockOutcome,
+    pub gamma: usize,
+    pub draft_ns: u64,
+    pub verify_ns: u64,
+    pub wall_ns: u64,
+    /// Encoded protobuf bytes of the round's requests and replies.
+    pub wire: WireBytes,
+    /// The Propose followed one that asked the draft to draft ahead.
+    pub optimistic_attempt: bool,
+    /// The draft answered from the block it had drafted ahead.
+    pub optimistic_hit: bool,
+    /// That block came pushed: the round did not wait for the draft.
+    pub optimistic_pushed: bool,
+    /// The target's forward pass of this round and how many sessions shared it.
+    pub target_batch: BatchSum,
+    /// The draft's forward passes of this round and the sessions that shared them.
+    pub draft_batches: BatchSum,
+    /// The draft was asked for this round's block (it then follows the committed sequence
+    /// to this round's base, whatever it proposed).
+    pub drafted: bool,
+    /// What proposed each candidate ([`crate::propose::source_name`]), in block order.
+    pub sources: Vec<&'static str>,
+}
+
+impl RoundReport {
+    /// The draft was asked and proposed nothing (a deterministic proposer without a match):
+    /// the round ran target-only.
+    pub fn empty_proposal(&self) -> bool {
+        self.drafted && self.gamma == 0
+    }
+}
+
+/// Forward passes and Σ over them of the sequences that shared each (batching across
+/// sessions on a node).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchSum {
+    pub forward_passes: u64,
+    pub batched_sequences: u64,
+}
+
+impl BatchSum {
+    pub fn add(&mut self, other: BatchSum) {
+        self.forward_passes += other.forward_passes;
+        self.batched_sequences += other.batched_sequences;
+    }
+}
