@@ -91,7 +91,7 @@ pub struct CoordinatorConfig {
     /// Always [`RuleVariant::Exact`] in service; the wrong variant exists so that the law
     /// tests can show they catch it.
     pub rule: RuleVariant,
-    /// Optimistic drafting (DESIGN.md §2): the draft drafts each next block while the target
+    /// Optimistic drafting (docs/architecture.md): the draft drafts each next block while the target
     /// verifies this one, guessing that every candidate is accepted and which bonus token
     /// comes; a right guess saves the next round its draft time. Exact either way.
     pub optimistic: bool,

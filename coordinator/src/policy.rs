@@ -1,4 +1,4 @@
-//! Adaptive draft length (DESIGN.md §2): per session, pick the γ in 0..=max that maximises
+//! Adaptive draft length (docs/adaptive.md): per session, pick the γ in 0..=max that maximises
 //! expected tokens per millisecond, from what the session's own rounds measured, starting
 //! from what earlier sessions learnt.
 //!
@@ -13,7 +13,7 @@
 //!
 //! Expected tokens of a round are (1 - α^(γ+1)) / (1 - α), so speed(γ) = that ÷
 //! (γ·draft + verify(γ) + overhead) and speed(0) = 1 ÷ (verify(0) + overhead(0)). The two cost
-//! cases of DESIGN.md §1: with α = 0.5, a target pass of 100 ms and draft steps of 20 ms,
+//! cases of docs/rule.md: with α = 0.5, a target pass of 100 ms and draft steps of 20 ms,
 //! γ = 1 gives 1.25× and the policy drafts; with draft steps of 60 ms every γ is slower than
 //! target-only (γ = 1: 0.94×, the "0.875×" family of cases) and the policy picks γ = 0, which
 //! is plain target decoding.
@@ -710,7 +710,7 @@ mod tests {
 
     #[test]
     fn a_draft_that_does_not_pay_is_turned_off_and_probed_now_and_then() {
-        // DESIGN.md §1's losing case: α = 0.5, target pass 100 ms, draft step 60 ms.
+        // docs/rule.md's losing case: α = 0.5, target pass 100 ms, draft step 60 ms.
         let mut policy = AdaptiveGamma::new(8);
         let chosen = run(&mut policy, 200, 0.5, 60.0, 100.0, 0.0);
         assert_eq!(policy.best_gamma(), 0);

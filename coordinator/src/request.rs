@@ -73,7 +73,7 @@ pub struct GenerationSpec {
     pub gamma: GammaChoice,
     pub wire: Wire,
     pub rule: RuleVariant,
-    /// Ask the draft to draft each next block ahead (optimistic drafting, DESIGN.md §2).
+    /// Ask the draft to draft each next block ahead (optimistic drafting, docs/architecture.md).
     pub optimistic: bool,
     /// Decode the output to text (the target has a tokenizer).
     pub detokenize: bool,

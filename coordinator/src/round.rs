@@ -1,4 +1,4 @@
-//! One round of the protocol (DESIGN.md §2): Propose to the draft (or a block it pushed
+//! One round of the protocol (docs/architecture.md): Propose to the draft (or a block it pushed
 //! ahead, [`crate::propose`]), Verify at the target, the exact rule here.
 
 use std::time::Instant;

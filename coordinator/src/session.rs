@@ -301,6 +301,7 @@ impl SessionActor {
             prompt_token_ids: spec.prompt.clone(),
             sampling: Some(SamplingSettings::from(&spec.params)),
             seed: spec.seed,
+            vocab_limit: self.vocab_size as u32,
         };
         let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), open.clone()));
         let target_rounds = async {

@@ -7,7 +7,7 @@
 //! (optimistic drafting), it then drafts the next block ahead while the coordinator verifies
 //! this one, and answers the next round at once when its guess was right.
 //!
-//! The proposer need not be a model (`--proposer`, DESIGN.md §1, deterministic proposers):
+//! The proposer need not be a model (`--proposer`, docs/rule.md, deterministic proposers):
 //! `ngram` and `suffix` copy tokens with q = one-hot and run no model at all; `model+ngram`
 //! copies where the history has a match and samples from the model elsewhere.
 //!

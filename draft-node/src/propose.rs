@@ -2,7 +2,7 @@
 //! (truncated) q it is sent with. Runs on the model thread in one job, so a block costs one
 //! channel round trip however long it is.
 //!
-//! Optimistic drafting (DESIGN.md §2): a Propose that asks for it leaves a [`Lookahead`] in
+//! Optimistic drafting (docs/architecture.md): a Propose that asks for it leaves a [`Lookahead`] in
 //! the session, and [`draft_ahead`] then drafts the next block in one more model job, as if
 //! every candidate were accepted and the bonus token were the draft's own guess. With a push
 //! depth (on a stream), it pushes each block as soon as it is complete and goes on drafting
@@ -252,6 +252,12 @@ fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Resu
 /// The effective q after the history, from the last row of `logits`.
 fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::DenseDist, NodeError> {
     let row = logits.row(logits.rows() - 1).expect("forward returns a row per token");
+    // Rows past the target's vocabulary (padding) get q = 0: the draft never proposes an id
+    // the target lacks, and its q is still exactly what it draws from.
+    let row = match state.vocab_limit {
+        Some(limit) => &row[..limit.min(row.len())],
+        None => row,
+    };
     let history = &state.history;
     Ok(effective_distribution(
         row,
@@ -351,6 +357,7 @@ mod tests {
             history: SessionHistory::new(vec![1, 2]).unwrap(),
             params: SamplingParams::default(),
             seed,
+            vocab_limit: None,
             lookahead: Vec::new(),
         }
     }

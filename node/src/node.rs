@@ -59,12 +59,15 @@ pub struct SessionState {
     pub params: SamplingParams,
     /// Every draw is keyed by (seed, round, position, purpose).
     pub seed: u64,
+    /// A draft with more rows than its target draws from the first `vocab_limit` ids only
+    /// (`OpenSessionRequest.vocab_limit`); `None`: from all of its own.
+    pub vocab_limit: Option<usize>,
     /// The draft's blocks drafted ahead of their requests (optimistic drafting), in round
     /// order, each after the one before it; always empty on a target.
     pub lookahead: Vec<Lookahead>,
 }
 
-/// A block a draft drafts before it is asked for (optimistic drafting, DESIGN.md §2): the
+/// A block a draft drafts before it is asked for (optimistic drafting, docs/architecture.md): the
 /// history is extended past the block it last returned by a guessed bonus token and the
 /// candidates drafted after it, each as the request it expects would draft it. The request
 /// it expects is round `round` with `rollback_to` (every candidate of the last block
@@ -184,8 +187,21 @@ impl Node {
         let sampling = request.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
         let params = SamplingParams::try_from(&sampling)?;
         let seed = request.seed;
-        let build =
-            move |model_session, history| SessionState { model_session, history, params, seed, lookahead: Vec::new() };
+        let own = self.model.handle().info().vocab_size;
+        let vocab_limit = match request.vocab_limit as usize {
+            0 => None,
+            limit if limit < own => Some(limit),
+            // A draft with fewer rows than the target: its own ids are all the target's.
+            _ => None,
+        };
+        let build = move |model_session, history| SessionState {
+            model_session,
+            history,
+            params,
+            seed,
+            vocab_limit,
+            lookahead: Vec::new(),
+        };
         Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
     }
 

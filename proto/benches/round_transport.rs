@@ -1,5 +1,5 @@
 //! Unary calls vs one long-lived bidirectional stream per node, for the round protocol's
-//! traffic on loopback (DESIGN.md §2): a round is a Propose (≈60 B out, ≈7 KB back at γ = 5
+//! traffic on loopback (docs/architecture.md): a round is a Propose (≈60 B out, ≈7 KB back at γ = 5
 //! with V = 32 000) then a Verify (≈1.5 KB out, ≈200 B back). The server only echoes, so the
 //! figures are the transport's share of a round's overhead and nothing else.
 //!

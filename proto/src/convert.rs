@@ -66,7 +66,7 @@ pub fn sparse_proposal(token: u32, q: &SparseDist) -> v1::ProposedPosition {
 }
 
 /// A deterministic proposer's candidate on the sparse wire: q = one-hot, a support of size
-/// one with q = 1 (DESIGN.md §1, deterministic proposers).
+/// one with q = 1 (docs/rule.md, deterministic proposers).
 pub fn deterministic_proposal(token: u32, source: v1::ProposalSource) -> v1::ProposedPosition {
     v1::ProposedPosition {
         token_id: token,

@@ -2,7 +2,7 @@
 //!
 //! - [`v1`]: generated messages, clients and servers of `specd/v1/generation.proto` (the
 //!   public `Generation` service) and `specd/v1/nodes.proto` (the internal `DraftService` and
-//!   `TargetService` of the round protocol, DESIGN.md §2);
+//!   `TargetService` of the round protocol, docs/architecture.md);
 //! - [`convert`]: conversions between wire messages and `specd-sampling` types, validating
 //!   what a peer sent;
 //! - [`error`]: [`ProtoError`] and its mapping to gRPC status codes;

@@ -61,7 +61,7 @@ impl CostModel {
         self.ms_per_token(0) / self.ms_per_token(gamma)
     }
 
-    /// DESIGN.md §6's analytic bound (1-α^(γ+1)) / ((1-α)(γc+1)), c = draft / target; equal to
+    /// docs/benchmarking.md's analytic bound (1-α^(γ+1)) / ((1-α)(γc+1)), c = draft / target; equal to
     /// [`Self::speedup`] when the round trip is zero.
     pub fn analytic_bound(&self, gamma: u32) -> f64 {
         let c = self.draft_ms / self.target_ms;

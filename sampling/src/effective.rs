@@ -19,7 +19,7 @@ pub struct TokenHistory<'a> {
 
 /// The effective distribution for one position.
 ///
-/// Order (DESIGN.md §1): penalties → temperature → top-k → top-p → min-p. Logits may be
+/// Order (docs/rule.md): penalties → temperature → top-k → top-p → min-p. Logits may be
 /// `-inf` (a masked token) but not NaN or `+inf`. Temperature 0 is the one-hot distribution
 /// on the argmax of the penalised logits, ties to the lowest id.
 pub fn effective_distribution(logits: &[f32], params: &SamplingParams, history: TokenHistory<'_>) -> Result<DenseDist> {

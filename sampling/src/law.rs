@@ -1,7 +1,7 @@
 //! Exact output laws by enumeration, for tests and for `specd rule`.
 //!
 //! [`position_law`] is the law of the token emitted at one position, with every intermediate
-//! quantity of DESIGN.md §1; [`round_law`] enumerates every path of a whole round over a
+//! quantity of docs/rule.md; [`round_law`] enumerates every path of a whole round over a
 //! small vocabulary with prefix-dependent tables; [`speculative_sequence_law`] chains rounds
 //! to get the joint law of the first L committed tokens, which must equal
 //! [`target_sequence_law`].

@@ -1,6 +1,6 @@
 //! The wrong rule, kept as a counterexample: on rejection, resample from p instead of the
 //! residual. Its output law is β-weighted towards q's accepted mass and is *not* p
-//! (DESIGN.md §1: (0.59, 0.295, 0.115) instead of (0.6, 0.3, 0.1)). It exists so that the
+//! (docs/rule.md: (0.59, 0.295, 0.115) instead of (0.6, 0.3, 0.1)). It exists so that the
 //! statistical tests can prove they would catch it, and so `specd rule` can show it.
 //!
 //! On the sparse wire the same mistake reads p as what to draw from at a rejection, without

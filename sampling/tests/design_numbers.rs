@@ -1,4 +1,4 @@
-//! Every number of DESIGN.md §1, reproduced by the library.
+//! Every number of docs/rule.md, reproduced by the library.
 
 mod common;
 

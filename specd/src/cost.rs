@@ -1,4 +1,4 @@
-//! `specd cost`: the cost model of DESIGN.md §1 — does drafting pay, and with which γ.
+//! `specd cost`: the cost model of docs/rule.md — does drafting pay, and with which γ.
 
 use clap::Args;
 use serde_json::json;
@@ -14,7 +14,7 @@ use crate::cli_error::invalid;
 /// and one target verify pass; target-only decoding costs one target pass per token. The best
 /// γ maximises tokens per second; γ = 0 (no speculation) wins when the draft does not pay.
 ///
-/// Example (DESIGN.md §1): 1.75 tokens per round, 80 ms per token, 1.25x:
+/// Example (docs/rule.md): 1.75 tokens per round, 80 ms per token, 1.25x:
 ///   specd cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
 /// With a 50 ms draft step the same γ gives 0.875x and the best γ is 0.
 #[derive(Debug, Args)]

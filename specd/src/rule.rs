@@ -21,7 +21,7 @@ const MAX_SIMULATIONS: u64 = 100_000_000;
 /// exactly as p. Resampling from p on rejection instead ("naive") is not: the command shows
 /// both, and with --simulate it runs the real sampler and a χ² test against p.
 ///
-/// Example (DESIGN.md §1):
+/// Example (docs/rule.md):
 ///   specd rule --target 0.6,0.3,0.1 --draft 0.5,0.25,0.25 --simulate 100000 --seed 1
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
@@ -141,7 +141,7 @@ fn report_json(
     out
 }
 
-/// A, B, C, … for small vocabularies (as in DESIGN.md), t0, t1, … beyond 26 tokens.
+/// A, B, C, … for small vocabularies (as in docs/rule.md), t0, t1, … beyond 26 tokens.
 fn labels(n: usize) -> Vec<String> {
     if n <= 26 {
         (0..n).map(|i| char::from(b'A' + i as u8).to_string()).collect()

@@ -3,7 +3,7 @@
 //! For each round the coordinator sends a rollback point, the committed tokens the node has
 //! not seen, and the draft's candidates; the node runs **one** forward pass over all of them
 //! and returns, for the sparse wire format, p on each draft support, the complement mass, a
-//! sample from the complement, and a bonus sample from p at position γ+1 (DESIGN.md §1);
+//! sample from the complement, and a bonus sample from p at position γ+1 (docs/rule.md);
 //! for the dense format, p at every position. It also tokenises and detokenises for the
 //! coordinator, which holds no model code.
 //!

@@ -1,5 +1,5 @@
 //! The tables of the whole-system law tests (`law_through_cluster`, `optimistic`): a
-//! 3-token vocabulary, DESIGN.md's p and q after the prompt, and pseudo-random
+//! 3-token vocabulary, docs/rule.md's p and q after the prompt, and pseudo-random
 //! prefix-dependent rows (with zeros and one-hot rows) after that, uniform past `length`
 //! tokens; plus the target's exact effective law computed as the target node computes it.
 

@@ -1,4 +1,4 @@
-//! Optimistic drafting (DESIGN.md §2) through the whole cluster: the draft drafts each next
+//! Optimistic drafting (docs/architecture.md) through the whole cluster: the draft drafts each next
 //! block while the target verifies, and a right guess is served at once.
 //!
 //! - with the same seed, the output is the same token for token with optimistic drafting on

@@ -148,6 +148,7 @@ fn modelless_config() -> NodeConfig {
         sampling_threads: None,
         pin_threads: false,
         batch: Default::default(),
+        allow_unused_weights: false,
     }
 }
 
@@ -182,6 +183,7 @@ async fn a_suffix_node_under_32_concurrent_sessions_stays_within_its_memory_boun
                     prompt_token_ids: prompt.clone(),
                     sampling: Some(sampling),
                     seed: s,
+                    vocab_limit: 0,
                 };
                 client.open_session(open).await.unwrap();
                 (id, prompt, rng)

@@ -1,5 +1,5 @@
 //! What proposes a block's candidates: the draft model, or a deterministic proposer that
-//! copies tokens without any randomness (DESIGN.md §1, deterministic proposers), or both.
+//! copies tokens without any randomness (docs/rule.md, deterministic proposers), or both.
 //!
 //! - [`kind`]: [`ProposerKind`] (`model`, `ngram`, `suffix`, `model+ngram`) and
 //!   [`ProposerConfig`], the flags' values;

@@ -44,7 +44,7 @@ impl Preset {
     pub fn spec(self) -> DemoSpec {
         match self {
             // The target is the expensive model: on a 2-core CPU its forward pass must cost
-            // many draft steps, or there is nothing for speculation to win (DESIGN §6).
+            // many draft steps, or there is nothing for speculation to win (docs/benchmarking.md).
             Self::Demo => DemoSpec {
                 vocab_size: 4096,
                 context: 512,
