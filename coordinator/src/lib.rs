@@ -17,7 +17,8 @@
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
 //!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
-//! - `vocab`: which vocabularies fit together (a draft may lack the target's padding rows);
+//! - `vocab`: which vocabularies fit together (a draft may lack the target's padding rows, or
+//!   have more, which it then never draws from);
 //! - [`discovery`]: `dns:///` node addresses, re-resolved, one watcher actor per role;
 //! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
