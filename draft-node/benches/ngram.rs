@@ -38,10 +38,10 @@ fn bench(c: &mut Criterion) {
         });
         let mut index = SuffixIndex::new(span.max, 1 << 18);
         for s in 0..64 {
-            index.insert(&tokens(1024, vocab, 100 + s));
+            index.insert(s, &tokens(1024, vocab, 100 + s));
         }
         c.bench_function(&format!("suffix/{name}_4096"), |b| {
-            b.iter(|| index.propose(black_box(&sequence), span, GAMMA));
+            b.iter(|| index.propose(u64::MAX, black_box(&sequence), span, GAMMA));
         });
     }
 }

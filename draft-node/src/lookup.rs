@@ -36,6 +36,8 @@ pub struct IndexSize {
 struct LookupSession {
     history: SessionHistory,
     committed: usize,
+    /// The request's seed: the suffix index leaves out sequences written with it.
+    seed: u64,
 }
 
 /// A draft node's sessions and proposer, without a model. Cheap to clone.
@@ -52,6 +54,12 @@ impl LookupNode {
         assert!(!config.kind.needs_model(), "a lookup node runs no model");
         let index = SuffixIndex::new(config.span.max, config.suffix_budget_tokens);
         Self { config, sessions: Arc::new(SessionRegistry::new(max_sessions)), index: Arc::new(Mutex::new(index)) }
+    }
+
+    /// Lets the suffix index propose from sequences of a session's own seed: **wrong**, for
+    /// the test that shows the law check catches it.
+    pub fn let_same_seed_propose(&self) {
+        self.index.lock().expect("suffix index lock").let_same_seed_propose();
     }
 
     pub fn kind(&self) -> ProposerKind {
@@ -114,7 +122,7 @@ impl LookupNode {
         let history = SessionHistory::new(request.prompt_token_ids)?;
         let committed = history.len();
         self.sessions
-            .insert(request.session_id, LookupSession { history, committed })
+            .insert(request.session_id, LookupSession { history, committed, seed: request.seed })
             .map_err(|(e, _)| NodeSessionError::from(e))?;
         Ok(())
     }
@@ -137,7 +145,7 @@ impl LookupNode {
                 .map_or((Vec::new(), ProposalSource::PromptMatch), |l| (l.tokens, l.source)),
             _ => {
                 let index = self.index.lock().expect("suffix index lock");
-                (index.propose(history.tokens(), self.config.span, job.gamma), suffix::SOURCE)
+                (index.propose(session.seed, history.tokens(), self.config.span, job.gamma), suffix::SOURCE)
             }
         };
         let positions = tokens.iter().map(|&t| deterministic_proposal(t, source)).collect();
@@ -166,6 +174,6 @@ impl LookupNode {
 /// A finished session's committed sequence into the suffix index (a suffix node only).
 fn remember(config: ProposerConfig, index: &Mutex<SuffixIndex>, session: &LookupSession) {
     if config.kind == ProposerKind::Suffix {
-        index.lock().expect("suffix index lock").insert(&session.history.tokens()[..session.committed]);
+        index.lock().expect("suffix index lock").insert(session.seed, &session.history.tokens()[..session.committed]);
     }
 }

@@ -291,7 +291,10 @@ fn next_candidate(
         state.history.push_unforwarded(token);
         return Ok(match truncation {
             Some(_) => deterministic_proposal(token, found.source),
-            None => deterministic_dense_proposal(token, model.info().vocab_size, found.source),
+            // Over the ids the session draws from: the target's, when it has fewer rows.
+            None => {
+                deterministic_dense_proposal(token, state.vocab_limit.unwrap_or(model.info().vocab_size), found.source)
+            }
         });
     }
     let logits = forward_rest(model, state)?;

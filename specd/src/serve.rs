@@ -147,11 +147,13 @@ pub struct ProposerOptions {
     /// Shortest n-gram match that proposes (ngram, suffix, model+ngram).
     #[arg(long, env = "SPECD_NGRAM_MIN", default_value_t = 2)]
     pub(crate) ngram_min: usize,
-    /// Longest n-gram match tried first.
+    /// Longest n-gram match tried first (at most 32).
     #[arg(long, env = "SPECD_NGRAM_MAX", default_value_t = 4)]
     pub(crate) ngram_max: usize,
-    /// Tokens of finished sessions the suffix proposer's index holds (its memory bound:
-    /// about this × ngram-max contexts).
+    /// Tokens of finished sessions the suffix proposer's index holds. Its memory: up to
+    /// this × ngram-max contexts of up to ngram-max tokens each (at most about 580 bytes a
+    /// token at the default ngram-max 4, so 145 MiB at the default budget). Sessions with
+    /// the request's seed are left out of its proposals.
     #[arg(long, env = "SPECD_SUFFIX_BUDGET_TOKENS", default_value_t = 1 << 18)]
     pub(crate) suffix_budget_tokens: usize,
 }

@@ -18,14 +18,31 @@ use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
-use specd_proto::v1::{InfoRequest, NodeInfo};
+use specd_proto::v1::{GenerateRequest, InfoRequest, NodeInfo, SpeculationStats};
 use specd_sampling::{Purpose, Truncation};
 use specd_target_node::TargetNode;
 use specd_telemetry::Metrics;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tonic::transport::Channel;
+
+/// Streams one generation to its end: every token, and the stats of its last message (a
+/// stream's stats are the generation's so far, so the last has them all).
+pub async fn stream_to_end(
+    client: &mut GenerationClient<Channel>,
+    request: GenerateRequest,
+) -> anyhow::Result<(Vec<u32>, SpeculationStats)> {
+    let mut stream = client.generate_stream(request).await?.into_inner();
+    let (mut tokens, mut stats) = (Vec::new(), None);
+    while let Some(message) = stream.next().await {
+        let message = message?;
+        stats = message.stats.or(stats);
+        tokens.extend(message.token_ids);
+    }
+    Ok((tokens, stats.unwrap_or_default()))
+}
 
 /// How to start a cluster.
 #[derive(Debug, Clone)]

@@ -15,14 +15,13 @@ use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
-use specd_e2e::{Cluster, ClusterOptions, scratch_dir};
+use specd_e2e::{Cluster, ClusterOptions, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation};
-use tokio_stream::StreamExt;
 
 pub(crate) const FALSE_FAILURE: f64 = 1e-3;
 const LENGTH: usize = 3;
@@ -115,16 +114,7 @@ pub(crate) async fn law_run(
                     speculation: Some(Speculation { gamma: None, dense }),
                     ..Default::default()
                 };
-                let mut stream = client.generate_stream(request).await.unwrap().into_inner();
-                let mut tokens = Vec::new();
-                let mut last_stats = None;
-                while let Some(message) = stream.next().await {
-                    let message = message.unwrap();
-                    // Stats are the generation's so far: the last message has them all.
-                    last_stats = message.stats.or(last_stats);
-                    tokens.extend(message.token_ids);
-                }
-                let stats = last_stats.unwrap_or_default();
+                let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
                 fallbacks += stats.draft_fallbacks;
                 passes += stats.target_forward_passes;
                 sequences += stats.target_batched_sequences;

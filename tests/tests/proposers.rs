@@ -17,7 +17,8 @@ use std::time::Duration;
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_e2e::{Cluster, ClusterOptions, hf_fixture, scratch_dir};
+use specd_e2e::law_tables::{EffectiveTarget, VOCAB, cell, tables_after};
+use specd_e2e::{Cluster, ClusterOptions, hf_fixture, scratch_dir, stream_to_end};
 use specd_model::{DType, DeviceSpec};
 use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
@@ -26,6 +27,8 @@ use specd_proto::v1::{
     GenerateRequest, InfoRequest, OpenSessionRequest, ProposeRequest, ReleaseRequest, SamplingParams as WireSampling,
     SamplingSettings, Speculation, StoppingCriteria, TokenIds,
 };
+use specd_sampling::chi2::chi_square_test;
+use specd_sampling::law::target_sequence_law;
 use specd_sampling::{Purpose, SamplingParams, StreamKey, Truncation};
 
 use crate::law_through_cluster::{FALSE_FAILURE, law_run, samples};
@@ -56,6 +59,8 @@ fn options(kind: ProposerKind, rule: RuleVariant) -> ClusterOptions {
 async fn audit(kind: ProposerKind) {
     let run = law_run(options(kind, RuleVariant::Exact), SamplingParams::default(), false, samples(), &PROMPT).await;
     assert!(run.p_value > FALSE_FAILURE, "{kind}: p = {}", run.p_value);
+    // No session lost its draft: the law held with the proposer at work throughout.
+    assert_eq!(run.fallbacks, 0, "{kind}: draft losses");
     // The audit saw what it is about: deterministic candidates, some accepted, some not.
     let deterministic: Vec<_> = run.by_proposer.iter().filter(|(name, _)| name.as_str() != "model").collect();
     let (proposed, accepted) = deterministic.iter().fold((0, 0), |(p, a), (_, t)| (p + t.0, a + t.1));
@@ -85,6 +90,76 @@ async fn a_rule_that_mistreats_one_hot_q_is_caught() {
     let options = options(ProposerKind::Ngram, RuleVariant::NaiveResampleFromTarget);
     let run = law_run(options, SamplingParams::default(), false, POWER_SAMPLES, &PROMPT).await;
     assert!(run.p_value < FALSE_FAILURE, "the naive rule passed with the n-gram proposer: p = {}", run.p_value);
+}
+
+/// Pairs of the check below: a correct system fails it with probability [`FALSE_FAILURE`].
+const SAME_SEED_PAIRS: u64 = 10_000;
+/// Pairs of the same check against the wrong index: 2 000 gave p = 3e-24.
+const SAME_SEED_POWER_PAIRS: u64 = 2_000;
+
+/// A suffix node whose index holds one sequence, and sessions that each repeat the seed of
+/// the one before: seed s runs once (its sequence fills the index), then again, counted. The
+/// second run's acceptance draws are the ones that chose the sequence it would copy from,
+/// so copying from it would bias the law (the first token's p(0) = 0.6 moves to about 0.47);
+/// the index leaves same-seed sequences out. Returns the χ² p-value of the counted runs'
+/// 3-token continuations against the target's exact law, and the suffix candidates proposed.
+async fn same_seed_pairs(pairs: u64, wrong: bool) -> (f64, u64) {
+    const LENGTH: usize = 3;
+    let dir = scratch_dir(&format!("suffix-same-seed-{wrong}"));
+    let (target_table, draft_table) = tables_after(&PROMPT, LENGTH);
+    let target = target_table.write(&dir.join("target.json")).unwrap();
+    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
+    let config = ProposerConfig { suffix_budget_tokens: PROMPT.len() + LENGTH, ..proposer(ProposerKind::Suffix) };
+    let options = ClusterOptions { proposer: config, ..options(ProposerKind::Suffix, RuleVariant::Exact) };
+    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    if wrong {
+        cluster.draft.lookup().expect("a suffix node").let_same_seed_propose();
+    }
+    let mut client = cluster.client().await.unwrap();
+    let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
+    let mut suffix_proposed = 0;
+    for seed in 0..pairs {
+        for counted in [false, true] {
+            let request = GenerateRequest {
+                prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
+                sampling: Some(WireSampling { temperature: Some(1.0), seed: Some(seed), ..Default::default() }),
+                stopping: Some(StoppingCriteria {
+                    max_new_tokens: Some(LENGTH as u32),
+                    ignore_eos: true,
+                    ..Default::default()
+                }),
+                speculation: Some(Speculation { gamma: None, dense: false }),
+                ..Default::default()
+            };
+            let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
+            assert_eq!(tokens.len(), LENGTH);
+            if counted {
+                counts[cell(&tokens)] += 1;
+                suffix_proposed += stats.by_proposer.get("suffix").map_or(0, |t| t.proposed);
+            }
+        }
+    }
+    cluster.shutdown().await;
+    let model = EffectiveTarget { table: target_table, params: SamplingParams::default() }.after(PROMPT.len());
+    let mut expected = vec![0.0; counts.len()];
+    for (seq, p) in target_sequence_law(&model, &PROMPT, LENGTH) {
+        expected[cell(&seq)] = p;
+    }
+    let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
+    eprintln!(
+        "suffix, same seed twice (wrong index: {wrong}): {pairs} pairs, {suffix_proposed} suffix candidates: χ² p-value {p_value:.4e}"
+    );
+    (p_value, suffix_proposed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suffix_sessions_repeating_a_held_seed_keep_the_law() {
+    let (p, proposed) = same_seed_pairs(SAME_SEED_PAIRS, false).await;
+    assert!(p > FALSE_FAILURE, "p = {p}");
+    // The session's own sequence still proposes (the prompt repeats itself).
+    assert!(proposed > 0);
+    let (p, _) = same_seed_pairs(SAME_SEED_POWER_PAIRS, true).await;
+    assert!(p < FALSE_FAILURE, "copying from the same seed's sequence passed: p = {p}");
 }
 
 /// Prompts that repeat a random pattern, so that every proposer finds matches.

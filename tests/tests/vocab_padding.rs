@@ -25,13 +25,12 @@ use std::sync::Arc;
 
 use specd_coordinator::RuleVariant;
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, tables};
-use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
+use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir, stream_to_end};
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation};
-use tokio_stream::StreamExt;
 
 const FALSE_FAILURE: f64 = 1e-3;
 const LENGTH: usize = 3;
@@ -140,14 +139,7 @@ async fn law_check_of(
                     speculation: Some(Speculation { gamma: None, dense }),
                     ..Default::default()
                 };
-                let mut stream = client.generate_stream(request).await.unwrap().into_inner();
-                let (mut tokens, mut last_stats) = (Vec::new(), None);
-                while let Some(message) = stream.next().await {
-                    let message = message.unwrap();
-                    last_stats = message.stats.or(last_stats);
-                    tokens.extend(message.token_ids);
-                }
-                let stats = last_stats.unwrap_or_default();
+                let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
                 fallbacks += stats.draft_fallbacks;
                 accepted += stats.accepted_tokens;
                 assert_eq!(tokens.len(), LENGTH);

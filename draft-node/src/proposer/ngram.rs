@@ -21,10 +21,17 @@ impl Default for MatchSpan {
     }
 }
 
+/// The longest match a proposer tries. A suffix index keeps up to this many contexts per
+/// token, each up to this long, so its memory grows with the square of it.
+pub const MAX_SPAN: usize = 32;
+
 impl MatchSpan {
     pub fn new(min: usize, max: usize) -> Result<Self, String> {
         if min == 0 || min > max {
             return Err(format!("n-gram lengths {min}..={max}: need 1 <= min <= max"));
+        }
+        if max > MAX_SPAN {
+            return Err(format!("n-gram length {max} is above the most a proposer tries, {MAX_SPAN}"));
         }
         Ok(Self { min, max })
     }
@@ -154,6 +161,7 @@ mod tests {
         assert_eq!(lookup(&[1, 2, 3, 4], 4, MatchSpan::default(), 4), None);
         assert_eq!(lookup(&[7], 1, MatchSpan::new(1, 1).unwrap(), 4), None);
         assert!(MatchSpan::new(0, 2).is_err() && MatchSpan::new(3, 2).is_err());
+        assert!(MatchSpan::new(1, MAX_SPAN).is_ok() && MatchSpan::new(1, MAX_SPAN + 1).is_err());
         // "9 1" recurs but the minimum is 3.
         assert_eq!(lookup(&[9, 1, 5, 9, 1], 2, MatchSpan::new(3, 4).unwrap(), 2), None);
     }
