@@ -294,20 +294,3 @@ impl Replica for DraftClient {
         &self.address
     }
 }
-
-/// [`crate::vocab::check_vocabulary`]: the node's tokenizer and vocabulary fit the first
-/// target's.
-pub(crate) fn check_compatible(
-    target_address: &str,
-    target: &NodeInfo,
-    role: &str,
-    address: &str,
-    info: &NodeInfo,
-) -> Result<(), CoordinatorError> {
-    // A draft with no model copies tokens of the sessions' own sequences: no vocabulary or
-    // tokenizer of its own to disagree with (its candidates are still checked every round).
-    if matches!(info.proposer.as_str(), "ngram" | "suffix") {
-        return Ok(());
-    }
-    crate::vocab::check_vocabulary(target_address, target, role, address, info)
-}

@@ -16,9 +16,13 @@ use specd_draft_node::proposer::ProposerConfig;
 use specd_model::{BatchPolicy, DType, DeviceSpec};
 use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
+use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
-use specd_proto::v1::{GenerateRequest, InfoRequest, NodeInfo, SpeculationStats};
+use specd_proto::v1::{
+    GenerateRequest, InfoRequest, NodeInfo, SamplingParams as WireSampling, Speculation, SpeculationStats,
+    StoppingCriteria, TokenIds,
+};
 use specd_sampling::{Purpose, Truncation};
 use specd_target_node::TargetNode;
 use specd_telemetry::Metrics;
@@ -27,6 +31,22 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
+
+/// The request of a law check: exactly `length` tokens after `prompt` (EOS ignored), with
+/// `sampling`, the coordinator's γ, and the sparse or `dense` wire.
+pub fn continuation_request(prompt: &[u32], length: usize, sampling: WireSampling, dense: bool) -> GenerateRequest {
+    GenerateRequest {
+        prompt: Some(Prompt::TokenIds(TokenIds { ids: prompt.to_vec() })),
+        sampling: Some(sampling),
+        stopping: Some(StoppingCriteria {
+            max_new_tokens: Some(length as u32),
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        speculation: Some(Speculation { gamma: None, dense }),
+        ..Default::default()
+    }
+}
 
 /// Streams one generation to its end: every token, and the stats of its last message (a
 /// stream's stats are the generation's so far, so the last has them all).

@@ -15,10 +15,9 @@ use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
-use specd_e2e::{Cluster, ClusterOptions, scratch_dir, stream_to_end};
+use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
-use specd_proto::v1::generate_request::Prompt;
-use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
+use specd_proto::v1::SamplingParams as WireSampling;
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation};
@@ -103,17 +102,7 @@ pub(crate) async fn law_run(
             let mut by_proposer: HashMap<String, (u64, u64)> = HashMap::new();
             let mut empty = 0;
             for seed in (c..n).step_by(CLIENTS as usize) {
-                let request = GenerateRequest {
-                    prompt: Some(Prompt::TokenIds(TokenIds { ids: prompt.to_vec() })),
-                    sampling: Some(wire(&params, seed)),
-                    stopping: Some(StoppingCriteria {
-                        max_new_tokens: Some(LENGTH as u32),
-                        ignore_eos: true,
-                        ..Default::default()
-                    }),
-                    speculation: Some(Speculation { gamma: None, dense }),
-                    ..Default::default()
-                };
+                let request = continuation_request(&prompt, LENGTH, wire(&params, seed), dense);
                 let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
                 fallbacks += stats.draft_fallbacks;
                 passes += stats.target_forward_passes;

@@ -18,7 +18,7 @@ use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
 use specd_e2e::law_tables::{EffectiveTarget, VOCAB, cell, tables_after};
-use specd_e2e::{Cluster, ClusterOptions, hf_fixture, scratch_dir, stream_to_end};
+use specd_e2e::{Cluster, ClusterOptions, continuation_request, hf_fixture, scratch_dir, stream_to_end};
 use specd_model::{DType, DeviceSpec};
 use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
@@ -120,17 +120,8 @@ async fn same_seed_pairs(pairs: u64, wrong: bool) -> (f64, u64) {
     let mut suffix_proposed = 0;
     for seed in 0..pairs {
         for counted in [false, true] {
-            let request = GenerateRequest {
-                prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
-                sampling: Some(WireSampling { temperature: Some(1.0), seed: Some(seed), ..Default::default() }),
-                stopping: Some(StoppingCriteria {
-                    max_new_tokens: Some(LENGTH as u32),
-                    ignore_eos: true,
-                    ..Default::default()
-                }),
-                speculation: Some(Speculation { gamma: None, dense: false }),
-                ..Default::default()
-            };
+            let sampling = WireSampling { temperature: Some(1.0), seed: Some(seed), ..Default::default() };
+            let request = continuation_request(&PROMPT, LENGTH, sampling, false);
             let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
             assert_eq!(tokens.len(), LENGTH);
             if counted {

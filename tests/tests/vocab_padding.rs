@@ -25,9 +25,8 @@ use std::sync::Arc;
 
 use specd_coordinator::RuleVariant;
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, tables};
-use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir, stream_to_end};
-use specd_proto::v1::generate_request::Prompt;
-use specd_proto::v1::{GenerateRequest, SamplingParams as WireSampling, Speculation, StoppingCriteria, TokenIds};
+use specd_e2e::{Cluster, ClusterOptions, Table, continuation_request, scratch_dir, stream_to_end};
+use specd_proto::v1::SamplingParams as WireSampling;
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation};
@@ -128,17 +127,12 @@ async fn law_check_of(
             let mut counts = vec![0u64; TARGET_VOCAB.pow(LENGTH as u32)];
             let (mut fallbacks, mut accepted) = (0, 0);
             for seed in (c..n).step_by(CLIENTS as usize) {
-                let request = GenerateRequest {
-                    prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
-                    sampling: Some(WireSampling { temperature: Some(1.0), seed: Some(seed), ..Default::default() }),
-                    stopping: Some(StoppingCriteria {
-                        max_new_tokens: Some(LENGTH as u32),
-                        ignore_eos: true,
-                        ..Default::default()
-                    }),
-                    speculation: Some(Speculation { gamma: None, dense }),
-                    ..Default::default()
-                };
+                let request = continuation_request(
+                    &PROMPT,
+                    LENGTH,
+                    WireSampling { temperature: Some(1.0), seed: Some(seed), ..Default::default() },
+                    dense,
+                );
                 let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
                 fallbacks += stats.draft_fallbacks;
                 accepted += stats.accepted_tokens;
