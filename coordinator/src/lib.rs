@@ -1,7 +1,8 @@
 //! specd-coordinator: the public API and the exact speculative round loop.
 //!
-//! - [`service`]: the `specd.v1.Generation` service; one [`session::SessionActor`] per
-//!   request and a registry of generations in flight;
+//! - [`api`]: what clients call: the `specd.v1.Generation` gRPC service (one
+//!   [`session::SessionActor`] per request), the OpenAI-compatible HTTP API over it, and
+//!   admission (bearer token, generations in flight, deadlines);
 //! - [`session`]: a generation's loop (rounds, stop conditions, streaming) and the drop guard
 //!   that releases both nodes' sessions on finish, error, timeout and client cancel;
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
@@ -13,7 +14,6 @@
 //!   read by the draft's side of a round and the policy without depending on the round loop;
 //! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
 //! - [`text`]: incremental detokenization (by the target) and stop strings;
-//! - [`admission`]: bearer token, the limit of generations in flight, client deadlines;
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
 //!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
@@ -26,7 +26,7 @@
 //! - [`error`]: [`CoordinatorError`] and its status codes;
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
-pub mod admission;
+pub mod api;
 mod average;
 pub mod discovery;
 pub mod draft_link;
@@ -40,7 +40,6 @@ pub mod request;
 pub mod round;
 pub mod round_report;
 pub mod round_stream;
-pub mod service;
 pub mod session;
 pub mod text;
 mod vocab;
@@ -54,12 +53,13 @@ use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 
-pub use admission::Admission;
+pub use api::admission::Admission;
+pub use api::http::HttpConfig;
 pub use discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
 pub use request::{Defaults, GammaChoice, RuleVariant};
-pub use service::GenerationService;
+pub use api::grpc::GenerationService;
 use specd_proto::tls::{ClientTls, ServerTls};
 
 /// TLS on both sides of a coordinator.
@@ -132,6 +132,31 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
         Some(metrics) => service.with_metrics(metrics.coordinator()),
         None => service,
     })
+}
+
+/// Serves the Generation API over gRPC on `grpc` and, when `http` is given, the
+/// OpenAI-compatible HTTP API beside it, both until `shutdown`.
+pub async fn serve_all(
+    grpc: TcpListener,
+    http: Option<(TcpListener, HttpConfig)>,
+    service: GenerationService,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CoordinatorError> {
+    let Some((http, config)) = http else { return serve(grpc, service, shutdown).await };
+    // One signal stops both servers.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    tokio::try_join!(
+        serve(grpc, service.clone(), waiter(stopped.clone())),
+        api::http::serve(http, service, &config, waiter(stopped)),
+    )
+    .map(drop)
 }
 
 /// Serves the Generation API, grpc.health.v1 and server reflection.

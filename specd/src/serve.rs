@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use specd_coordinator::{
-    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, NodeAddress, RuleVariant,
+    Admission, CoordinatorConfig, HttpConfig, CoordinatorTls, Discovery, GammaChoice, NodeAddress, RuleVariant,
 };
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
@@ -394,6 +394,56 @@ impl TelemetryArgs {
     }
 }
 
+/// The OpenAI-compatible HTTP API of a coordinator.
+#[derive(Debug, Clone, Args)]
+pub struct HttpOptions {
+    /// Where to serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /// /v1/models, /health), or `off`. `specd up` serves it on 127.0.0.1:8000 by default.
+    #[arg(long, env = "SPECD_HTTP_LISTEN", value_parser = parse_http_listen)]
+    http_listen: Option<HttpListen>,
+    /// The model name HTTP clients must send; unset: the target model directory's name.
+    #[arg(long, env = "SPECD_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+}
+
+/// `--http-listen`: an address, or `off`.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpListen(Option<SocketAddr>);
+
+fn parse_http_listen(s: &str) -> Result<HttpListen, String> {
+    match s {
+        "off" => Ok(HttpListen(None)),
+        _ => s.parse().map(|a| HttpListen(Some(a))).map_err(|e| format!("{s:?}: {e} (expected HOST:PORT or off)")),
+    }
+}
+
+impl HttpOptions {
+    /// The address to serve on: the flag's, else `default`.
+    fn address(&self, default: Option<SocketAddr>) -> Option<SocketAddr> {
+        self.http_listen.map_or(default, |l| l.0)
+    }
+
+    /// Binds the HTTP API's address, if any, and says where it is.
+    async fn bind(&self, default: Option<SocketAddr>) -> anyhow::Result<Option<(TcpListener, HttpConfig)>> {
+        let Some(addr) = self.address(default) else { return Ok(None) };
+        let listener = bind(addr).await?;
+        let config = HttpConfig { served_model_name: self.served_model_name.clone() };
+        Ok(Some((listener, config)))
+    }
+
+    fn summary(&self, default: Option<SocketAddr>) -> String {
+        self.address(default).map(|a| format!(", HTTP API on {a}")).unwrap_or_default()
+    }
+}
+
+/// Says where the HTTP API answers, before `listening on` (which tests and scripts wait for).
+fn announce_http(http: Option<&(TcpListener, HttpConfig)>) -> anyhow::Result<()> {
+    if let Some((listener, _)) = http {
+        outln!("OpenAI-compatible HTTP API on http://{}/v1", listener.local_addr()?);
+    }
+    Ok(())
+}
+
 /// Options of the coordinator's policy.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyOptions {
@@ -463,12 +513,17 @@ pub struct CoordinatorArgs {
     #[command(flatten)]
     policy: PolicyOptions,
     #[command(flatten)]
+    http: HttpOptions,
+    #[command(flatten)]
     node_tls: NodeTlsArgs,
     #[command(flatten)]
     service: ServiceArgs,
     #[command(flatten)]
     check: CheckArgs,
 }
+
+/// Where `specd up` serves the HTTP API unless told otherwise (vLLM's port).
+const UP_HTTP_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8000);
 
 /// Run all three roles on loopback: a target node, a draft node and the coordinator, each a
 /// real gRPC server; clients use the coordinator's address.
@@ -492,6 +547,8 @@ pub struct UpArgs {
     draft: DraftOptions,
     #[command(flatten)]
     policy: PolicyOptions,
+    #[command(flatten)]
+    http: HttpOptions,
     #[command(flatten)]
     telemetry: TelemetryArgs,
     #[command(flatten)]
@@ -754,8 +811,9 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
         let dns = targets.iter().chain(&drafts).any(|a| matches!(a, NodeAddress::Dns { .. }));
         let every = if dns { format!(" (re-resolved every {:?})", config.discovery.interval) } else { String::new() };
         outln!(
-            "config ok: coordinator on {}, targets {}, drafts {}{every}, gamma {}{}{traces}",
+            "config ok: coordinator on {}{}, targets {}, drafts {}{every}, gamma {}{}{traces}",
             args.listen,
+            args.http.summary(None),
             list(&targets),
             if drafts.is_empty() { "none (target-only)".to_owned() } else { list(&drafts) },
             match config.default_gamma {
@@ -768,10 +826,12 @@ pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
     }
     run_role("specd-coordinator", &args.service.telemetry, async {
         let listener = bind(args.listen).await?;
+        let http = args.http.bind(None).await?;
         config.metrics = args.service.metrics.start().await?;
         let service = specd_coordinator::connect(&config).await?;
+        announce_http(http.as_ref())?;
         announce(&listener)?;
-        serve_until_signal(grace, |stop| specd_coordinator::serve(listener, service, stop)).await
+        serve_until_signal(grace, |stop| specd_coordinator::serve_all(listener, http, service, stop)).await
     })
 }
 
@@ -792,8 +852,9 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         };
         let traces = traces_summary(&args.telemetry)?;
         outln!(
-            "config ok: up on {}, target {target}, draft {draft}, {} {} (draft {}){}{traces}",
+            "config ok: up on {}{}, target {target}, draft {draft}, {} {} (draft {}){}{traces}",
             args.listen,
+            args.http.summary(Some(UP_HTTP_LISTEN)),
             target_config.device,
             target_config.dtype,
             draft_config.dtype,
@@ -804,6 +865,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     // One process, one exporter: all three roles' spans carry the service name `specd`.
     run_role("specd", &args.telemetry, async {
         let public = bind(args.listen).await?;
+        let http = args.http.bind(Some(UP_HTTP_LISTEN)).await?;
         let metrics = args.metrics.start().await?;
         (target_config.metrics, draft_config.metrics) = (metrics.clone(), metrics.clone());
         log_openmp_wait();
@@ -811,8 +873,10 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         let mut config = args.policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
         config.metrics = metrics;
         let service = specd_coordinator::connect(&config).await?;
+        announce_http(http.as_ref())?;
         announce(&public)?;
-        let result = serve_until_signal(grace, |stop| specd_coordinator::serve(public, service, stop)).await;
+        let result =
+            serve_until_signal(grace, |stop| specd_coordinator::serve_all(public, http, service, stop)).await;
         // The coordinator has drained (or run out of grace): now the nodes.
         nodes.stop(grace).await;
         result

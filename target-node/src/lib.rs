@@ -4,17 +4,19 @@
 //! not seen, and the draft's candidates; the node runs **one** forward pass over all of them
 //! and returns, for the sparse wire format, p on each draft support, the complement mass, a
 //! sample from the complement, and a bonus sample from p at position γ+1 (docs/rule.md);
-//! for the dense format, p at every position. It also tokenises and detokenises for the
-//! coordinator, which holds no model code.
+//! for the dense format, p at every position. It sends the coordinator the model's text files
+//! (`text_assets`), so that text work happens there and never on the model's thread.
 //!
 //! - [`verify`]: one block, run on the model thread;
 //! - [`law`]: the exact next-token law after a prefix, for audits;
 //! - [`service`]: the `specd.v1.TargetService` implementation;
+//! - `text_assets`: the tokenizer, chat template and generation defaults, read for the coordinator;
 //! - [`run`] / [`serve`]: the server; sessions, errors and configuration come from
 //!   `specd-node`.
 
 pub mod law;
 pub mod service;
+mod text_assets;
 pub mod verify;
 
 use std::future::Future;

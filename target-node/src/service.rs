@@ -6,7 +6,8 @@ use specd_proto::convert::scored_positions;
 use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
-    ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TokenizeRequest, TokenizeResponse,
+    ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TextAssetsRequest, TextAssetsResponse,
+    TokenizeRequest, TokenizeResponse,
     VerifyRequest, VerifyResponse,
 };
 use specd_sampling::{MAX_GAMMA, SamplingParams};
@@ -79,6 +80,14 @@ impl TargetService for TargetNode {
         let ids = request.into_inner().token_ids;
         let text = self.node.model().handle().call(move |m| m.decode(&ids)).await.map_err(NodeError::from)?;
         Ok(Response::new(DetokenizeResponse { text }))
+    }
+
+    async fn text_assets(&self, _: Request<TextAssetsRequest>) -> Result<Response<TextAssetsResponse>, Status> {
+        let dir = self.node.config().model.clone();
+        let assets = tokio::task::spawn_blocking(move || crate::text_assets::read(&dir))
+            .await
+            .map_err(|e| Status::internal(format!("reading the text files failed: {e}")))??;
+        Ok(Response::new(assets))
     }
 }
 

@@ -15,7 +15,8 @@ use specd_telemetry::CoordinatorMetrics;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::metadata::MetadataMap;
+use tonic::{Extensions, Request, Response, Status};
 
 use specd_telemetry::attributes;
 use specd_telemetry::propagation::{extract_from_metadata, set_remote_parent};
@@ -24,7 +25,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use specd_proto::tls::ServerTls;
 
-use crate::admission::{Admission, deadline};
+use crate::api::admission::{Admission, deadline};
 use crate::error::CoordinatorError;
 use crate::nodes::{ModelFacts, NodePool};
 use crate::policy::PolicyMemory;
@@ -103,6 +104,34 @@ impl GenerationService {
         self.active.iter().map(|e| e.value().clone()).collect()
     }
 
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    pub(crate) fn facts(&self) -> &ModelFacts {
+        &self.pool.facts
+    }
+
+    /// TEMPORARY until the text crate lands.
+    pub(crate) fn chat_prompt(&self, _turns: &[crate::api::http::ChatTurn]) -> Result<Vec<u32>, CoordinatorError> {
+        Err(CoordinatorError::InvalidRequest("chat: not wired yet".into()))
+    }
+
+    /// Whether a target node is there to take a generation.
+    pub(crate) fn pool_ready(&self) -> Result<(), CoordinatorError> {
+        self.pool.pick().map(drop)
+    }
+
+    /// Starts a generation for another face of the API (HTTP), with the caller's metadata
+    /// (its bearer token, trace context) as a gRPC client would send it.
+    pub(crate) async fn start_with(
+        &self,
+        metadata: MetadataMap,
+        request: GenerateRequest,
+    ) -> Result<ReceiverStream<Result<GenerateResponse, Status>>, Status> {
+        self.start(&Request::from_parts(metadata, Extensions::default(), request)).await
+    }
+
     async fn start(
         &self,
         request: &Request<GenerateRequest>,
@@ -177,6 +206,17 @@ impl GenerationService {
     }
 }
 
+/// Adds a streamed message to the whole generation: its tokens and text appended, the last
+/// message's finish reason, usage and stats kept.
+pub(crate) fn merge(all: &mut GenerateResponse, message: GenerateResponse) {
+    all.token_ids.extend(message.token_ids);
+    all.text.push_str(&message.text);
+    all.request_id = message.request_id;
+    all.finish_reason = message.finish_reason;
+    all.usage = message.usage.or(all.usage.take());
+    all.stats = message.stats.or(all.stats.take());
+}
+
 /// The request span's attributes known at the start; the session adds usage and the finish
 /// reason at the end.
 fn record_request(span: &tracing::Span, spec: &GenerationSpec, facts: &ModelFacts) {
@@ -209,13 +249,7 @@ impl Generation for GenerationService {
         let mut stream = self.start(&request).await?;
         let mut all = GenerateResponse::default();
         while let Some(message) = stream.next().await {
-            let message = message?;
-            all.token_ids.extend(message.token_ids);
-            all.text.push_str(&message.text);
-            all.request_id = message.request_id;
-            all.finish_reason = message.finish_reason;
-            all.usage = message.usage.or(all.usage);
-            all.stats = message.stats.or(all.stats);
+            merge(&mut all, message?);
         }
         Ok(Response::new(all))
     }

@@ -1,0 +1,184 @@
+//! Responses in OpenAI's shapes: a whole completion, the chunks of a stream, the usage chunk;
+//! the speculation stats ride along under a `specd` key.
+
+use serde_json::{Value, json};
+use specd_proto::v1::{FinishReason, GenerateResponse, SpeculationStats, Usage};
+
+use super::body::Endpoint;
+
+/// What every response of one request shares.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Shape {
+    pub fn new(endpoint: Endpoint, request_id: &str, created: u64, model: String) -> Self {
+        let prefix = match endpoint {
+            Endpoint::Completions => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        };
+        Self { endpoint, id: format!("{prefix}-{request_id}"), created, model }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// The whole generation, `all` holding every token and the text.
+    pub fn whole(&self, all: &GenerateResponse, logprobs: Option<Value>) -> Value {
+        let finish = finish_reason(all.finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Completions => {
+                json!({"index": 0, "text": all.text, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": all.text},
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+        };
+        let mut body = self.envelope(false, json!([choice]));
+        body["usage"] = usage(all.usage.as_ref());
+        body["specd"] = stats(all.stats.as_ref());
+        body
+    }
+
+    /// The chat stream's first chunk: the assistant's role, no text yet.
+    pub fn role_chunk(&self) -> Value {
+        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        self.envelope(true, json!([choice]))
+    }
+
+    /// One streamed message: its text, and on the last one the finish reason and stats.
+    pub fn chunk(&self, message: &GenerateResponse, logprobs: Option<Value>) -> Value {
+        let finish = finish_reason(message.finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Completions => {
+                json!({"index": 0, "text": message.text, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Endpoint::Chat => {
+                let delta = if message.text.is_empty() { json!({}) } else { json!({"content": message.text}) };
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+        };
+        let mut chunk = self.envelope(true, json!([choice]));
+        if finish.is_some() {
+            chunk["specd"] = stats(message.stats.as_ref());
+        }
+        chunk
+    }
+
+    /// `stream_options.include_usage`: a last chunk with no choices and the usage.
+    pub fn usage_chunk(&self, last_usage: Option<&Usage>) -> Value {
+        let mut chunk = self.envelope(true, json!([]));
+        chunk["usage"] = usage(last_usage);
+        chunk
+    }
+}
+
+/// OpenAI has "stop" for both an end-of-sequence token and a stop string.
+pub fn finish_reason(reason: i32) -> Option<&'static str> {
+    match FinishReason::try_from(reason).unwrap_or(FinishReason::Unspecified) {
+        FinishReason::Length => Some("length"),
+        FinishReason::Eos | FinishReason::Stop => Some("stop"),
+        FinishReason::Cancelled => Some("cancelled"),
+        FinishReason::Unspecified => None,
+    }
+}
+
+fn usage(usage: Option<&Usage>) -> Value {
+    let (prompt, completion) = usage.map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// The speculation stats a user reads: rounds, how many candidates were proposed and
+/// accepted (in all and by proposer), α, and whether the draft or a target was lost.
+fn stats(stats: Option<&SpeculationStats>) -> Value {
+    let Some(s) = stats else { return Value::Null };
+    let acceptance = (s.evaluated_positions > 0).then(|| s.acceptance_sum / s.evaluated_positions as f64);
+    let by_proposer: serde_json::Map<String, Value> = s
+        .by_proposer
+        .iter()
+        .map(|(kind, t)| (kind.clone(), json!({"proposed": t.proposed, "accepted": t.accepted})))
+        .collect();
+    json!({
+        "rounds": s.rounds,
+        "draft_tokens": s.draft_tokens,
+        "accepted_tokens": s.accepted_tokens,
+        "acceptance": acceptance,
+        "gamma": s.gamma,
+        "by_proposer": by_proposer,
+        "empty_proposals": s.empty_proposals,
+        "draft_fallbacks": s.draft_fallbacks,
+        "target_failovers": s.target_failovers,
+        "draft_ns": s.draft_ns,
+        "verify_ns": s.verify_ns,
+        "round_wall_ns": s.round_wall_ns,
+        "wire_bytes_sent": s.wire_bytes_sent,
+        "wire_bytes_received": s.wire_bytes_received,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(text: &str, finish: FinishReason) -> GenerateResponse {
+        GenerateResponse {
+            request_id: "r".into(),
+            text: text.into(),
+            token_ids: vec![1, 2],
+            finish_reason: finish as i32,
+            usage: Some(Usage { prompt_tokens: 3, completion_tokens: 2 }),
+            stats: Some(SpeculationStats { rounds: 1, evaluated_positions: 2, acceptance_sum: 1.0, ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn a_whole_chat_completion_in_openais_shape() {
+        let shape = Shape::new(Endpoint::Chat, "r1", 7, "m".into());
+        let body = shape.whole(&message("hi", FinishReason::Eos), None);
+        assert_eq!(body["id"], "chatcmpl-r1");
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(body["choices"][0]["message"]["content"], "hi");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        assert_eq!(body["usage"]["total_tokens"], 5);
+        assert_eq!(body["specd"]["acceptance"], 0.5);
+    }
+
+    #[test]
+    fn chunks_carry_deltas_and_the_finish_reason_only_at_the_end() {
+        let shape = Shape::new(Endpoint::Completions, "r1", 7, "m".into());
+        let middle = shape.chunk(&message("a", FinishReason::Unspecified), None);
+        assert!(middle["choices"][0]["finish_reason"].is_null());
+        assert!(middle.get("specd").is_none());
+        let last = shape.chunk(&message("", FinishReason::Length), None);
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["specd"]["rounds"], 1);
+        let usage = shape.usage_chunk(Some(&Usage { prompt_tokens: 4, completion_tokens: 6 }));
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["total_tokens"], 10);
+        let chat = Shape::new(Endpoint::Chat, "r1", 7, "m".into());
+        assert_eq!(chat.role_chunk()["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(chat.chunk(&message("", FinishReason::Stop), None)["choices"][0]["delta"], json!({}));
+    }
+}

@@ -1,0 +1,79 @@
+//! A generation streamed as server-sent events: one chunk per committed round that adds text
+//! (the chat stream opens with the assistant's role), the finish reason and stats on the last,
+//! the usage chunk when asked, then `data: [DONE]`. An error after the stream began is sent
+//! as an event in OpenAI's error shape, and the stream ends.
+//!
+//! The events go through a task of their own, which drops the generation as soon as the
+//! client's connection is gone: the session actor sees its client leave and frees both nodes'
+//! sessions.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, Sse};
+use specd_proto::v1::GenerateResponse;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+
+use super::body::Endpoint;
+use super::error::ApiError;
+use super::respond::Shape;
+
+type Events = Sse<ReceiverStream<Result<Event, Infallible>>>;
+
+pub fn events(
+    mut generation: impl Stream<Item = Result<GenerateResponse, tonic::Status>> + Unpin + Send + 'static,
+    shape: impl FnOnce(&str) -> Shape + Send + 'static,
+    include_usage: bool,
+) -> Events {
+    let (tx, rx) = mpsc::channel(16);
+    // The shape needs the request id, which the first message carries; the chunks' `created`
+    // is the time the stream began.
+    let mut shape = Some(shape);
+    tokio::spawn(async move {
+        let send = |value: serde_json::Value| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(Event::default().data(value.to_string()))).await.is_ok() }
+        };
+        let mut current: Option<Shape> = None;
+        let mut usage = None;
+        loop {
+            let next = tokio::select! {
+                next = generation.next() => next,
+                () = tx.closed() => return,
+            };
+            let message = match next {
+                None => break,
+                Some(Ok(message)) => message,
+                Some(Err(status)) => {
+                    send(ApiError::from(status).body()).await;
+                    return;
+                }
+            };
+            let shape = match (&current, shape.take()) {
+                (Some(shape), _) => shape,
+                (None, Some(make)) => {
+                    let made = make(&message.request_id);
+                    if made.endpoint == Endpoint::Chat && !send(made.role_chunk()).await {
+                        return;
+                    }
+                    current.insert(made)
+                }
+                (None, None) => return,
+            };
+            usage = message.usage.or(usage);
+            let last = message.finish_reason != 0;
+            if (last || !message.text.is_empty()) && !send(shape.chunk(&message, None)).await {
+                return;
+            }
+        }
+        if let Some(shape) = &current
+            && include_usage
+            && !send(shape.usage_chunk(usage.as_ref())).await
+        {
+            return;
+        }
+        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(rx))
+}

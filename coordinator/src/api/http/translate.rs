@@ -1,0 +1,226 @@
+//! An OpenAI request body turned into the gRPC API's [`GenerateRequest`]: the HTTP API is a
+//! second face of the same service, so every check and default of the gRPC API applies.
+
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
+
+use super::body::{Body, Endpoint, MessageField, PromptField, SpeculationField, StopField, StreamOptions};
+use super::error::ApiError;
+
+/// OpenAI's default `max_tokens` for /v1/completions; chat requests default to the
+/// coordinator's own limit, as OpenAI's chat endpoint has none of its own.
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
+/// The most alternatives `logprobs`/`top_logprobs` may ask for, as OpenAI's chat endpoint.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// One chat message, its content as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTurn {
+    pub role: String,
+    pub content: String,
+}
+
+/// What the prompt is before the coordinator turns it into tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptSource {
+    Completion(Prompt),
+    Chat(Vec<ChatTurn>),
+}
+
+/// A request to either endpoint, checked and translated.
+#[derive(Debug, Clone)]
+pub struct HttpRequest {
+    pub model: String,
+    pub prompt: PromptSource,
+    /// Everything but the prompt, which [`PromptSource`] becomes once tokenised.
+    pub generate: GenerateRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Asked for log-probabilities, with this many alternatives per token.
+    pub logprobs: Option<u32>,
+}
+
+pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiError> {
+    let model: String = body.require("model")?;
+    let prompt = match endpoint {
+        Endpoint::Completions => PromptSource::Completion(completion_prompt(body.require("prompt")?)?),
+        Endpoint::Chat => PromptSource::Chat(chat_turns(body.require("messages")?)?),
+    };
+    if let Some(n) = body.get::<u32>("n")?
+        && n != 1
+    {
+        return Err(ApiError::invalid(
+            format!("n = {n}: specd generates one choice per request; send {n} requests"),
+            Some("n"),
+        ));
+    }
+    let stream = body.get::<bool>("stream")?.unwrap_or(false);
+    let include_usage = match body.get::<StreamOptions>("stream_options")? {
+        Some(_) if !stream => {
+            return Err(ApiError::invalid("stream_options is only allowed with stream: true", Some("stream_options")));
+        }
+        Some(options) => options.include_usage,
+        None => false,
+    };
+    let max_new_tokens = max_tokens(body, endpoint)?;
+    let stop_strings = body.get::<StopField>("stop")?.map(StopField::into_vec).unwrap_or_default();
+    let logprobs = logprobs(body, endpoint)?;
+    let sampling = SamplingParams {
+        temperature: body.get("temperature")?,
+        top_k: body.get::<i32>("top_k")?.map(|k| if k == -1 { 0 } else { k }),
+        top_p: body.get("top_p")?,
+        min_p: body.get("min_p")?,
+        repetition_penalty: body.get("repetition_penalty")?,
+        presence_penalty: body.get("presence_penalty")?,
+        frequency_penalty: body.get("frequency_penalty")?,
+        seed: body.get::<i64>("seed")?.map(|s| s as u64),
+    };
+    let speculation =
+        body.get::<SpeculationField>("speculation")?.map(|s| Speculation { gamma: s.gamma, dense: false });
+    let generate = GenerateRequest {
+        request_id: String::new(),
+        prompt: None,
+        sampling: Some(sampling),
+        stopping: Some(StoppingCriteria {
+            max_new_tokens,
+            stop_strings,
+            stop_token_ids: Vec::new(),
+            ignore_eos: body.get("ignore_eos")?.unwrap_or(false),
+        }),
+        speculation,
+    };
+    Ok(HttpRequest { model, prompt, generate, stream, include_usage, logprobs })
+}
+
+fn completion_prompt(field: PromptField) -> Result<Prompt, ApiError> {
+    let batch = |n: usize| {
+        ApiError::invalid(format!("a list of {n} prompts is a batch: send one prompt per request"), Some("prompt"))
+    };
+    match field {
+        PromptField::Text(text) => Ok(Prompt::Text(text)),
+        PromptField::Tokens(ids) => Ok(Prompt::TokenIds(TokenIds { ids })),
+        PromptField::Texts(mut texts) if texts.len() == 1 => Ok(Prompt::Text(texts.remove(0))),
+        PromptField::TokenLists(mut lists) if lists.len() == 1 => Ok(Prompt::TokenIds(TokenIds { ids: lists.remove(0) })),
+        PromptField::Texts(texts) => Err(batch(texts.len())),
+        PromptField::TokenLists(lists) => Err(batch(lists.len())),
+    }
+}
+
+fn chat_turns(messages: Vec<MessageField>) -> Result<Vec<ChatTurn>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages is empty", Some("messages")));
+    }
+    messages
+        .into_iter()
+        .map(|m| {
+            let content = m.content.map(|c| c.into_text()).transpose()?.unwrap_or_default();
+            Ok(ChatTurn { role: m.role, content })
+        })
+        .collect()
+}
+
+fn max_tokens(body: &Body, endpoint: Endpoint) -> Result<Option<u32>, ApiError> {
+    let legacy = body.get::<u32>("max_tokens")?;
+    let chosen = match endpoint {
+        Endpoint::Completions => Some(legacy.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)),
+        Endpoint::Chat => match (body.get::<u32>("max_completion_tokens")?, legacy) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ApiError::invalid(
+                    format!("max_completion_tokens {a} and max_tokens {b} disagree: send one"),
+                    Some("max_completion_tokens"),
+                ));
+            }
+            (a, b) => a.or(b),
+        },
+    };
+    Ok(chosen)
+}
+
+/// Completions take `logprobs: <alternatives>`; chat takes `logprobs: true` and
+/// `top_logprobs: <alternatives>`.
+fn logprobs(body: &Body, endpoint: Endpoint) -> Result<Option<u32>, ApiError> {
+    let top = match endpoint {
+        Endpoint::Completions => body.get::<u32>("logprobs")?,
+        Endpoint::Chat => {
+            let asked = body.get::<bool>("logprobs")?.unwrap_or(false);
+            let top = body.get::<u32>("top_logprobs")?;
+            match (asked, top) {
+                (false, Some(_)) => {
+                    return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs")));
+                }
+                (false, None) => None,
+                (true, top) => Some(top.unwrap_or(0)),
+            }
+        }
+    };
+    match top {
+        Some(top) if top > MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+            format!("at most {MAX_TOP_LOGPROBS} alternatives per token, not {top}"),
+            Some(if endpoint == Endpoint::Chat { "top_logprobs" } else { "logprobs" }),
+        )),
+        top => Ok(top),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: &str, endpoint: Endpoint) -> Result<HttpRequest, ApiError> {
+        translate(&Body::parse(json.as_bytes(), endpoint)?, endpoint)
+    }
+
+    #[test]
+    fn every_sampling_field_reaches_the_grpc_request() {
+        let r = request(
+            r#"{"model":"m","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":-1,
+                "min_p":0.1,"repetition_penalty":1.1,"presence_penalty":0.2,"frequency_penalty":0.3,
+                "seed":-1,"stop":"\n","ignore_eos":true,"speculation":{"gamma":3},"stream":true,
+                "stream_options":{"include_usage":true},"logprobs":2,"user":"u"}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        let s = r.generate.sampling.unwrap();
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty),
+            (Some(0.5), Some(0.9), Some(0), Some(0.1), Some(1.1))
+        );
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.seed), (Some(0.2), Some(0.3), Some(u64::MAX)));
+        let stop = r.generate.stopping.unwrap();
+        assert_eq!((stop.max_new_tokens, stop.stop_strings, stop.ignore_eos), (Some(7), vec!["\n".to_owned()], true));
+        assert_eq!(r.generate.speculation.unwrap().gamma, Some(3));
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.logprobs, Some(2));
+        assert_eq!(r.prompt, PromptSource::Completion(Prompt::Text("hi".into())));
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let r = request(r#"{"model":"m","prompt":[5,6]}"#, Endpoint::Completions).unwrap();
+        assert_eq!(r.generate.stopping.unwrap().max_new_tokens, Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
+        assert_eq!(r.generate.sampling.unwrap().temperature, None, "unset stays unset: the model's defaults apply");
+        let chat = request(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Endpoint::Chat).unwrap();
+        assert_eq!(chat.generate.stopping.unwrap().max_new_tokens, None);
+        assert_eq!(chat.prompt, PromptSource::Chat(vec![ChatTurn { role: "user".into(), content: "x".into() }]));
+        let refused = [
+            (r#"{"model":"m","prompt":"x","n":2}"#, "n"),
+            (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
+            (r#"{"model":"m","prompt":"x","stream_options":{"include_usage":true}}"#, "stream_options"),
+            (r#"{"model":"m","prompt":"x","logprobs":21}"#, "logprobs"),
+            (r#"{"prompt":"x"}"#, "model"),
+        ];
+        for (json, param) in refused {
+            let err = request(json, Endpoint::Completions).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some(param), "{json}: {}", err.message);
+        }
+        let chat_refused = [
+            (r#"{"model":"m","messages":[]}"#, "messages"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, "top_logprobs"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":4}"#, "max_completion_tokens"),
+        ];
+        for (json, param) in chat_refused {
+            let err = request(json, Endpoint::Chat).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some(param), "{json}: {}", err.message);
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The model directory's text files, sent to the coordinator, which does all text work
+//! (tokenising, chat templates, detokenising) so that the model's thread does none.
+
+use std::io::ErrorKind;
+use std::path::Path;
+
+use specd_proto::v1::TextAssetsResponse;
+use tonic::Status;
+
+/// tokenizer.json is required; the others are sent when the directory has them.
+pub(crate) fn read(dir: &Path) -> Result<TextAssetsResponse, Status> {
+    let optional = |name: &str| -> Result<Option<String>, Status> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(text) => Ok(Some(text)),
+            Err(e) if e.kind() == ErrorKind::NotFound || e.kind() == ErrorKind::NotADirectory => Ok(None),
+            Err(e) => Err(Status::internal(format!("cannot read {}: {e}", dir.join(name).display()))),
+        }
+    };
+    let tokenizer_json = optional("tokenizer.json")?.ok_or_else(|| {
+        Status::failed_precondition(format!("the target model {} has no tokenizer.json", dir.display()))
+    })?;
+    Ok(TextAssetsResponse {
+        tokenizer_json,
+        tokenizer_config_json: optional("tokenizer_config.json")?,
+        chat_template_jinja: optional("chat_template.jinja")?,
+        generation_config_json: optional("generation_config.json")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sends_what_the_directory_holds_and_requires_a_tokenizer() {
+        let dir = std::env::temp_dir().join(format!("specd-text-assets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = read(&dir).unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::FailedPrecondition);
+        std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
+        std::fs::write(dir.join("chat_template.jinja"), "{{ messages }}").unwrap();
+        let assets = read(&dir).unwrap();
+        assert_eq!(assets.tokenizer_json, "{}");
+        assert_eq!(assets.chat_template_jinja.as_deref(), Some("{{ messages }}"));
+        assert_eq!(assets.tokenizer_config_json, None);
+        // A table model is a file, not a directory: it has no tokenizer.
+        let file = dir.join("tokenizer.json");
+        assert_eq!(read(&file).unwrap_err().code(), tonic::Code::FailedPrecondition);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
