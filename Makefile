@@ -9,7 +9,7 @@ VENV        := $(CURDIR)/.venv
 PYTHON      := $(VENV)/bin/python
 TORCH_VER   := 2.11.0
 TORCH_STAMP := $(VENV)/.torch-$(TORCH_VER)
-PY_STAMP    := $(VENV)/.pydeps-4
+PY_STAMP    := $(VENV)/.pydeps-5
 
 # tch finds libtorch through the Python interpreter that has torch installed.
 export LIBTORCH_USE_PYTORCH := 1
@@ -48,16 +48,18 @@ torch: $(TORCH_STAMP)
 # transformers (PyPI, with torch) makes the model tests' tiny random checkpoints and
 # reference logits under target/fixtures; nothing is downloaded from a model hub.
 # grpcio and grpcio-tools run the Python client test (stubs generated from proto/);
-# grpcio-reflection is the reflection client every role is tested against.
+# grpcio-reflection is the reflection client every role is tested against; openai is the
+# official client the HTTP API is tested with.
 # kubernetes-validate checks the rendered Kubernetes manifests offline (its schemas are in
 # the wheel).
 TRANSFORMERS_VER := 5.24.0
 GRPCIO_VER := 1.76.0
 KUBERNETES_VALIDATE_VER := 1.37.0
+OPENAI_VER := 3.57.0
 $(PY_STAMP): $(TORCH_STAMP)
 	$(PYTHON) -m pip install --disable-pip-version-check -q "transformers==$(TRANSFORMERS_VER)" \
 		"grpcio==$(GRPCIO_VER)" "grpcio-tools==$(GRPCIO_VER)" "grpcio-reflection==$(GRPCIO_VER)" \
-		"kubernetes-validate==$(KUBERNETES_VALIDATE_VER)"
+		"kubernetes-validate==$(KUBERNETES_VALIDATE_VER)" "openai==$(OPENAI_VER)"
 	touch $@
 
 pydeps: $(PY_STAMP)

@@ -22,7 +22,7 @@ echo
 
 echo "== 2. specd up: target node, draft node and coordinator over gRPC on loopback (target in $SPECD_DTYPE, draft in ${SPECD_DRAFT_DTYPE:-$SPECD_DTYPE}) =="
 "$specd" up --target-model "$models/target" --draft-model "$models/draft" --listen 127.0.0.1:0 \
-  >"$work/up.out" 2>"$work/up.log" &
+  --http-listen 127.0.0.1:0 --served-model-name demo >"$work/up.out" 2>"$work/up.log" &
 up=$!
 trap 'kill $up 2>/dev/null || true; wait $up 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
@@ -32,7 +32,8 @@ for _ in $(seq 600); do
 done
 addr=$(sed -n 's/^listening on //p' "$work/up.out")
 [ -n "$addr" ] || { echo "specd up did not start in time; see $work/up.log"; exit 1; }
-echo "coordinator listening on $addr (logs in $work/up.log)"
+http=$(sed -n 's|^OpenAI-compatible HTTP API on ||p' "$work/up.out")
+echo "coordinator: gRPC on $addr, OpenAI-compatible HTTP on $http (logs in $work/up.log)"
 echo
 
 prompt='def parse_header(line):
@@ -46,3 +47,9 @@ echo
 
 echo "== 4. Speedup over target-only decoding on the same prompt (3 passes, interleaved) =="
 "$specd" bench --endpoint "http://$addr" --prompts "$work/prompt.txt" --temperature 0.8 --max-new-tokens 128 --repeat 3
+echo
+
+echo "== 5. The same server through its OpenAI-compatible HTTP API (curl) =="
+curl -sS "$http/completions" -H 'content-type: application/json' \
+  -d '{"model": "demo", "prompt": "def fibonacci(n):\n", "max_tokens": 48, "temperature": 0}'
+echo

@@ -19,7 +19,7 @@ if [ ${#otlp[@]} -gt 0 ]; then
   for _ in $(seq 100); do grep -q "listening on" "$dir/sink.out" && break; sleep 0.1; done
   tracing=(--otlp-endpoint "http://$(sed -n 's/^listening on //p' "$dir/sink.out")")
 fi
-"$specd" up --target-model "$dir/target.json" --draft-model "$dir/draft.json" --listen 127.0.0.1:0 \
+"$specd" up --target-model "$dir/target.json" --draft-model "$dir/draft.json" --listen 127.0.0.1:0 --http-listen off \
   "${tracing[@]}" >"$dir/up.out" 2>"$dir/up.err" &
 up=$!
 for _ in $(seq 100); do grep -q "listening on" "$dir/up.out" && break; sleep 0.2; done

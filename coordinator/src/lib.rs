@@ -54,12 +54,12 @@ use tonic::server::NamedService;
 use tonic::service::Routes;
 
 pub use api::admission::Admission;
+pub use api::grpc::GenerationService;
 pub use api::http::HttpConfig;
 pub use discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
 pub use request::{Defaults, GammaChoice, RuleVariant};
-pub use api::grpc::GenerationService;
 use specd_proto::tls::{ClientTls, ServerTls};
 
 /// TLS on both sides of a coordinator.

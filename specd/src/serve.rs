@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use specd_coordinator::{
-    Admission, CoordinatorConfig, HttpConfig, CoordinatorTls, Discovery, GammaChoice, NodeAddress, RuleVariant,
+    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, NodeAddress, RuleVariant,
 };
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
@@ -875,8 +875,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         let service = specd_coordinator::connect(&config).await?;
         announce_http(http.as_ref())?;
         announce(&public)?;
-        let result =
-            serve_until_signal(grace, |stop| specd_coordinator::serve_all(public, http, service, stop)).await;
+        let result = serve_until_signal(grace, |stop| specd_coordinator::serve_all(public, http, service, stop)).await;
         // The coordinator has drained (or run out of grace): now the nodes.
         nodes.stop(grace).await;
         result

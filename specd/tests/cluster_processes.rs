@@ -34,7 +34,22 @@ fn up(dir: &Path) -> (Running, String) {
     let (target, draft) = (target.to_str().unwrap(), draft.to_str().unwrap());
     // A fixed γ: with the adaptive default, rounds (and so the tokens a seed gives) follow
     // measured timings.
-    start(&["up", "--listen", "127.0.0.1:0", "--target-model", target, "--draft-model", draft, "--gamma", "4"], &[])
+    start(
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+            "--target-model",
+            target,
+            "--draft-model",
+            draft,
+            "--gamma",
+            "4",
+        ],
+        &[],
+    )
 }
 
 fn json_of(output: &std::process::Output) -> Value {

@@ -53,8 +53,17 @@ async fn thirty_two_streams_without_errors_or_leaks() {
         }
     };
     let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-    let args =
-        ["up", "--listen", "127.0.0.1:0", "--target-model", target.to_str().unwrap(), "--metrics-listen", &metrics];
+    let args = [
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "off",
+        "--target-model",
+        target.to_str().unwrap(),
+        "--metrics-listen",
+        &metrics,
+    ];
     let (up, endpoint) = start(&[&args[..], &["--draft-model", draft.to_str().unwrap()]].concat(), &[]);
     let pid = up.0.id();
     let client = GenerationClient::connect(format!("http://{endpoint}")).await.unwrap();

@@ -7,8 +7,7 @@ use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
     ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TextAssetsRequest, TextAssetsResponse,
-    TokenizeRequest, TokenizeResponse,
-    VerifyRequest, VerifyResponse,
+    TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
 };
 use specd_sampling::{MAX_GAMMA, SamplingParams};
 use specd_telemetry::attributes;

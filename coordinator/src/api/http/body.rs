@@ -102,9 +102,9 @@ impl Body {
     pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ApiError> {
         match self.fields.get(name) {
             None | Some(Value::Null) => Ok(None),
-            Some(value) => T::deserialize(value)
-                .map(Some)
-                .map_err(|e| ApiError::invalid(format!("`{name}`: {e}"), Some(name))),
+            Some(value) => {
+                T::deserialize(value).map(Some).map_err(|e| ApiError::invalid(format!("`{name}`: {e}"), Some(name)))
+            }
         }
     }
 
@@ -212,13 +212,13 @@ mod tests {
     fn fields_that_change_the_output_are_refused_by_name_and_neutral_ones_pass() {
         let err = parse(r#"{"model":"m","prompt":"x","echo":true,"best_of":3}"#, Endpoint::Completions).unwrap_err();
         assert_eq!(err.message, "specd does not support echo, best_of; remove them");
-        let err =
-            parse(r#"{"model":"m","messages":[],"tools":[{"type":"function"}]}"#, Endpoint::Chat).unwrap_err();
+        let err = parse(r#"{"model":"m","messages":[],"tools":[{"type":"function"}]}"#, Endpoint::Chat).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tools"));
         let err = parse(r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#, Endpoint::Chat)
             .unwrap_err();
         assert_eq!(err.param.as_deref(), Some("response_format"));
-        let neutral = r#"{"model":"m","prompt":"x","echo":false,"best_of":1,"logit_bias":null,"suffix":null,"tools":[]}"#;
+        let neutral =
+            r#"{"model":"m","prompt":"x","echo":false,"best_of":1,"logit_bias":null,"suffix":null,"tools":[]}"#;
         assert!(parse(neutral, Endpoint::Completions).is_ok());
     }
 
@@ -244,8 +244,11 @@ mod tests {
     #[test]
     fn prompts_and_contents() {
         let body = parse(r#"{"model":"m","prompt":[[1,2,3]]}"#, Endpoint::Completions).unwrap();
-        assert!(matches!(body.get::<PromptField>("prompt").unwrap(), Some(PromptField::TokenLists(l)) if l == [[1, 2, 3]]));
-        let parts: ContentField = serde_json::from_str(r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#).unwrap();
+        assert!(
+            matches!(body.get::<PromptField>("prompt").unwrap(), Some(PromptField::TokenLists(l)) if l == [[1, 2, 3]])
+        );
+        let parts: ContentField =
+            serde_json::from_str(r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#).unwrap();
         assert_eq!(parts.into_text().unwrap(), "ab");
         let image: ContentField = serde_json::from_str(r#"[{"type":"image_url","image_url":{"url":"x"}}]"#).unwrap();
         assert!(image.into_text().is_err());

@@ -33,29 +33,28 @@ impl Shape {
     }
 
     fn envelope(&self, chunk: bool, choices: Value) -> Value {
-        json!({
+        let mut envelope = json!({
             "id": self.id,
             "object": self.object(chunk),
             "created": self.created,
             "model": self.model,
-            "choices": choices,
-        })
+        });
+        envelope["choices"] = choices;
+        envelope
     }
 
     /// The whole generation, `all` holding every token and the text.
     pub fn whole(&self, all: &GenerateResponse, logprobs: Option<Value>) -> Value {
         let finish = finish_reason(all.finish_reason);
-        let choice = match self.endpoint {
-            Endpoint::Completions => {
-                json!({"index": 0, "text": all.text, "logprobs": logprobs, "finish_reason": finish})
-            }
+        let mut choice = match self.endpoint {
+            Endpoint::Completions => json!({"index": 0, "text": all.text, "finish_reason": finish}),
             Endpoint::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": all.text},
-                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
         };
+        choice["logprobs"] = logprobs.unwrap_or_default();
         let mut body = self.envelope(false, json!([choice]));
         body["usage"] = usage(all.usage.as_ref());
         body["specd"] = stats(all.stats.as_ref());
@@ -64,22 +63,22 @@ impl Shape {
 
     /// The chat stream's first chunk: the assistant's role, no text yet.
     pub fn role_chunk(&self) -> Value {
-        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        let choice =
+            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
 
     /// One streamed message: its text, and on the last one the finish reason and stats.
     pub fn chunk(&self, message: &GenerateResponse, logprobs: Option<Value>) -> Value {
         let finish = finish_reason(message.finish_reason);
-        let choice = match self.endpoint {
-            Endpoint::Completions => {
-                json!({"index": 0, "text": message.text, "logprobs": logprobs, "finish_reason": finish})
-            }
+        let mut choice = match self.endpoint {
+            Endpoint::Completions => json!({"index": 0, "text": message.text, "finish_reason": finish}),
             Endpoint::Chat => {
                 let delta = if message.text.is_empty() { json!({}) } else { json!({"content": message.text}) };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
             }
         };
+        choice["logprobs"] = logprobs.unwrap_or_default();
         let mut chunk = self.envelope(true, json!([choice]));
         if finish.is_some() {
             chunk["specd"] = stats(message.stats.as_ref());
@@ -149,7 +148,12 @@ mod tests {
             token_ids: vec![1, 2],
             finish_reason: finish as i32,
             usage: Some(Usage { prompt_tokens: 3, completion_tokens: 2 }),
-            stats: Some(SpeculationStats { rounds: 1, evaluated_positions: 2, acceptance_sum: 1.0, ..Default::default() }),
+            stats: Some(SpeculationStats {
+                rounds: 1,
+                evaluated_positions: 2,
+                acceptance_sum: 1.0,
+                ..Default::default()
+            }),
         }
     }
 

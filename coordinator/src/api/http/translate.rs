@@ -100,7 +100,9 @@ fn completion_prompt(field: PromptField) -> Result<Prompt, ApiError> {
         PromptField::Text(text) => Ok(Prompt::Text(text)),
         PromptField::Tokens(ids) => Ok(Prompt::TokenIds(TokenIds { ids })),
         PromptField::Texts(mut texts) if texts.len() == 1 => Ok(Prompt::Text(texts.remove(0))),
-        PromptField::TokenLists(mut lists) if lists.len() == 1 => Ok(Prompt::TokenIds(TokenIds { ids: lists.remove(0) })),
+        PromptField::TokenLists(mut lists) if lists.len() == 1 => {
+            Ok(Prompt::TokenIds(TokenIds { ids: lists.remove(0) }))
+        }
         PromptField::Texts(texts) => Err(batch(texts.len())),
         PromptField::TokenLists(lists) => Err(batch(lists.len())),
     }
@@ -216,7 +218,10 @@ mod tests {
         let chat_refused = [
             (r#"{"model":"m","messages":[]}"#, "messages"),
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, "top_logprobs"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":4}"#, "max_completion_tokens"),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":4}"#,
+                "max_completion_tokens",
+            ),
         ];
         for (json, param) in chat_refused {
             let err = request(json, Endpoint::Chat).unwrap_err();

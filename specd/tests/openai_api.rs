@@ -1,0 +1,104 @@
+//! The OpenAI-compatible HTTP API as its users' tools see it: the official `openai` Python
+//! client (`scripts/openai_client.py`, pinned in the Makefile's pydeps) and raw HTTP, against
+//! `specd up` on a tiny transformers checkpoint.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod common;
+use common::start_with_http;
+use specd_e2e::hf_fixture;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("SPECD_PYTHON").map_or_else(|| workspace().join(".venv/bin/python"), PathBuf::from)
+}
+
+fn up(model: &Path, extra: &[&str]) -> (common::Running, String) {
+    let model = model.to_str().unwrap();
+    let args = ["up", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--target-model", model];
+    let (running, _, http) = start_with_http(&[&args[..], &["--draft-model", model], extra].concat(), &[]);
+    (running, http.expect("up announces its HTTP API"))
+}
+
+/// Runs one check of the script, which must report at least `checks` passed steps.
+fn run_client(check: &str, flags: &[&str], checks: usize) {
+    let output = Command::new(python())
+        .arg(workspace().join("scripts/openai_client.py"))
+        .arg(check)
+        .args(flags)
+        .output()
+        .expect("python runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    println!("{stdout}");
+    assert!(output.status.success(), "openai client check {check} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.lines().filter(|l| l.starts_with("ok: ")).count() >= checks, "too few checks ran:\n{stdout}");
+}
+
+#[test]
+fn the_openai_client_completes_streams_and_gets_openais_errors() {
+    let model = hf_fixture("llama_tied");
+    let (_up, http) = up(&model, &[]);
+    run_client("basics", &["--base", &format!("http://{http}/v1"), "--model", "llama_tied"], 11);
+}
+
+#[test]
+fn the_openai_client_meets_the_token_the_limit_and_frees_sessions_when_it_leaves() {
+    let model = hf_fixture("llama_tied");
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let guard = [
+        "--api-token",
+        "s3cret",
+        "--max-generations",
+        "1",
+        "--forward-delay-ms",
+        "40",
+        "--gamma",
+        "2",
+        "--metrics-listen",
+        &metrics,
+        "--served-model-name",
+        "tiny",
+    ];
+    let (_up, http) = up(&model, &guard);
+    let flags = ["--base", &format!("http://{http}/v1"), "--model", "tiny", "--token", "s3cret"];
+    run_client("guarded", &[&flags[..], &["--metrics", &format!("http://{metrics}/metrics")]].concat(), 4);
+}
+
+/// Raw HTTP/1.1, as curl sends it: the events' order and framing, `[DONE]` last.
+#[test]
+fn server_sent_events_over_raw_http() {
+    let model = hf_fixture("llama_tied");
+    let (_up, http) = up(&model, &[]);
+    let body = r#"{"model":"llama_tied","prompt":"the quick","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let mut socket = TcpStream::connect(&http).unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).unwrap();
+    let (head, _) = response.split_once("\r\n\r\n").expect("headers end");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    // Chunked transfer encoding frames the events; the events themselves are `data: ` lines.
+    let events: Vec<&str> = response.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{response}");
+    let chunks: Vec<serde_json::Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("a JSON chunk")).collect();
+    let usage = chunks.last().expect("a usage chunk");
+    assert_eq!(usage["choices"], serde_json::json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert!(chunks[..chunks.len() - 2].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
+    let ids: std::collections::HashSet<_> = chunks.iter().map(|c| c["id"].clone()).collect();
+    assert_eq!(ids.len(), 1, "one id for the whole stream");
+}
