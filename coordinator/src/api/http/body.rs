@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn fields_that_change_the_output_are_refused_by_name_and_neutral_ones_pass() {
         let err = parse(r#"{"model":"m","prompt":"x","echo":true,"best_of":3}"#, Endpoint::Completions).unwrap_err();
-        assert_eq!(err.message, "specd does not support echo, best_of; remove them");
+        assert_eq!(err.message, "specd does not support best_of, echo; remove them");
         let err = parse(r#"{"model":"m","messages":[],"tools":[{"type":"function"}]}"#, Endpoint::Chat).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tools"));
         let err = parse(r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#, Endpoint::Chat)
