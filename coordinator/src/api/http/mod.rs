@@ -36,7 +36,8 @@ use tonic::metadata::MetadataMap;
 use crate::api::grpc::GenerationService;
 use crate::error::CoordinatorError;
 
-use body::{Body, Endpoint};
+pub use body::Endpoint;
+use body::Body;
 pub use error::{ApiError, http_status};
 use respond::Shape;
 pub use translate::ChatTurn;
@@ -167,6 +168,12 @@ impl Api {
         });
         Ok(generate)
     }
+}
+
+/// Reads a request body as the endpoint does, up to the prompt (which needs the model):
+/// what the fuzz targets drive.
+pub fn check_request(endpoint: Endpoint, bytes: &[u8]) -> Result<(), ApiError> {
+    translate(&Body::parse(bytes, endpoint)?, endpoint).map(drop)
 }
 
 /// Every message of a generation as one, as the gRPC API's unary `Generate` does.
