@@ -91,6 +91,12 @@ impl IncrementalDetokenizer {
         &self.held
     }
 
+    /// How many ids the window holds: stays a few tokens long however long the output grows
+    /// (it grows only while text is held back), which is what keeps a push O(1) in the output.
+    pub fn window_len(&self) -> usize {
+        self.ids.len()
+    }
+
     fn advance(&mut self) {
         // Drop the ids before the new context start so that the window stays small.
         self.ids.drain(..self.read_offset);
@@ -146,6 +152,28 @@ fn context_start(tokenizer: &Tokenizer, prompt_ids: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_tokenizer::{byte_ids, byte_tokenizer};
+
+    #[test]
+    fn holds_split_characters_and_keeps_the_window_small() {
+        let (t, eos) = byte_tokenizer(&[b"word "]);
+        let prompt = byte_ids(b"a prompt of some length");
+        let mut d = IncrementalDetokenizer::new(t, &prompt);
+        assert_eq!(d.window_len(), 5, "five prompt tokens of context");
+        // "\u{20ac}" is three bytes, so three ids: nothing until the last one.
+        assert_eq!(d.push(0xE2).unwrap(), "");
+        assert_eq!(d.pending(), "\u{FFFD}");
+        assert_eq!(d.push(0x82).unwrap(), "");
+        assert_eq!(d.push(0xAC).unwrap(), "\u{20ac}");
+        assert_eq!(d.push(eos).unwrap(), "", "special tokens are skipped");
+        for _ in 0..10_000 {
+            assert_eq!(d.push(256).unwrap(), "word ");
+            assert!(d.window_len() <= 3, "window {}", d.window_len());
+        }
+        assert_eq!(d.push(0xF0).unwrap(), "");
+        assert_eq!(d.finish().unwrap(), "\u{FFFD}", "an incomplete character is flushed as a whole decode writes it");
+        assert_eq!(d.finish().unwrap(), "");
+    }
 
     #[test]
     fn new_text_never_slices_inside_a_character() {

@@ -27,6 +27,8 @@ mod python_json;
 pub mod stop;
 mod strftime;
 mod template_env;
+#[cfg(test)]
+mod test_tokenizer;
 
 pub use assets::TextAssets;
 pub use chat_template::{ChatMessage, ChatTemplate};

@@ -112,3 +112,116 @@ impl TextStream {
             .unwrap_or(text.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_tokenizer::{byte_ids, byte_tokenizer};
+
+    /// Pushes `ids`, returning the text of each push (and of `finish` when it does not stop)
+    /// and the index of the stopping push.
+    fn run(stream: &mut TextStream, ids: &[u32]) -> (Vec<String>, Option<usize>) {
+        let mut texts = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let pushed = stream.push(id).unwrap();
+            texts.push(pushed.text);
+            if pushed.stopped {
+                return (texts, Some(i));
+            }
+        }
+        texts.push(stream.finish().unwrap());
+        (texts, None)
+    }
+
+    fn stops(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_stop_string_split_over_three_tokens_stops_at_the_third() {
+        let (t, _) = byte_tokenizer(&[b"Say ", b"ST", b" more"]);
+        let mut s = TextStream::new(t.clone(), &[], stops(&["STOP"]));
+        let (texts, stopped) = run(&mut s, &[256, 257, u32::from(b'O'), u32::from(b'P'), 258]);
+        assert_eq!(texts, ["Say ", "", "", ""]);
+        assert_eq!(stopped, Some(3), "the token that completes the stop string");
+        assert_eq!(s.push(260).unwrap(), Pushed { text: String::new(), stopped: true });
+        assert_eq!(s.finish().unwrap(), "");
+
+        // A false start is released as soon as it cannot be a stop string.
+        let mut s = TextStream::new(t, &[], stops(&["STOP"]));
+        let (texts, stopped) = run(&mut s, &[257, u32::from(b'O'), 256]);
+        assert_eq!(texts, ["", "", "STOSay ", ""]);
+        assert_eq!(stopped, None);
+    }
+
+    #[test]
+    fn a_stop_string_ending_inside_a_multi_byte_character() {
+        // "\u{20ac}" = E2 82 AC, one id per byte: the stop completes with the third byte.
+        let (t, _) = byte_tokenizer(&[b"xy", &[b'a', b'b', 0xE2]]);
+        let mut s = TextStream::new(t.clone(), &[], stops(&["1\u{20ac}"]));
+        let mut ids = byte_ids(b"pay 1");
+        ids.extend(byte_ids("\u{20ac}".as_bytes()));
+        let (texts, stopped) = run(&mut s, &ids);
+        assert_eq!(stopped, Some(ids.len() - 1));
+        assert_eq!(texts.concat(), "pay ");
+
+        // A token that ends inside the next character ("ab" + E2): the stop string "ab" is
+        // found with that token, not one later when the character completes.
+        let mut s = TextStream::new(t.clone(), &[], stops(&["ab"]));
+        let (texts, stopped) = run(&mut s, &[256, 257, 0x82, 0xAC]);
+        assert_eq!((texts.concat(), stopped), ("xy".to_owned(), Some(1)));
+
+        // A stop string never matches part of a different character with the same first byte.
+        let mut s = TextStream::new(t, &[], stops(&["\u{e9}"]));
+        let (texts, stopped) = run(&mut s, &byte_ids("\u{e8}\u{ea}".as_bytes()));
+        assert_eq!((texts.concat(), stopped), ("\u{e8}\u{ea}".to_owned(), None));
+    }
+
+    #[test]
+    fn the_earliest_stop_string_wins_and_finish_releases_what_was_held() {
+        let (t, _) = byte_tokenizer(&[]);
+        let mut s = TextStream::new(t.clone(), &[], stops(&["cd", "bcx", ""]));
+        let (texts, stopped) = run(&mut s, &byte_ids(b"abcd"));
+        assert_eq!((texts.concat(), stopped), ("ab".to_owned(), Some(3)));
+        let mut s = TextStream::new(t, &[], stops(&["\n\n"]));
+        let (texts, stopped) = run(&mut s, &byte_ids(b"x\n"));
+        assert_eq!(texts, ["x", "", "\n"], "the newline waits, then finish releases it");
+        assert_eq!(stopped, None);
+    }
+
+    /// Random byte streams against the rule stated on whole decodes: the output stops at the
+    /// first token k whose decode(output[..=k]) contains a stop string, and the text is that
+    /// decode up to the first stop string.
+    #[test]
+    fn random_streams_match_the_rule_on_whole_decodes() {
+        let pieces: [&[u8]; 6] = [b"ab", b"\na", b"b\n\n", "\u{e9}".as_bytes(), &[b'a', 0xE2], &[0x82, 0xAC]];
+        let (t, eos) = byte_tokenizer(&pieces);
+        let alphabet: Vec<u32> =
+            [b'a', b'b', b'\n', 0xC3, 0xA9, 0xE2, 0x82, 0xAC].iter().map(|&b| u32::from(b)).chain(256..=eos).collect();
+        let stop_sets = [stops(&["ab"]), stops(&["\n\n", "\u{20ac}"]), stops(&["b\u{e9}a", "aa"]), stops(&["\u{e9}\u{e9}"])];
+        let mut state = 0x5eed_u64;
+        let mut next = |n: usize| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) % n as u64) as usize
+        };
+        let mut stopped_runs = 0;
+        for run_index in 0..400 {
+            let set = &stop_sets[run_index % stop_sets.len()];
+            let ids: Vec<u32> = (0..1 + next(12)).map(|_| alphabet[next(alphabet.len())]).collect();
+            let decode = |k: usize| t.decode(&ids[..k], true).unwrap();
+            let first_stop = |text: &str| set.iter().filter_map(|s| text.find(s.as_str())).min();
+            let want = match (1..=ids.len()).find(|&k| first_stop(&decode(k)).is_some()) {
+                Some(k) => {
+                    let text = decode(k);
+                    (text[..first_stop(&text).unwrap()].to_owned(), Some(k - 1))
+                }
+                None => (decode(ids.len()), None),
+            };
+            let mut s = TextStream::new(t.clone(), &[], set.clone());
+            let (texts, stopped) = run(&mut s, &ids);
+            assert_eq!((texts.concat(), stopped), want, "ids {ids:?}, stops {set:?}");
+            stopped_runs += usize::from(stopped.is_some());
+        }
+        assert!(stopped_runs > 50 && stopped_runs < 350, "{stopped_runs} of 400 runs stopped: the streams must exercise both");
+    }
+}
