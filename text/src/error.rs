@@ -17,7 +17,9 @@ pub enum TextError {
     #[error("the chat template refused the conversation: {0}")]
     TemplateRaised(String),
     /// A chat request for a model whose files carry no chat template.
-    #[error("this model has no chat template (no chat_template.jinja and no chat_template in tokenizer_config.json); send a prompt instead of messages")]
+    #[error(
+        "this model has no chat template (no chat_template.jinja and no chat_template in tokenizer_config.json); send a prompt instead of messages"
+    )]
     NoChatTemplate,
     /// The tokenizer could not encode the caller's text.
     #[error("cannot tokenize the text: {0}")]

@@ -103,14 +103,16 @@ mod tests {
 
     #[test]
     fn absent_and_null_fields_are_no_default() {
-        let d = GenerationDefaults::from_json(r#"{"bos_token_id": 1, "eos_token_id": 2, "temperature": null}"#).unwrap();
+        let d =
+            GenerationDefaults::from_json(r#"{"bos_token_id": 1, "eos_token_id": 2, "temperature": null}"#).unwrap();
         assert_eq!(d, GenerationDefaults::default());
         assert!(!d.is_greedy(), "no do_sample is not greedy");
     }
 
     #[test]
     fn do_sample_false_is_greedy_and_top_k_zero_is_no_cut() {
-        let d = GenerationDefaults::from_json(r#"{"do_sample": false, "temperature": 0.6, "top_k": 0, "temperature": 1}"#);
+        let d =
+            GenerationDefaults::from_json(r#"{"do_sample": false, "temperature": 0.6, "top_k": 0, "temperature": 1}"#);
         // Duplicate keys are refused by serde: the file must be plain JSON.
         assert!(d.is_err());
         let d = GenerationDefaults::from_json(r#"{"do_sample": false, "temperature": 1, "top_k": 0}"#).unwrap();

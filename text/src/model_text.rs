@@ -83,7 +83,11 @@ impl ModelText {
 
     /// The prompt ids of a chat: [`ModelText::render_chat`] then
     /// [`ModelText::encode_chat_prompt`].
-    pub fn chat_prompt_ids(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TextError> {
+    pub fn chat_prompt_ids(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TextError> {
         self.encode_chat_prompt(&self.render_chat(messages, add_generation_prompt)?)
     }
 

@@ -21,6 +21,8 @@ struct Style {
 
 /// The `tojson` filter: `value | tojson(indent=4)` and the other keywords of `json.dumps` that
 /// transformers passes through.
+// minijinja hands keyword arguments to filters by value.
+#[allow(clippy::needless_pass_by_value)]
 pub fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<String, Error> {
     let indent = match kwargs.get::<Option<Value>>("indent")?.or(indent) {
         None => None,
@@ -37,7 +39,9 @@ pub fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<St
                 v.try_iter()?.map(|p| p.as_str().map(str::to_owned)).collect::<Option<_>>().unwrap_or_default();
             match <[String; 2]>::try_from(parts) {
                 Ok([item, key]) => (item, key),
-                Err(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
+                Err(_) => {
+                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"));
+                }
             }
         }
         _ if indent.is_some() => (",".to_owned(), ": ".to_owned()),
@@ -64,7 +68,9 @@ fn write_value(out: &mut String, value: &Value, style: &Style, depth: usize) -> 
         ValueKind::String => write_string(out, value.as_str().unwrap_or_default(), style.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            write_container(out, ('[', ']'), items.len(), style, depth, |out, i| write_value(out, &items[i], style, depth + 1))?;
+            write_container(out, ('[', ']'), items.len(), style, depth, |out, i| {
+                write_value(out, &items[i], style, depth + 1)
+            })?;
         }
         ValueKind::Map => {
             let mut entries: Vec<(String, Value)> = Vec::new();
@@ -82,7 +88,10 @@ fn write_value(out: &mut String, value: &Value, style: &Style, depth: usize) -> 
             })?;
         }
         kind => {
-            return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: a value of kind {kind} is not JSON serializable")));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: a value of kind {kind} is not JSON serializable"),
+            ));
         }
     }
     Ok(())
@@ -130,7 +139,12 @@ fn key_string(key: &Value) -> Result<String, Error> {
             write_number(&mut s, key)?;
             s
         }
-        kind => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: keys must be str, int, float, bool or None, not {kind}"))),
+        kind => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: keys must be str, int, float, bool or None, not {kind}"),
+            ));
+        }
     })
 }
 
@@ -204,9 +218,18 @@ mod tests {
 
     #[test]
     fn writes_as_python_json_dumps() {
-        assert_eq!(dumps(r#"{{ {"a": 1, "b": [1, 2.5, none, true], "c": "é\n\"x\""} | tojson }}"#), r#"{"a": 1, "b": [1, 2.5, null, true], "c": "é\n\"x\""}"#);
-        assert_eq!(dumps(r#"{{ {"a": [1, {}], "b": []} | tojson(indent=2) }}"#), "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}");
-        assert_eq!(dumps(r#"{{ {"b": 1, "a": 2} | tojson(sort_keys=true, separators=[",", ":"]) }}"#), r#"{"a":2,"b":1}"#);
+        assert_eq!(
+            dumps(r#"{{ {"a": 1, "b": [1, 2.5, none, true], "c": "é\n\"x\""} | tojson }}"#),
+            r#"{"a": 1, "b": [1, 2.5, null, true], "c": "é\n\"x\""}"#
+        );
+        assert_eq!(
+            dumps(r#"{{ {"a": [1, {}], "b": []} | tojson(indent=2) }}"#),
+            "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}"
+        );
+        assert_eq!(
+            dumps(r#"{{ {"b": 1, "a": 2} | tojson(sort_keys=true, separators=[",", ":"]) }}"#),
+            r#"{"a":2,"b":1}"#
+        );
         assert_eq!(dumps(r#"{{ "é<>&'" | tojson }}"#), r#""é<>&'""#, "no HTML escaping, no ASCII escaping");
         assert_eq!(dumps(r#"{{ "é😀" | tojson(ensure_ascii=true) }}"#), r#""\u00e9\ud83d\ude00""#);
         assert_eq!(dumps(r#"{{ [1.0, 0.0001, 1e16, 1.5e-7, -2.0] | tojson }}"#), "[1.0, 0.0001, 1e+16, 1.5e-07, -2.0]");

@@ -198,7 +198,8 @@ mod tests {
         let (t, eos) = byte_tokenizer(&pieces);
         let alphabet: Vec<u32> =
             [b'a', b'b', b'\n', 0xC3, 0xA9, 0xE2, 0x82, 0xAC].iter().map(|&b| u32::from(b)).chain(256..=eos).collect();
-        let stop_sets = [stops(&["ab"]), stops(&["\n\n", "\u{20ac}"]), stops(&["b\u{e9}a", "aa"]), stops(&["\u{e9}\u{e9}"])];
+        let stop_sets =
+            [stops(&["ab"]), stops(&["\n\n", "\u{20ac}"]), stops(&["b\u{e9}a", "aa"]), stops(&["\u{e9}\u{e9}"])];
         let mut state = 0x5eed_u64;
         let mut next = |n: usize| {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -222,6 +223,9 @@ mod tests {
             assert_eq!((texts.concat(), stopped), want, "ids {ids:?}, stops {set:?}");
             stopped_runs += usize::from(stopped.is_some());
         }
-        assert!(stopped_runs > 50 && stopped_runs < 350, "{stopped_runs} of 400 runs stopped: the streams must exercise both");
+        assert!(
+            stopped_runs > 50 && stopped_runs < 350,
+            "{stopped_runs} of 400 runs stopped: the streams must exercise both"
+        );
     }
 }

@@ -3,8 +3,20 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Formats the current UTC time; see [`format`].
@@ -88,7 +100,10 @@ mod tests {
         assert_eq!(format(0, "%d %b %Y").unwrap(), "01 Jan 1970");
         assert_eq!(format(0, "%A %a %j %H:%M:%S %p %y").unwrap(), "Thursday Thu 001 00:00:00 AM 70");
         // 2024-07-26 13:05:09 UTC, a Friday, day 208 of a leap year.
-        assert_eq!(format(1_721_999_109, "%d %b %Y %B %A %j %I %p %e%%").unwrap(), "26 Jul 2024 July Friday 208 01 PM 26%");
+        assert_eq!(
+            format(1_721_999_109, "%d %b %Y %B %A %j %I %p %e%%").unwrap(),
+            "26 Jul 2024 July Friday 208 01 PM 26%"
+        );
         // 2000-02-29, a leap day in a century leap year.
         assert_eq!(format(951_782_400, "%Y-%m-%d %a").unwrap(), "2000-02-29 Tue");
         assert!(format(0, "%Q").is_err());

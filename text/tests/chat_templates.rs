@@ -127,7 +127,12 @@ fn renders_as_transformers_and_detects_a_different_environment() {
         match (&got, &want.error) {
             (Err(TextError::TemplateRaised(m)), Some(e)) => assert_eq!(m, e, "case {i} ({name})"),
             (Ok(text), None) => {
-                assert_eq!(Some(text), want.text.as_ref(), "case {i} ({name}, generation prompt {})", c.add_generation_prompt)
+                assert_eq!(
+                    Some(text),
+                    want.text.as_ref(),
+                    "case {i} ({name}, generation prompt {})",
+                    c.add_generation_prompt
+                );
             }
             _ => panic!("case {i} ({name}): here {got:?}, transformers {want:?}"),
         }
@@ -162,7 +167,10 @@ fn chat_prompt_ids_equal_transformers() {
     assert_eq!((text.bos_token(), text.eos_token()), (Some("<s>"), Some("</s>")));
     let chat = msgs(&[("system", "the draft"), ("user", "the target verifies the quick fox")]);
     let ids = text.chat_prompt_ids(&chat, true).unwrap();
-    let job = Job { tokenizer: common::tokenizer_path("fixture_bpe"), cases: vec![case("indented.jinja", "<s>", "</s>", chat, true)] };
+    let job = Job {
+        tokenizer: common::tokenizer_path("fixture_bpe"),
+        cases: vec![case("indented.jinja", "<s>", "</s>", chat, true)],
+    };
     let reference: Vec<Rendered> = common::reference("chat", &job);
     assert_eq!(Some(&ids), reference[0].ids.as_ref());
     assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1, "one bos: the template's, none added by encoding");

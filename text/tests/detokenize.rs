@@ -60,7 +60,8 @@ fn check_random_streams(name: &str, seed: u64, streams: usize) -> usize {
     for _ in 0..streams {
         let prompt_len = rng.below(12);
         let output_len = 1 + rng.below(40);
-        let s = Stream { prompt: random_ids(&mut rng, vocab, prompt_len), output: random_ids(&mut rng, vocab, output_len) };
+        let s =
+            Stream { prompt: random_ids(&mut rng, vocab, prompt_len), output: random_ids(&mut rng, vocab, output_len) };
         if let Some(want) = expected(&t, &s) {
             assert_eq!(incremental(&t, &s), want, "{name}: {s:?}");
             compared += 1;
@@ -89,7 +90,8 @@ fn fixture_tokenizer_streams_equal_a_whole_decode() {
 /// the vocabulary), random ordinary ids and eos, so the bytes are valid UTF-8 and the stream
 /// is well defined; prompts are empty, only `<s>`, or encoded text with `<s>`.
 fn metaspace_streams(t: &Tokenizer, rng: &mut Rng, count: usize) -> Vec<Stream> {
-    const WORDS: [&str; 12] = ["hello", "world", "the", "quick", "fox", "😀", "é", "日本", " spaced", "x\n", "ück", "lazy dog"];
+    const WORDS: [&str; 12] =
+        ["hello", "world", "the", "quick", "fox", "😀", "é", "日本", " spaced", "x\n", "ück", "lazy dog"];
     let vocab = t.get_vocab_size(true);
     let encode = |text: &str, special: bool| t.encode(text, special).unwrap().get_ids().to_vec();
     (0..count)
@@ -97,7 +99,10 @@ fn metaspace_streams(t: &Tokenizer, rng: &mut Rng, count: usize) -> Vec<Stream> 
             let prompt = match i % 4 {
                 0 => Vec::new(),
                 1 => vec![1],
-                _ => encode(&(0..1 + rng.below(4)).map(|_| WORDS[rng.below(WORDS.len())]).collect::<Vec<_>>().join(" "), true),
+                _ => encode(
+                    &(0..1 + rng.below(4)).map(|_| WORDS[rng.below(WORDS.len())]).collect::<Vec<_>>().join(" "),
+                    true,
+                ),
             };
             let mut output = Vec::new();
             for _ in 0..1 + rng.below(10) {

@@ -62,7 +62,11 @@ pub fn tokenizer(name: &str) -> Arc<Tokenizer> {
 
 /// Runs `text_reference.py MODE` on `job` and returns its answer.
 pub fn reference<J: Serialize, R: DeserializeOwned>(mode: &str, job: &J) -> R {
-    let dir = std::env::temp_dir().join(format!("specd-text-{mode}-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let dir = std::env::temp_dir().join(format!(
+        "specd-text-{mode}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let (input, output) = (dir.join("in.json"), dir.join("out.json"));
     std::fs::write(&input, serde_json::to_vec(job).expect("job to JSON")).expect("write job");
