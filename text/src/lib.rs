@@ -38,3 +38,17 @@ pub use generation_config::GenerationDefaults;
 pub use model_text::ModelText;
 pub use stop::{Pushed, TextStream};
 pub use tokenizers::Tokenizer;
+
+#[cfg(test)]
+mod tests {
+    /// The coordinator shares a model's text across requests and moves streams between tasks.
+    #[test]
+    fn shared_types_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::ModelText>();
+        send_sync::<super::ChatTemplate>();
+        send_sync::<super::TextStream>();
+        send_sync::<super::IncrementalDetokenizer>();
+        send_sync::<super::TextError>();
+    }
+}
