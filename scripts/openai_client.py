@@ -4,9 +4,10 @@
 Usage: openai_client.py CHECK FLAGS...  (run by specd/tests/openai_api.rs)
 
 Checks against one server:
-  basics --base URL --model NAME
+  basics --base URL --model NAME [--chat] [--greedy-default]
       completions and chat, streaming with and without include_usage, the same text twice
-      for a fixed seed and gamma, stop strings, and the error shapes of 400 and 404.
+      for a fixed seed and gamma, stop strings, the error shapes of 400 and 404, and the
+      model's generation defaults.
   guarded --base URL --model NAME --token T --metrics URL
       a server started with --api-token T, --max-generations 1 and slowed passes: 401 for a
       wrong token, 429 while a generation is in flight, and a client that disconnects from a
@@ -32,6 +33,8 @@ parser.add_argument("--model", required=True)
 parser.add_argument("--token", default="unused")
 parser.add_argument("--metrics")
 parser.add_argument("--chat", action="store_true", help="the model has a chat template")
+parser.add_argument("--greedy-default", action="store_true",
+                    help="the model's generation_config.json says do_sample: false")
 args = parser.parse_args()
 
 # Retries would hide the statuses under test.
@@ -124,6 +127,12 @@ def basics():
     expect_error(openai.BadRequestError, 400, lambda: complete(prompt="x", extra_body={"frobnicate": 1}),
                  param="frobnicate")
     ok("400 for what specd cannot honour, for n > 1, for bad values and unknown fields")
+
+    if args.greedy_default:
+        greedy = complete(prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+        unset = {complete(prompt=prompt, max_tokens=8, seed=s).choices[0].text for s in (1, 2, 3)}
+        assert unset == {greedy}, (unset, greedy)
+        ok("a request without temperature takes the model's generation_config.json (greedy)")
 
     models = client.models.list()
     assert [m.id for m in models.data] == [args.model], models

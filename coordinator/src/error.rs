@@ -36,6 +36,10 @@ pub enum CoordinatorError {
     /// when there is one.
     #[error("{0}")]
     TargetLost(Box<CoordinatorError>),
+    /// Text work: the caller's (a chat the template refuses, text that cannot be encoded)
+    /// or the model files' (a tokenizer or template that does not load).
+    #[error("{0}")]
+    Text(#[from] specd_text::TextError),
     /// A node ended a session's round stream.
     #[error("the {role} node at {address} closed the round stream")]
     StreamClosed { role: &'static str, address: String },
@@ -71,6 +75,8 @@ impl CoordinatorError {
             // Only made for a node that is gone or not answering: worth a retry elsewhere.
             Self::DraftLost(_) | Self::TargetLost(_) => Code::Unavailable,
             Self::StreamClosed { .. } => Code::Unavailable,
+            Self::Text(err) if err.is_callers_fault() => Code::InvalidArgument,
+            Self::Text(_) => Code::FailedPrecondition,
         }
     }
 }

@@ -13,7 +13,8 @@
 //! - [`round_report`]: what a round leaves behind (its report, tallies, the nodes' cursors),
 //!   read by the draft's side of a round and the policy without depending on the round loop;
 //! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
-//! - [`text`]: incremental detokenization (by the target) and stop strings;
+//! - [`text`]: the model's tokenizer, chat template and generation defaults, fetched from the
+//!   target (`specd-text` does the text work: incremental detokenization, stop strings);
 //! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
 //!   target-only) and found again;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
@@ -101,6 +102,11 @@ pub struct CoordinatorConfig {
     pub tls: CoordinatorTls,
     /// Bearer token, generations in flight.
     pub admission: Admission,
+    /// Where the tokenizer, chat template and generation defaults come from: this model
+    /// directory, or (`None`) the target, which sends them when the coordinator connects.
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Use the model's generation_config.json values as request defaults.
+    pub generation_config: bool,
 }
 
 /// Connects to the nodes (refusing incompatible ones), then serves until `shutdown`.
@@ -115,15 +121,18 @@ pub async fn run(
 
 /// Connects to every node and checks they can work together.
 pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, CoordinatorError> {
-    let pool =
+    let mut pool =
         NodePool::connect(&config.targets, &config.drafts, config.node_timeout, &config.tls.nodes, &config.discovery)
             .await?;
+    pool.facts.text = text::load(&pool, config.tokenizer.as_deref()).await?;
+    pool.facts.has_tokenizer = pool.facts.text.is_some();
     let defaults = Defaults {
         gamma: config.default_gamma,
         max_new_tokens: config.default_max_new_tokens,
         truncation: config.truncation,
         rule: config.rule,
         optimistic: config.optimistic,
+        generation_config: config.generation_config,
     };
     let service = GenerationService::new(pool, defaults)
         .with_server_tls(config.tls.server.clone())

@@ -8,8 +8,8 @@ use std::time::Duration;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{
-    DetokenizeRequest, InfoRequest, NodeInfo, OpenSessionRequest, ProposeRequest, ProposeResponse, ReleaseRequest,
-    TargetLawRequest, TargetLawResponse, TokenizeRequest, VerifyRequest, VerifyResponse,
+    InfoRequest, NodeInfo, OpenSessionRequest, ProposeRequest, ProposeResponse, ReleaseRequest, TargetLawRequest,
+    TargetLawResponse, TextAssetsRequest, TextAssetsResponse, VerifyRequest, VerifyResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -22,6 +22,7 @@ use crate::discovery::{Discovery, NodeAddress, Reference, Replica, Replicas, Wat
 use crate::error::CoordinatorError;
 use crate::round_stream::{RoundStream, node_error};
 use specd_telemetry::propagation::inject_into_metadata;
+use specd_text::ModelText;
 
 /// One node: its role, address and client.
 #[derive(Debug, Clone)]
@@ -143,14 +144,12 @@ impl TargetClient {
         reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 
-    pub async fn tokenize(&self, text: String) -> Result<Vec<u32>, CoordinatorError> {
-        let reply = self.client.clone().tokenize(self.request(TokenizeRequest { text })).await;
-        reply.map(|r| r.into_inner().token_ids).map_err(|s| self.error(s))
-    }
-
-    pub async fn detokenize(&self, token_ids: Vec<u32>) -> Result<String, CoordinatorError> {
-        let reply = self.client.clone().detokenize(self.request(DetokenizeRequest { token_ids })).await;
-        reply.map(|r| r.into_inner().text).map_err(|s| self.error(s))
+    /// The model directory's text files. A tokenizer.json may be larger than gRPC's default
+    /// 4 MiB message (Llama 3's is 9 MB): this one call takes up to 256 MiB.
+    pub async fn text_assets(&self) -> Result<TextAssetsResponse, CoordinatorError> {
+        let mut client = self.client.clone().max_decoding_message_size(256 << 20);
+        let reply = client.text_assets(self.request(TextAssetsRequest {})).await;
+        reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 }
 
@@ -163,7 +162,11 @@ pub struct ModelFacts {
     pub tokenizer_fingerprint: String,
     pub target_model: String,
     pub draft_model: Option<String>,
-    /// The target can tokenise text prompts and decode output.
+    /// The target model's text side (tokenizer, chat template, generation defaults): the
+    /// coordinator tokenises prompts and decodes output with it. `None`: the target has no
+    /// tokenizer (a table model), and requests must send token ids.
+    pub text: Option<Arc<ModelText>>,
+    /// `text` is there.
     pub has_tokenizer: bool,
 }
 
@@ -224,6 +227,8 @@ impl NodePool {
             tokenizer_fingerprint: first.tokenizer_fingerprint.clone(),
             target_model: first.model_id.clone(),
             draft_model: draft_infos.first().map(|(_, i)| i.model_id.clone()),
+            // Loaded by the caller, from this target or a directory (crate::text).
+            text: None,
             has_tokenizer: first.has_tokenizer,
         };
         Ok(Self { targets, drafts, next: AtomicUsize::new(0), facts })

@@ -57,6 +57,9 @@ pub struct Defaults {
     pub rule: RuleVariant,
     /// Ask the draft to draft each next block ahead (optimistic drafting).
     pub optimistic: bool,
+    /// The model's generation_config.json values are the defaults of what a request leaves
+    /// unset (temperature, top_p, top_k, repetition_penalty).
+    pub generation_config: bool,
 }
 
 /// A validated generation.
@@ -217,6 +220,7 @@ mod tests {
             tokenizer_fingerprint: "f".into(),
             target_model: "t".into(),
             draft_model: None,
+            text: None,
             has_tokenizer: false,
         }
     }
@@ -228,6 +232,7 @@ mod tests {
             truncation: Truncation::new(0.0, 8).unwrap(),
             rule: RuleVariant::Exact,
             optimistic: true,
+            generation_config: true,
         }
     }
 

@@ -15,6 +15,8 @@ use specd_telemetry::attributes;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use specd_text::{ModelText, TextStream};
+
 use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
 use crate::governor::LoadMode;
@@ -22,7 +24,6 @@ use crate::nodes::{DraftClient, TargetClient, TargetRounds};
 use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
-use crate::text::TextOutput;
 
 /// Everything one generation needs.
 #[derive(Debug)]
@@ -42,6 +43,8 @@ pub struct SessionActor {
     pub policy_memory: PolicyMemory,
     /// Generations running on the coordinator now (this one included).
     pub running: RunningCount,
+    /// The model's tokenizer, when the output is decoded to text.
+    pub text: Option<Arc<ModelText>>,
 }
 
 /// Reads how many generations the coordinator is running at the moment.
@@ -294,7 +297,6 @@ impl SessionActor {
         let will_draft = adaptive.as_ref().map_or(spec.gamma.max(), |policy| policy.max()) > 0;
         let draft = self.draft.as_ref().filter(|_| will_draft);
         let mut guard = ReleaseGuard { session_id: self.session_id.clone(), target: Some(self.target.clone()) };
-        let mut target = self.target.clone();
         let mut spares = self.spare_targets.iter();
         let open = OpenSessionRequest {
             session_id: self.session_id.clone(),
@@ -314,8 +316,7 @@ impl SessionActor {
             // discovery has not caught up yet): start on a spare instead.
             Err(err) if err.is_node_loss() && !self.spare_targets.is_empty() => {
                 let (next, rounds) = self.fail_over(err, &mut spares, &open, &spec.prompt).await?;
-                guard.move_to(next.clone());
-                target = next;
+                guard.move_to(next);
                 rounds
             }
             Err(err) => return Err(err),
@@ -335,7 +336,11 @@ impl SessionActor {
         let mut committed = spec.prompt.clone();
         let mut output: Vec<u32> = Vec::new();
         let mut stats = Stats::default();
-        let mut text = spec.detokenize.then(|| TextOutput::new(spec.stop_strings.clone()));
+        let mut text = self
+            .text
+            .as_ref()
+            .filter(|_| spec.detokenize)
+            .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
         let mut round = 0u32;
         // The load level this session last ran at, and its memory key.
         let mut level_key = (u32::MAX, String::new());
@@ -384,8 +389,8 @@ impl SessionActor {
                     // replica, re-filled with everything committed so far.
                     let (next, rounds) = self.fail_over(*err, &mut spares, &open, &committed).await?;
                     stats.target_failovers += 1;
-                    guard.move_to(next.clone());
-                    (target, target_rounds) = (next, rounds);
+                    guard.move_to(next);
+                    target_rounds = rounds;
                     target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
                     target_refills = true;
                     continue;
@@ -419,22 +424,28 @@ impl SessionActor {
             }
             let before = output.len();
             let mut finish = None;
+            let mut delta_text = String::new();
             for &token in &report.outcome.tokens {
                 output.push(token);
                 committed.push(token);
+                // Text a token completes is released at once, except what may still become
+                // a stop string or is an incomplete character; a stop string ends the output
+                // with the token that completed it.
+                if let Some(text) = text.as_mut() {
+                    let pushed = text.push(token)?;
+                    delta_text.push_str(&pushed.text);
+                    if pushed.stopped {
+                        finish = Some(FinishReason::Stop);
+                        break;
+                    }
+                }
                 finish = self.stop_reason(token, output.len());
                 if finish.is_some() {
                     break;
                 }
             }
-            let mut delta_text = String::new();
-            if let Some(text) = text.as_mut() {
-                let delta = text.advance(&target, &output, before, finish.is_some()).await?;
-                if let Some(keep) = delta.stop_at_tokens {
-                    output.truncate(keep);
-                    finish = Some(FinishReason::Stop);
-                }
-                delta_text = delta.text;
+            if let (Some(text), Some(_)) = (text.as_mut(), finish) {
+                delta_text.push_str(&text.finish()?);
             }
             let message = GenerateResponse {
                 request_id: spec.request_id.clone(),

@@ -1,139 +1,98 @@
-//! Text output: incremental detokenization and stop strings.
-//!
-//! The coordinator holds no tokenizer (it links no model code); the target node decodes. After
-//! each round the whole output is decoded again and only the new part is streamed. Until the
-//! generation finishes, two kinds of tail are held back: replacement characters (U+FFFD),
-//! which usually stand for the first bytes of a character whose other bytes come with the
-//! next tokens, and any suffix that could be the start of a stop string, so that a stop
-//! string spanning two rounds never reaches the client.
+//! The coordinator's text side: the target model's tokenizer, chat template and generation
+//! defaults (`specd-text`), fetched from a target when the coordinator connects (or read from
+//! `--tokenizer DIR`). Prompts are tokenised and output decoded here, incrementally (a round's
+//! text costs O(its tokens)), so the target's model thread does no text work.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use specd_proto::v1::SamplingParams as WireSampling;
+use specd_text::{GenerationDefaults, ModelText, TextAssets};
 
 use crate::error::CoordinatorError;
-use crate::nodes::TargetClient;
+use crate::nodes::NodePool;
 
-/// What a round adds to the text.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct TextDelta {
-    pub text: String,
-    /// Set when a stop string matched: how many tokens of the output to keep (the first
-    /// tokens whose text contains the stop string).
-    pub stop_at_tokens: Option<usize>,
-}
-
-/// The text side of one generation.
-#[derive(Debug)]
-pub struct TextOutput {
-    stop_strings: Vec<String>,
-    /// The text already sent to the client.
-    sent: String,
-}
-
-impl TextOutput {
-    pub fn new(stop_strings: Vec<String>) -> Self {
-        Self { stop_strings, sent: String::new() }
-    }
-
-    /// Decodes `output` (all generated tokens, `before` of them from earlier rounds) and
-    /// returns what is new; on a stop string, the text up to it and where to cut the tokens.
-    pub async fn advance(
-        &mut self,
-        target: &TargetClient,
-        output: &[u32],
-        before: usize,
-        finishing: bool,
-    ) -> Result<TextDelta, CoordinatorError> {
-        let text = target.detokenize(output.to_vec()).await?;
-        if let Some(at) = self.find_stop(&text) {
-            let mut keep = output.len();
-            for k in before + 1..=output.len() {
-                let prefix = target.detokenize(output[..k].to_vec()).await?;
-                if self.stop_strings.iter().any(|s| prefix.contains(s.as_str())) {
-                    keep = k;
-                    break;
-                }
+/// The model's text side: from `dir` when given, else from the pool's first target when it
+/// has a tokenizer, else none (requests must then send token ids).
+pub async fn load(pool: &NodePool, dir: Option<&Path>) -> Result<Option<Arc<ModelText>>, CoordinatorError> {
+    let assets = match dir {
+        Some(dir) => {
+            let dir = dir.to_owned();
+            blocking(move || TextAssets::from_dir(&dir).map_err(CoordinatorError::from)).await?
+        }
+        None if pool.facts.has_tokenizer => {
+            let target = pool.targets().current().first().cloned().ok_or(CoordinatorError::NoNode("target"))?;
+            let files = target.text_assets().await?;
+            TextAssets {
+                tokenizer_json: files.tokenizer_json,
+                tokenizer_config_json: files.tokenizer_config_json,
+                chat_template_jinja: files.chat_template_jinja,
+                generation_config_json: files.generation_config_json,
             }
-            return Ok(TextDelta { text: self.send_up_to(&text, at), stop_at_tokens: Some(keep) });
         }
-        let end = if finishing { text.len() } else { self.releasable(&text) };
-        Ok(TextDelta { text: self.send_up_to(&text, end), stop_at_tokens: None })
+        None => return Ok(None),
+    };
+    // Parsing a large tokenizer takes a while: off the async threads.
+    let text = blocking(move || ModelText::from_assets(&assets).map_err(CoordinatorError::from)).await?;
+    let (tokens, vocab) = (text.tokenizer().get_vocab_size(true), pool.facts.vocab_size);
+    if tokens > vocab {
+        return Err(CoordinatorError::Incompatible(format!(
+            "the tokenizer has {tokens} tokens but the target's vocabulary only {vocab}: not this model's tokenizer"
+        )));
     }
-
-    /// How much of `text` may be sent before the generation finishes.
-    fn releasable(&self, text: &str) -> usize {
-        let end = text.trim_end_matches('\u{FFFD}').len();
-        let head = &text[..end];
-        let held = self
-            .stop_strings
-            .iter()
-            .flat_map(|s| (1..s.len()).filter(|&k| s.is_char_boundary(k) && head.ends_with(&s[..k])))
-            .max()
-            .unwrap_or(0);
-        end - held
-    }
-
-    /// Sends `text[..end]` past what was sent. If the decoder rewrote text that was already
-    /// sent (a replacement character that became the real one), what the client has cannot
-    /// be taken back: as many characters of `text` as were rewritten are skipped.
-    fn send_up_to(&mut self, text: &str, end: usize) -> String {
-        let common = self.sent.bytes().zip(text.bytes()).take_while(|(a, b)| a == b).count();
-        let common = floor_char_boundary(text, floor_char_boundary(&self.sent, common));
-        let rewritten_chars = self.sent[common..].chars().count();
-        let start = text[common..].char_indices().nth(rewritten_chars).map_or(text.len(), |(i, _)| common + i);
-        if start >= end {
-            return String::new();
-        }
-        self.sent = text[..end].to_owned();
-        text[start..end].to_owned()
-    }
-
-    fn find_stop(&self, text: &str) -> Option<usize> {
-        let longest = self.stop_strings.iter().map(String::len).max().unwrap_or(0);
-        let from = floor_char_boundary(text, self.sent.len().saturating_sub(longest).min(text.len()));
-        self.stop_strings.iter().filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i)).min()
-    }
+    Ok(Some(Arc::new(text)))
 }
 
-fn floor_char_boundary(text: &str, mut at: usize) -> usize {
-    at = at.min(text.len());
-    while at > 0 && !text.is_char_boundary(at) {
-        at -= 1;
+async fn blocking<T: Send + 'static>(
+    job: impl FnOnce() -> Result<T, CoordinatorError> + Send + 'static,
+) -> Result<T, CoordinatorError> {
+    tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| CoordinatorError::InvalidConfig(format!("loading the tokenizer failed: {e}")))?
+}
+
+/// The model's `generation_config.json` values as defaults for what a request leaves unset,
+/// as transformers and vLLM use them. `do_sample: false` makes the default greedy.
+pub fn apply_defaults(sampling: &mut WireSampling, defaults: &GenerationDefaults) {
+    if sampling.temperature.is_none() {
+        sampling.temperature = if defaults.is_greedy() { Some(0.0) } else { defaults.temperature.map(f64::from) };
     }
-    at
+    if sampling.top_p.is_none() {
+        sampling.top_p = defaults.top_p.map(f64::from);
+    }
+    if sampling.top_k.is_none() {
+        sampling.top_k = defaults.top_k_limit().and_then(|k| i32::try_from(k).ok());
+    }
+    if sampling.repetition_penalty.is_none() {
+        sampling.repetition_penalty = defaults.repetition_penalty.map(f64::from);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn output(stops: &[&str]) -> TextOutput {
-        TextOutput::new(stops.iter().map(|s| s.to_string()).collect())
-    }
-
     #[test]
-    fn holds_back_possible_stop_starts_and_replacement_characters() {
-        let t = output(&["\n\n", "END"]);
-        assert_eq!(t.releasable("Hello\n"), 5, "a lone newline may begin the stop string");
-        assert_eq!(t.releasable("Hello EN"), 6);
-        assert_eq!(t.releasable("Hello"), 5);
-        assert_eq!(t.releasable("caf\u{FFFD}\u{FFFD}"), 3, "every trailing U+FFFD waits");
-    }
-
-    #[test]
-    fn sends_each_byte_once_even_when_the_tail_is_rewritten() {
-        let mut t = output(&[]);
-        assert_eq!(t.send_up_to("ab", 2), "ab");
-        assert_eq!(t.send_up_to("abcd", 4), "cd");
-        assert_eq!(t.send_up_to("abcd", 4), "");
-        // The decoder turned a replacement character into the real one: nothing is resent.
-        let mut u = output(&[]);
-        assert_eq!(u.send_up_to("x\u{FFFD}", 4), "x\u{FFFD}");
-        assert_eq!(u.send_up_to("x\u{e9}y", 4), "y");
-    }
-
-    #[test]
-    fn stop_search_covers_text_not_yet_sent() {
-        let mut t = output(&["\n\n"]);
-        t.send_up_to("Hello", 5);
-        assert_eq!(t.find_stop("Hello\n\nmore"), Some(5));
-        assert_eq!(t.find_stop("Hello\nmore"), None);
+    fn the_models_defaults_fill_only_what_the_request_left_unset() {
+        let defaults = GenerationDefaults::from_json(
+            r#"{"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, "do_sample": true}"#,
+        )
+        .unwrap();
+        let mut unset = WireSampling::default();
+        apply_defaults(&mut unset, &defaults);
+        assert_eq!(unset.temperature, Some(f64::from(0.6f32)));
+        assert_eq!((unset.top_p, unset.top_k), (Some(f64::from(0.9f32)), Some(20)));
+        assert_eq!(unset.repetition_penalty, Some(f64::from(1.05f32)));
+        let mut set = WireSampling { temperature: Some(1.0), top_k: Some(0), ..Default::default() };
+        apply_defaults(&mut set, &defaults);
+        assert_eq!((set.temperature, set.top_k), (Some(1.0), Some(0)), "the request's values stand");
+        let greedy = GenerationDefaults::from_json(r#"{"temperature": 0.6, "do_sample": false}"#).unwrap();
+        let mut unset = WireSampling::default();
+        apply_defaults(&mut unset, &greedy);
+        assert_eq!(unset.temperature, Some(0.0), "do_sample false is greedy, whatever the temperature");
+        let none = GenerationDefaults::from_json(r#"{"bos_token_id": 1}"#).unwrap();
+        let mut unset = WireSampling::default();
+        apply_defaults(&mut unset, &none);
+        assert_eq!(unset, WireSampling::default());
     }
 }

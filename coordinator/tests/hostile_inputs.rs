@@ -23,6 +23,7 @@ fn facts() -> ModelFacts {
         tokenizer_fingerprint: "f".into(),
         target_model: "t".into(),
         draft_model: Some("d".into()),
+        text: None,
         has_tokenizer: false,
     }
 }
@@ -113,6 +114,7 @@ proptest! {
             truncation: Truncation::new(1e-4, 8).unwrap(),
             rule: RuleVariant::Exact,
             optimistic: true,
+            generation_config: true,
         };
         if let Ok(spec) = validate(&request, prompt.clone(), &facts(), &defaults, || 7) {
             prop_assert!(!prompt.is_empty() && prompt.iter().all(|t| (*t as usize) < VOCAB));

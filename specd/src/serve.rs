@@ -480,6 +480,25 @@ pub struct PolicyOptions {
     /// share cores (`specd up` on a small machine) the work drafted ahead slows the verify.
     #[arg(long, env = "SPECD_OPTIMISTIC", default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     optimistic: bool,
+    /// The model directory whose tokenizer.json (and tokenizer_config.json's chat template,
+    /// generation_config.json) the coordinator uses; unset: the target node sends its own when
+    /// the coordinator connects.
+    #[arg(long, env = "SPECD_TOKENIZER")]
+    tokenizer: Option<PathBuf>,
+    /// `auto`: the model's generation_config.json (temperature, top_p, top_k,
+    /// repetition_penalty, do_sample) supplies the defaults of what a request leaves unset, as
+    /// in transformers and vLLM; `none`: specd's own defaults (T = 1, no truncation).
+    #[arg(long, env = "SPECD_GENERATION_CONFIG", default_value = "auto", value_parser = parse_generation_config)]
+    generation_config: bool,
+}
+
+/// `auto` or `none`.
+fn parse_generation_config(s: &str) -> Result<bool, String> {
+    match s {
+        "auto" => Ok(true),
+        "none" => Ok(false),
+        other => Err(format!("{other:?}: expected auto or none")),
+    }
 }
 
 /// `on` or `off`.
@@ -703,6 +722,8 @@ impl PolicyOptions {
             },
             metrics: None,
             discovery: Discovery::default(),
+            tokenizer: self.tokenizer.clone(),
+            generation_config: self.generation_config,
         })
     }
 }

@@ -40,8 +40,41 @@ fn run_client(check: &str, flags: &[&str], checks: usize) {
     assert!(stdout.lines().filter(|l| l.starts_with("ok: ")).count() >= checks, "too few checks ran:\n{stdout}");
 }
 
+/// The tiny checkpoint with what a chat model's directory adds: a chat template in
+/// tokenizer_config.json (Qwen2.5's, from the specd-text fixtures) and a generation_config.json
+/// that makes greedy decoding the default; and a longer context.
+fn chat_model() -> PathBuf {
+    let fixture = hf_fixture("llama_tied");
+    let dir = workspace().join("target/e2e/openai-chat-model");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
+    }
+    // A rendered chat is longer than the fixture's 64 positions; RoPE has no learnt weights,
+    // so the same checkpoint serves a longer context.
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+    config["max_position_embeddings"] = 1024.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let template =
+        std::fs::read_to_string(workspace().join("text/tests/fixtures/chat_templates/qwen2_5.jinja")).unwrap();
+    let config = serde_json::json!({"chat_template": template, "bos_token": "<s>", "eos_token": "</s>"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("generation_config.json"), r#"{"bos_token_id": 1, "eos_token_id": 2, "do_sample": false}"#)
+        .unwrap();
+    dir
+}
+
 #[test]
-fn the_openai_client_completes_streams_and_gets_openais_errors() {
+fn the_openai_client_completes_chats_streams_and_gets_openais_errors() {
+    let (_up, http) = up(&chat_model(), &[]);
+    let flags = ["--base", &format!("http://{http}/v1"), "--model", "openai-chat-model", "--chat", "--greedy-default"];
+    run_client("basics", &flags, 14);
+}
+
+#[test]
+fn chat_without_a_template_is_a_400() {
     let model = hf_fixture("llama_tied");
     let (_up, http) = up(&model, &[]);
     run_client("basics", &["--base", &format!("http://{http}/v1"), "--model", "llama_tied"], 11);

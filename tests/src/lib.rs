@@ -219,6 +219,8 @@ impl Cluster {
             metrics: options.metrics.clone(),
             tls: Default::default(),
             admission: Default::default(),
+            tokenizer: None,
+            generation_config: true,
             discovery: Default::default(),
         };
         let service = specd_coordinator::connect(&config).await?;

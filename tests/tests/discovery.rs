@@ -115,6 +115,8 @@ async fn coordinator(
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),
+        tokenizer: None,
+        generation_config: true,
     };
     let service = specd_coordinator::connect(&config).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

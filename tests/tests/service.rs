@@ -246,6 +246,8 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),
+        tokenizer: None,
+        generation_config: true,
         discovery: Default::default(),
     };
     let err = specd_coordinator::connect(&config).await.unwrap_err();

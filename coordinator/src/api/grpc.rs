@@ -31,6 +31,7 @@ use crate::nodes::{ModelFacts, NodePool};
 use crate::policy::PolicyMemory;
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
 use crate::session::{RunningCount, SessionActor};
+use specd_text::ChatMessage;
 
 /// A generation in flight, for operators.
 #[derive(Debug, Clone)]
@@ -112,9 +113,29 @@ impl GenerationService {
         &self.pool.facts
     }
 
-    /// TEMPORARY until the text crate lands.
-    pub(crate) fn chat_prompt(&self, _turns: &[crate::api::http::ChatTurn]) -> Result<Vec<u32>, CoordinatorError> {
-        Err(CoordinatorError::InvalidRequest("chat: not wired yet".into()))
+    /// A chat rendered by the model's template, with the assistant's turn opened, as ids.
+    pub(crate) fn chat_prompt(&self, turns: &[crate::api::http::ChatTurn]) -> Result<Vec<u32>, CoordinatorError> {
+        let text = self.pool.facts.text.as_ref().ok_or_else(|| {
+            CoordinatorError::InvalidRequest("the target model has no tokenizer, so no chat template".into())
+        })?;
+        let messages: Vec<ChatMessage> = turns.iter().map(|t| ChatMessage::new(&t.role, &t.content)).collect();
+        Ok(text.chat_prompt_ids(&messages, true)?)
+    }
+
+    /// The request with the model's generation defaults filled in where it left them unset;
+    /// the prompt, already read, is left out.
+    fn with_model_defaults(&self, request: &GenerateRequest) -> GenerateRequest {
+        let mut sampling = request.sampling.unwrap_or_default();
+        if let (true, Some(text)) = (self.defaults.generation_config, &self.pool.facts.text) {
+            crate::text::apply_defaults(&mut sampling, text.defaults());
+        }
+        GenerateRequest {
+            request_id: request.request_id.clone(),
+            prompt: None,
+            sampling: Some(sampling),
+            stopping: request.stopping.clone(),
+            speculation: request.speculation,
+        }
     }
 
     /// Whether a target node is there to take a generation.
@@ -142,17 +163,18 @@ impl GenerationService {
         let deadline = deadline(metadata, Instant::now());
         let metrics = self.metrics.as_ref().map(CoordinatorMetrics::request_started);
         let (target, draft) = self.pool.pick()?;
-        let prompt = match &request.prompt {
-            Some(Prompt::TokenIds(ids)) => ids.ids.clone(),
-            Some(Prompt::Text(_)) if !self.pool.facts.has_tokenizer => {
+        let prompt = match (&request.prompt, &self.pool.facts.text) {
+            (Some(Prompt::TokenIds(ids)), _) => ids.ids.clone(),
+            (Some(Prompt::Text(_)), None) => {
                 return Err(CoordinatorError::InvalidRequest(
                     "the target model has no tokenizer: send token_ids instead of text".into(),
                 )
                 .into());
             }
-            Some(Prompt::Text(text)) => target.tokenize(text.clone()).await?,
-            None => return Err(CoordinatorError::InvalidRequest("the prompt is empty".into()).into()),
+            (Some(Prompt::Text(text)), Some(model)) => model.encode(text, true).map_err(CoordinatorError::from)?,
+            (None, _) => return Err(CoordinatorError::InvalidRequest("the prompt is empty".into()).into()),
         };
+        let request = &self.with_model_defaults(request);
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let session_id = format!("{:016x}-{n}", self.instance);
         let random_seed = || RandomState::new().hash_one(n);
@@ -187,6 +209,7 @@ impl GenerationService {
             deadline,
             policy_memory,
             running,
+            text: self.pool.facts.text.clone(),
         };
         tokio::spawn(
             async move {

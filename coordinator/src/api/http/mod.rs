@@ -36,8 +36,8 @@ use tonic::metadata::MetadataMap;
 use crate::api::grpc::GenerationService;
 use crate::error::CoordinatorError;
 
-pub use body::Endpoint;
 use body::Body;
+pub use body::Endpoint;
 pub use error::{ApiError, http_status};
 use respond::Shape;
 pub use translate::ChatTurn;
