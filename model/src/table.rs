@@ -191,6 +191,28 @@ impl TableModel {
     }
 
     /// The logit row that follows `history` (non-empty).
+    /// The table's token names as a `tokenizer.json` (word level, split on whitespace, decoded
+    /// joined by spaces): encodes and decodes as the table model does, so that the coordinator
+    /// can do the text work for a table model too. `None` when the table names no tokens.
+    pub fn tokenizer_json(&self) -> Option<String> {
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            self.names.as_ref()?.iter().map(|(name, &id)| (name.clone(), id.into())).collect();
+        let tokenizer = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null,
+            "decoder": null,
+            // A word not in the table is an error, as in `encode`: the unknown token holds a
+            // space, so no word is it, and it is not in the vocabulary.
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "not a token"},
+        });
+        Some(tokenizer.to_string())
+    }
+
     fn row_for(&self, history: &[u32]) -> &[f32] {
         if let Some(&r) = self.by_prefix.get(history) {
             return &self.rows[r];
@@ -301,5 +323,27 @@ impl LanguageModel for TableModel {
             })
             .collect();
         Ok(words?.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::language_model::LanguageModel;
+
+    #[test]
+    fn the_tokenizer_json_encodes_and_decodes_as_the_table() {
+        let json =
+            serde_json::json!({"vocab_size": 4, "tokens": ["red", "green", "blue"], "default": [0.4, 0.3, 0.2, 0.1]});
+        let table = TableModel::from_json("t", json, None).unwrap();
+        let tokenizer: tokenizers::Tokenizer = table.tokenizer_json().unwrap().parse().unwrap();
+        let text = "red  blue green\tred";
+        let ids = tokenizer.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(ids, table.encode(text).unwrap());
+        assert_eq!(tokenizer.decode(&ids, true).unwrap(), table.decode(&ids).unwrap());
+        assert!(tokenizer.encode("red purple", true).is_err(), "a word the table lacks is an error");
+        assert!(table.encode("red purple").is_err());
+        let unnamed = serde_json::json!({"vocab_size": 2, "default": [0.5, 0.5]});
+        assert_eq!(TableModel::from_json("u", unnamed, None).unwrap().tokenizer_json(), None);
     }
 }

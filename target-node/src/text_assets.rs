@@ -4,11 +4,20 @@
 use std::io::ErrorKind;
 use std::path::Path;
 
+use specd_model::TableModel;
 use specd_proto::v1::TextAssetsResponse;
 use tonic::Status;
 
-/// tokenizer.json is required; the others are sent when the directory has them.
+/// tokenizer.json is required; the others are sent when the directory has them. A table model
+/// (a file) sends the word-level tokenizer of its token names.
 pub(crate) fn read(dir: &Path) -> Result<TextAssetsResponse, Status> {
+    if dir.is_file() {
+        let table = TableModel::load(dir, None).map_err(|e| Status::internal(e.to_string()))?;
+        let tokenizer_json = table
+            .tokenizer_json()
+            .ok_or_else(|| Status::failed_precondition(format!("the table model {} names no tokens", dir.display())))?;
+        return Ok(TextAssetsResponse { tokenizer_json, ..Default::default() });
+    }
     let optional = |name: &str| -> Result<Option<String>, Status> {
         match std::fs::read_to_string(dir.join(name)) {
             Ok(text) => Ok(Some(text)),
@@ -43,9 +52,13 @@ mod tests {
         assert_eq!(assets.tokenizer_json, "{}");
         assert_eq!(assets.chat_template_jinja.as_deref(), Some("{{ messages }}"));
         assert_eq!(assets.tokenizer_config_json, None);
-        // A table model is a file, not a directory: it has no tokenizer.
-        let file = dir.join("tokenizer.json");
-        assert_eq!(read(&file).unwrap_err().code(), tonic::Code::FailedPrecondition);
+        // A table model is a file: it sends the tokenizer of its token names, if it has them.
+        let named = dir.join("named.json");
+        std::fs::write(&named, r#"{"vocab_size": 2, "tokens": ["yes", "no"], "default": [0.5, 0.5]}"#).unwrap();
+        assert!(read(&named).unwrap().tokenizer_json.contains("WordLevel"));
+        let unnamed = dir.join("unnamed.json");
+        std::fs::write(&unnamed, r#"{"vocab_size": 2, "default": [0.5, 0.5]}"#).unwrap();
+        assert_eq!(read(&unnamed).unwrap_err().code(), tonic::Code::FailedPrecondition);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

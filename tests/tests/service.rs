@@ -301,7 +301,8 @@ async fn text_prompts_text_output_and_stop_strings() {
     };
     let full = client.generate(text_request(vec![])).await.unwrap().into_inner();
     let words: Vec<&str> = full.token_ids.iter().map(|&t| names[t as usize].as_str()).collect();
-    assert_eq!(full.text, words.join(" "), "the text is the decoded output");
+    // The text is what the output adds to the prompt's text: its first word after a space.
+    assert_eq!(full.text, format!(" {}", words.join(" ")), "the text is the decoded output");
     assert_eq!(full.usage.unwrap().prompt_tokens, 2);
     // Stop at the third generated word: the text ends before it, the tokens include it.
     let stop = format!(" {}", words[2]);
