@@ -33,6 +33,7 @@ parser.add_argument("--model", required=True)
 parser.add_argument("--token", default="unused")
 parser.add_argument("--metrics")
 parser.add_argument("--chat", action="store_true", help="the model has a chat template")
+parser.add_argument("--grpc", help="the coordinator's gRPC address, for NextTokenLaw")
 parser.add_argument("--greedy-default", action="store_true",
                     help="the model's generation_config.json says do_sample: false")
 args = parser.parse_args()
@@ -75,7 +76,7 @@ def basics():
     assert whole.usage.completion_tokens >= 1 and whole.usage.prompt_tokens >= 1, whole.usage
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
     specd = whole.model_extra["specd"]
-    assert specd["rounds"] >= 1 and specd["gamma"] == 3, specd
+    assert specd["rounds"] >= 1 and specd["draft_tokens"] >= 3, specd
     ok(f"completion: {choice.text!r} ({whole.usage.completion_tokens} tokens, {specd['rounds']} rounds)")
 
     again = complete(prompt=prompt, max_tokens=12, seed=7, temperature=1.0, extra_body=FIXED)
@@ -134,6 +135,9 @@ def basics():
         assert unset == {greedy}, (unset, greedy)
         ok("a request without temperature takes the model's generation_config.json (greedy)")
 
+    if args.grpc:
+        logprob_checks()
+
     models = client.models.list()
     assert [m.id for m in models.data] == [args.model], models
     ok("/v1/models lists the served model")
@@ -165,6 +169,57 @@ def chat_checks():
     expect_error(openai.BadRequestError, 400, lambda: client.chat.completions.create(
         model=args.model, messages=messages, tools=[{"type": "function", "function": {"name": "f"}}]), param="tools")
     ok("chat with tools: 400 naming tools")
+
+
+def logprob_checks():
+    """Each token's log-probability is the target's processed law at its position, as the
+    gRPC NextTokenLaw gives it, whichever branch of the rule emitted the token."""
+    import math
+    import os
+    import sys
+    import tempfile
+
+    import grpc
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import python_client
+
+    pb, pb_grpc = python_client.stubs(os.path.join(os.path.dirname(__file__), "..", "proto"), tempfile.mkdtemp())
+    stub = pb_grpc.GenerationStub(grpc.insecure_channel(args.grpc))
+    prompt = [1, 17, 5]
+    settings = dict(temperature=0.8, top_p=0.95)
+    extra = {**FIXED, "top_k": 12}
+    checked = 0
+    for seed in (5, 6, 7):
+        r = complete(prompt=prompt, max_tokens=10, seed=seed, logprobs=3, extra_body=extra, **settings)
+        ids = r.model_extra["specd"]["token_ids"]
+        lp = r.choices[0].logprobs
+        assert len(lp.token_logprobs) == len(ids) == len(lp.top_logprobs), (lp, ids)
+        for j, token in enumerate(ids):
+            law = stub.NextTokenLaw(pb.NextTokenLawRequest(
+                prompt_token_ids=prompt, generated_token_ids=ids[:j],
+                sampling=pb.SamplingParams(top_k=12, **settings)))
+            p = dict(zip(law.token_ids, law.probs))
+            assert abs(lp.token_logprobs[j] - math.log(p[token])) < 1e-4, (j, lp.token_logprobs[j], p.get(token))
+            best = sorted(p.values(), reverse=True)[:3]
+            got = sorted(lp.top_logprobs[j].values(), reverse=True)
+            assert abs(got[0] - math.log(best[0])) < 1e-4, (got, best)
+            # Two ids may share a text, and so a key: every value shown is one of the law's top 3.
+            assert all(any(abs(v - math.log(b)) < 1e-4 for b in best) for v in got), (got, best)
+            checked += 1
+        streamed = complete(prompt=prompt, max_tokens=10, seed=seed, logprobs=3, stream=True, extra_body=extra,
+                            **settings)
+        flat = [v for c in streamed if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+        assert flat == lp.token_logprobs, (flat, lp.token_logprobs)
+    ok(f"logprobs equal NextTokenLaw's at all {checked} positions; streamed ones equal the unary ones")
+    if args.chat:
+        chat = client.chat.completions.create(model=args.model, messages=[{"role": "user", "content": "fox"}],
+                                              max_completion_tokens=4, logprobs=True, top_logprobs=2,
+                                              temperature=1.0, seed=1)
+        content = chat.choices[0].logprobs.content
+        assert len(content) == chat.usage.completion_tokens, chat
+        assert all(len(c.top_logprobs) <= 2 and c.logprob <= 0 and c.bytes is not None for c in content), content
+        ok("chat logprobs in OpenAI's shape")
 
 
 def active_sessions():

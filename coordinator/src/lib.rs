@@ -10,6 +10,7 @@
 //!   tokens per session-second in alternating periods;
 //! - `average`: the running average both learn with;
 //! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
+//! - [`logprobs`]: each emitted token's log-probability, whichever branch emitted it;
 //! - [`round_report`]: what a round leaves behind (its report, tallies, the nodes' cursors),
 //!   read by the draft's side of a round and the policy without depending on the round loop;
 //! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
@@ -33,6 +34,7 @@ pub mod discovery;
 pub mod draft_link;
 pub mod error;
 pub mod governor;
+pub mod logprobs;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;

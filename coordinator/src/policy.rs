@@ -606,6 +606,7 @@ mod tests {
         let ns = |ms: f64| (ms * 1e6) as u64;
         RoundReport {
             outcome,
+            logprobs: Vec::new(),
             gamma,
             draft_ns: ns(draft_ms),
             verify_ns: ns(verify_ms),

@@ -5,6 +5,7 @@ use specd_proto::v1::{
     GenerateRequest, NextTokenLawRequest, SamplingParams as WireSampling, SamplingSettings, Speculation,
     StoppingCriteria, TargetLawRequest,
 };
+use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
 use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation};
 
 use crate::error::CoordinatorError;
@@ -80,6 +81,8 @@ pub struct GenerationSpec {
     pub optimistic: bool,
     /// Decode the output to text (the target has a tokenizer).
     pub detokenize: bool,
+    /// Log-probabilities asked for, with this many alternatives per token.
+    pub logprobs: Option<u32>,
 }
 
 fn invalid(message: impl Into<String>) -> CoordinatorError {
@@ -159,6 +162,12 @@ pub fn validate(
         rule: defaults.rule,
         optimistic: defaults.optimistic,
         detokenize: facts.has_tokenizer,
+        logprobs: match request.logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => {
+                return Err(invalid(format!("logprobs {n}: at most {MAX_TOP_LOGPROBS} alternatives per token")));
+            }
+            n => n,
+        },
     })
 }
 

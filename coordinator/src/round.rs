@@ -106,6 +106,7 @@ async fn run_round_in(
         supports,
         dense: matches!(spec.wire, Wire::Dense),
         trace_context,
+        logprobs: spec.logprobs,
     };
     wire.to_target = request.encoded_len() as u64;
     let reply = target_client.call(request).await.map_err(|e| {
@@ -120,6 +121,7 @@ async fn run_round_in(
         )));
     }
     let key = RoundKey { seed: spec.seed, round };
+    let mut dense_rows = None;
     let outcome = match &proposals {
         Proposals::Sparse(p) => {
             let block: Vec<_> = p.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
@@ -132,14 +134,21 @@ async fn run_round_in(
         Proposals::Dense(p) => {
             let rows = parse_dense_rows(&reply, gamma, vocab_size)?;
             let block: Vec<_> = p.iter().map(|(token, q)| DenseCandidate { token: *token, q }).collect();
-            match spec.rule {
+            let outcome = match spec.rule {
                 RuleVariant::Exact => verify_block_dense(&block, &rows, key)?,
                 RuleVariant::NaiveResampleFromTarget => naive_verify_block_dense(&block, &rows, key)?,
-            }
+            };
+            dense_rows = Some(rows);
+            outcome
         }
+    };
+    let logprobs = match spec.logprobs {
+        Some(_) => crate::logprobs::emitted(&outcome.tokens, &proposals, &reply, dense_rows.as_deref())?,
+        None => Vec::new(),
     };
     Ok(RoundReport {
         outcome,
+        logprobs,
         gamma,
         draft_ns,
         verify_ns: reply.verify_ns,

@@ -4,6 +4,7 @@
 //! round ([`crate::propose`], [`crate::draft_link`]) and the policy read it without
 //! depending on the round loop.
 
+use specd_proto::v1::OutputLogprob;
 use specd_sampling::BlockOutcome;
 
 /// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
@@ -58,6 +59,8 @@ impl WireBytes {
 #[derive(Debug)]
 pub struct RoundReport {
     pub outcome: BlockOutcome,
+    /// When the client asked: one per token of `outcome.tokens`.
+    pub logprobs: Vec<OutputLogprob>,
     pub gamma: usize,
     pub draft_ns: u64,
     pub verify_ns: u64,

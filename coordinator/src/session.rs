@@ -425,7 +425,9 @@ impl SessionActor {
             let before = output.len();
             let mut finish = None;
             let mut delta_text = String::new();
-            for &token in &report.outcome.tokens {
+            let mut delta_logprobs = Vec::new();
+            for (j, &token) in report.outcome.tokens.iter().enumerate() {
+                delta_logprobs.extend(report.logprobs.get(j).cloned());
                 output.push(token);
                 committed.push(token);
                 // Text a token completes is released at once, except what may still become
@@ -452,6 +454,7 @@ impl SessionActor {
                 text: delta_text,
                 token_ids: output[before..].to_vec(),
                 stats: Some(stats.to_wire()),
+                logprobs: delta_logprobs,
                 ..Default::default()
             };
             crate::metrics::round(self.metrics.as_ref(), &report, message.token_ids.len());

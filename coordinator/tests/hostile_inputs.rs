@@ -143,7 +143,7 @@ proptest! {
             let total: f64 = q.probs().iter().sum();
             prop_assert!(q.probs().iter().all(|p| p.is_finite() && *p >= 0.0) && total.is_finite());
         }
-        let reply = VerifyResponse { positions: scored, bonus_token_id: bonus, dense_p: Vec::new(), verify_ns: 0, batch_size: 1 };
+        let reply = VerifyResponse { positions: scored, bonus_token_id: bonus, dense_p: Vec::new(), verify_ns: 0, batch_size: 1, logprobs: Vec::new() };
         let block: Vec<_> = parsed.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
         if let Ok(outcome) = verify_block_sparse(&block, &parse_scored_block(&reply), RoundKey { seed, round }) {
             prop_assert!(outcome.accepted <= block.len());

@@ -14,6 +14,7 @@
 //!   [`target_pieces`];
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
+//! - [`logprobs`]: a token's log-probability and the most likely alternatives, for clients;
 //! - [`cost`]: expected tokens per round, speedup and the best draft length γ;
 //! - [`chi2`]: Pearson's χ² goodness-of-fit test for the statistical tests;
 //! - [`error`]: the crate's error type, [`SamplingError`];
@@ -28,6 +29,7 @@ pub mod effective;
 pub mod error;
 mod kernels;
 pub mod law;
+pub mod logprobs;
 pub mod naive;
 pub mod params;
 pub mod rng;

@@ -85,6 +85,7 @@ impl AuditArgs {
                 ..Default::default()
             }),
             speculation: Some(Speculation { gamma, dense }),
+            logprobs: None,
         }
     }
 }

@@ -329,6 +329,7 @@ impl BenchArgs {
                 ..Default::default()
             }),
             speculation: Some(Speculation { gamma, dense: false }),
+            logprobs: None,
         };
         let mut request = tonic::Request::new(message);
         if let Some(token) = &self.api_token

@@ -98,6 +98,7 @@ impl GenerateArgs {
                 ignore_eos: self.ignore_eos,
             }),
             speculation: Some(Speculation { gamma: self.gamma, dense: self.dense }),
+            logprobs: None,
         }
     }
 }

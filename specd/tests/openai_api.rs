@@ -19,11 +19,17 @@ fn python() -> PathBuf {
     std::env::var_os("SPECD_PYTHON").map_or_else(|| workspace().join(".venv/bin/python"), PathBuf::from)
 }
 
-fn up(model: &Path, extra: &[&str]) -> (common::Running, String) {
-    let model = model.to_str().unwrap();
-    let args = ["up", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--target-model", model];
-    let (running, _, http) = start_with_http(&[&args[..], &["--draft-model", model], extra].concat(), &[]);
-    (running, http.expect("up announces its HTTP API"))
+/// `specd up` with the HTTP API (the model drafting for itself); returns it, the HTTP address
+/// and the gRPC address.
+fn up(model: &Path, extra: &[&str]) -> (common::Running, String, String) {
+    up_pair(model, model, extra)
+}
+
+fn up_pair(target: &Path, draft: &Path, extra: &[&str]) -> (common::Running, String, String) {
+    let (target, draft) = (target.to_str().unwrap(), draft.to_str().unwrap());
+    let args = ["up", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--target-model", target];
+    let (running, grpc, http) = start_with_http(&[&args[..], &["--draft-model", draft], extra].concat(), &[]);
+    (running, http.expect("up announces its HTTP API"), grpc)
 }
 
 /// Runs one check of the script, which must report at least `checks` passed steps.
@@ -40,23 +46,28 @@ fn run_client(check: &str, flags: &[&str], checks: usize) {
     assert!(stdout.lines().filter(|l| l.starts_with("ok: ")).count() >= checks, "too few checks ran:\n{stdout}");
 }
 
-/// The tiny checkpoint with what a chat model's directory adds: a chat template in
-/// tokenizer_config.json (Qwen2.5's, from the specd-text fixtures) and a generation_config.json
-/// that makes greedy decoding the default; and a longer context.
-fn chat_model() -> PathBuf {
-    let fixture = hf_fixture("llama_tied");
-    let dir = workspace().join("target/e2e/openai-chat-model");
+/// A fixture checkpoint with a longer context: RoPE has no learnt weights, so the same
+/// weights serve more than the fixture's 64 positions (a rendered chat needs them).
+fn longer(name: &str, into: &str) -> PathBuf {
+    let fixture = hf_fixture(name);
+    let dir = workspace().join("target/e2e").join(into);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for file in ["model.safetensors", "tokenizer.json"] {
         std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
     }
-    // A rendered chat is longer than the fixture's 64 positions; RoPE has no learnt weights,
-    // so the same checkpoint serves a longer context.
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
     config["max_position_embeddings"] = 1024.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// The tiny checkpoint with what a chat model's directory adds: a chat template in
+/// tokenizer_config.json (Qwen2.5's, from the specd-text fixtures) and a generation_config.json
+/// that makes greedy decoding the default.
+fn chat_model() -> PathBuf {
+    let dir = longer("llama_tied", "openai-chat-model");
     let template =
         std::fs::read_to_string(workspace().join("text/tests/fixtures/chat_templates/qwen2_5.jinja")).unwrap();
     let config = serde_json::json!({"chat_template": template, "bos_token": "<s>", "eos_token": "</s>"});
@@ -68,15 +79,19 @@ fn chat_model() -> PathBuf {
 
 #[test]
 fn the_openai_client_completes_chats_streams_and_gets_openais_errors() {
-    let (_up, http) = up(&chat_model(), &[]);
-    let flags = ["--base", &format!("http://{http}/v1"), "--model", "openai-chat-model", "--chat", "--greedy-default"];
-    run_client("basics", &flags, 14);
+    // Another model drafts, so that the rule rejects candidates: log-probabilities are checked
+    // for tokens from every branch (accepted, residual, complement, bonus).
+    let draft = longer("llama_gqa_untied", "openai-chat-draft");
+    let (_up, http, grpc) = up_pair(&chat_model(), &draft, &[]);
+    let base = format!("http://{http}/v1");
+    let flags = ["--base", &base, "--model", "openai-chat-model", "--chat", "--greedy-default", "--grpc", &grpc];
+    run_client("basics", &flags, 16);
 }
 
 #[test]
 fn chat_without_a_template_is_a_400() {
     let model = hf_fixture("llama_tied");
-    let (_up, http) = up(&model, &[]);
+    let (_up, http, _) = up(&model, &[]);
     run_client("basics", &["--base", &format!("http://{http}/v1"), "--model", "llama_tied"], 11);
 }
 
@@ -98,7 +113,7 @@ fn the_openai_client_meets_the_token_the_limit_and_frees_sessions_when_it_leaves
         "--served-model-name",
         "tiny",
     ];
-    let (_up, http) = up(&model, &guard);
+    let (_up, http, _) = up(&model, &guard);
     let flags = ["--base", &format!("http://{http}/v1"), "--model", "tiny", "--token", "s3cret"];
     run_client("guarded", &[&flags[..], &["--metrics", &format!("http://{metrics}/metrics")]].concat(), 4);
 }
@@ -107,7 +122,7 @@ fn the_openai_client_meets_the_token_the_limit_and_frees_sessions_when_it_leaves
 #[test]
 fn server_sent_events_over_raw_http() {
     let model = hf_fixture("llama_tied");
-    let (_up, http) = up(&model, &[]);
+    let (_up, http, _) = up(&model, &[]);
     let body = r#"{"model":"llama_tied","prompt":"the quick","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
     let mut socket = TcpStream::connect(&http).unwrap();
     write!(

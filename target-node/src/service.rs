@@ -9,6 +9,7 @@ use specd_proto::v1::{
     ReleaseRequest, ReleaseResponse, TargetLawRequest, TargetLawResponse, TextAssetsRequest, TextAssetsResponse,
     TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
 };
+use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
 use specd_sampling::{MAX_GAMMA, SamplingParams};
 use specd_telemetry::attributes;
 use tonic::{Request, Response, Status, Streaming};
@@ -116,6 +117,7 @@ impl TargetNode {
             candidates: req.candidate_token_ids,
             supports,
             sampling_threads: self.node.sampling_threads(),
+            logprobs: req.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS) as usize),
         };
         let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await?;
         let reply = match verified.verdict {
@@ -125,6 +127,7 @@ impl TargetNode {
                 dense_p: Vec::new(),
                 verify_ns: verified.verify_ns,
                 batch_size: verified.batch_size as u32,
+                logprobs: verified.logprobs,
             },
             Verdict::Dense(rows) => VerifyResponse {
                 positions: Vec::new(),
@@ -132,6 +135,7 @@ impl TargetNode {
                 dense_p: rows.iter().map(|p| DenseRow { probs: p.probs().to_vec() }).collect(),
                 verify_ns: verified.verify_ns,
                 batch_size: verified.batch_size as u32,
+                logprobs: verified.logprobs,
             },
         };
         Ok(reply)

@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use specd_model::LanguageModel;
 use specd_node::{NodeError, SessionState};
+use specd_proto::v1::{PositionLogprobs, ScoredAlternative};
+use specd_sampling::logprobs::{logprob, top_logprobs};
 use specd_sampling::{DenseDist, RoundKey, ScoredBlock, block_distributions, score_block};
 
 /// What a Verify asks for.
@@ -19,6 +21,8 @@ pub struct VerifyJob {
     pub supports: Option<Vec<Vec<u32>>>,
     /// Threads for the block's distributions and pieces ([`specd_node::Node::sampling_threads`]).
     pub sampling_threads: usize,
+    /// Log-probabilities asked for, with this many alternatives per position.
+    pub logprobs: Option<usize>,
 }
 
 /// The target's answer, in the wire format asked for.
@@ -32,6 +36,8 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct Verified {
     pub verdict: Verdict,
+    /// When asked: positions 1..γ+1.
+    pub logprobs: Vec<PositionLogprobs>,
     pub verify_ns: u64,
     /// Sequences that shared the forward pass (batching across sessions).
     pub batch_size: usize,
@@ -72,12 +78,42 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     )?;
     history.push_forwarded(&job.candidates);
     let key = RoundKey { seed: state.seed, round: job.round };
-    let verdict = match &job.supports {
+    let block = match &job.supports {
         Some(supports) => {
             let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
-            Verdict::Sparse(score_block(&p, &supports, key, job.sampling_threads)?)
+            Some(score_block(&p, &supports, key, job.sampling_threads)?)
         }
+        None => None,
+    };
+    let logprobs = job.logprobs.map(|n| position_logprobs(&p, block.as_ref(), n)).unwrap_or_default();
+    let verdict = match block {
+        Some(block) => Verdict::Sparse(block),
         None => Verdict::Dense(p),
     };
-    Ok(Verified { verdict, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
+    Ok(Verified { verdict, logprobs, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
+}
+
+/// Each position's most likely tokens and, in the sparse format, the log-probability of the
+/// token the target drew there: what the coordinator needs for the log-probability of every
+/// token it emits, whichever branch of the rule emitted it (the candidates' and the
+/// residual's are p on the support, already in the reply).
+fn position_logprobs(p: &[DenseDist], block: Option<&ScoredBlock>, n: usize) -> Vec<PositionLogprobs> {
+    let drawn = |i: usize| -> Option<f64> {
+        let block = block?;
+        let token = match block.positions.get(i) {
+            Some(position) => position.complement_sample?,
+            None => block.bonus,
+        };
+        Some(logprob(p[i].prob(token)))
+    };
+    p.iter()
+        .enumerate()
+        .map(|(i, p_i)| PositionLogprobs {
+            top: top_logprobs(p_i, n)
+                .into_iter()
+                .map(|(token_id, logprob)| ScoredAlternative { token_id, logprob })
+                .collect(),
+            drawn: drawn(i),
+        })
+        .collect()
 }

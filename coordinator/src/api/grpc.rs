@@ -135,6 +135,7 @@ impl GenerationService {
             sampling: Some(sampling),
             stopping: request.stopping.clone(),
             speculation: request.speculation,
+            logprobs: request.logprobs,
         }
     }
 
@@ -236,6 +237,7 @@ pub(crate) fn merge(all: &mut GenerateResponse, message: GenerateResponse) {
     all.text.push_str(&message.text);
     all.request_id = message.request_id;
     all.finish_reason = message.finish_reason;
+    all.logprobs.extend(message.logprobs);
     all.usage = message.usage.or(all.usage.take());
     all.stats = message.stats.or(all.stats.take());
 }

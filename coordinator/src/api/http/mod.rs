@@ -39,7 +39,7 @@ use crate::error::CoordinatorError;
 use body::Body;
 pub use body::Endpoint;
 pub use error::{ApiError, http_status};
-use respond::Shape;
+use respond::{LogprobFormat, Shape};
 pub use translate::ChatTurn;
 use translate::{HttpRequest, PromptSource, translate};
 
@@ -138,18 +138,17 @@ impl Api {
         if request.model != *self.served {
             return Err(ApiError::model_not_found(&request.model, &self.served));
         }
-        if request.logprobs.is_some() {
-            return Err(ApiError::unsupported(&["logprobs".into()]));
-        }
         let generate = self.with_prompt(&request, metadata.get("x-request-id"))?;
         let served = self.served.to_string();
         let shape = move |request_id: &str| Shape::new(endpoint, request_id, unix_now(), served);
         let generation = self.service.start_with(metadata, generate).await?;
+        let logprobs = request.logprobs.then(|| LogprobFormat::new(endpoint, self.service.facts().text.clone()));
         if request.stream {
-            Ok(stream::events(generation, shape, request.include_usage).into_response())
+            Ok(stream::events(generation, shape, request.include_usage, logprobs).into_response())
         } else {
             let all = collect(generation).await?;
-            Ok(Json(shape(&all.request_id).whole(&all, None)).into_response())
+            let formatted = logprobs.map(|mut f| f.format(&all.token_ids, &all.logprobs));
+            Ok(Json(shape(&all.request_id).whole(&all, formatted)).into_response())
         }
     }
 

@@ -1,8 +1,11 @@
 //! Responses in OpenAI's shapes: a whole completion, the chunks of a stream, the usage chunk;
 //! the speculation stats ride along under a `specd` key.
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
-use specd_proto::v1::{FinishReason, GenerateResponse, SpeculationStats, Usage};
+use specd_proto::v1::{FinishReason, GenerateResponse, OutputLogprob, SpeculationStats, Usage};
+use specd_text::ModelText;
 
 use super::body::Endpoint;
 
@@ -58,6 +61,7 @@ impl Shape {
         let mut body = self.envelope(false, json!([choice]));
         body["usage"] = usage(all.usage.as_ref());
         body["specd"] = stats(all.stats.as_ref());
+        body["specd"]["token_ids"] = json!(all.token_ids);
         body
     }
 
@@ -91,6 +95,64 @@ impl Shape {
         let mut chunk = self.envelope(true, json!([]));
         chunk["usage"] = usage(last_usage);
         chunk
+    }
+}
+
+/// Log-probabilities in the endpoint's shape: completions' `{tokens, token_logprobs,
+/// top_logprobs, text_offset}`, chat's `{content: [{token, logprob, bytes, top_logprobs}]}`.
+/// A stream keeps one, so that text offsets run on across chunks.
+#[derive(Debug)]
+pub struct LogprobFormat {
+    endpoint: Endpoint,
+    text: Option<Arc<ModelText>>,
+    offset: usize,
+}
+
+impl LogprobFormat {
+    pub fn new(endpoint: Endpoint, text: Option<Arc<ModelText>>) -> Self {
+        Self { endpoint, text, offset: 0 }
+    }
+
+    /// A token's text alone; `token_id:N` for a model without a tokenizer.
+    fn name(&self, id: u32) -> String {
+        self.text
+            .as_ref()
+            .and_then(|t| t.tokenizer().decode(&[id], false).ok())
+            .unwrap_or_else(|| format!("token_id:{id}"))
+    }
+
+    pub fn format(&mut self, ids: &[u32], logprobs: &[OutputLogprob]) -> Value {
+        let pairs = ids.iter().zip(logprobs);
+        match self.endpoint {
+            Endpoint::Completions => {
+                let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for (&id, lp) in pairs {
+                    let name = self.name(id);
+                    offsets.push(self.offset);
+                    self.offset += name.chars().count();
+                    tokens.push(name);
+                    values.push(lp.logprob);
+                    let top: serde_json::Map<String, Value> =
+                        lp.top.iter().map(|a| (self.name(a.token_id), json!(a.logprob))).collect();
+                    tops.push(top);
+                }
+                json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+            }
+            Endpoint::Chat => {
+                let entry = |id: u32, logprob: f64| {
+                    let token = self.name(id);
+                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+                };
+                let content: Vec<Value> = pairs
+                    .map(|(&id, lp)| {
+                        let mut item = entry(id, lp.logprob);
+                        item["top_logprobs"] = lp.top.iter().map(|a| entry(a.token_id, a.logprob)).collect();
+                        item
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+        }
     }
 }
 
@@ -146,6 +208,7 @@ mod tests {
             request_id: "r".into(),
             text: text.into(),
             token_ids: vec![1, 2],
+            logprobs: Vec::new(),
             finish_reason: finish as i32,
             usage: Some(Usage { prompt_tokens: 3, completion_tokens: 2 }),
             stats: Some(SpeculationStats {

@@ -17,7 +17,7 @@ use tokio_stream::{Stream, StreamExt};
 
 use super::body::Endpoint;
 use super::error::ApiError;
-use super::respond::Shape;
+use super::respond::{LogprobFormat, Shape};
 
 type Events = Sse<ReceiverStream<Result<Event, Infallible>>>;
 
@@ -25,6 +25,7 @@ pub fn events(
     mut generation: impl Stream<Item = Result<GenerateResponse, tonic::Status>> + Unpin + Send + 'static,
     shape: impl FnOnce(&str) -> Shape + Send + 'static,
     include_usage: bool,
+    mut logprobs: Option<LogprobFormat>,
 ) -> Events {
     let (tx, rx) = mpsc::channel(16);
     // The shape needs the request id, which the first message carries; the chunks' `created`
@@ -63,7 +64,9 @@ pub fn events(
             };
             usage = message.usage.or(usage);
             let last = message.finish_reason != 0;
-            if (last || !message.text.is_empty()) && !send(shape.chunk(&message, None)).await {
+            let formatted = logprobs.as_mut().map(|f| f.format(&message.token_ids, &message.logprobs));
+            let carries = !message.text.is_empty() || !message.token_ids.is_empty() && formatted.is_some();
+            if (last || carries) && !send(shape.chunk(&message, formatted)).await {
                 return;
             }
         }

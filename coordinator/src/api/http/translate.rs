@@ -10,8 +10,7 @@ use super::error::ApiError;
 /// OpenAI's default `max_tokens` for /v1/completions; chat requests default to the
 /// coordinator's own limit, as OpenAI's chat endpoint has none of its own.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
-/// The most alternatives `logprobs`/`top_logprobs` may ask for, as OpenAI's chat endpoint.
-pub const MAX_TOP_LOGPROBS: u32 = 20;
+use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
 
 /// One chat message, its content as text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,8 +35,8 @@ pub struct HttpRequest {
     pub generate: GenerateRequest,
     pub stream: bool,
     pub include_usage: bool,
-    /// Asked for log-probabilities, with this many alternatives per token.
-    pub logprobs: Option<u32>,
+    /// Asked for log-probabilities (`generate.logprobs` holds how many alternatives).
+    pub logprobs: bool,
 }
 
 pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiError> {
@@ -65,6 +64,7 @@ pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiErro
     let max_new_tokens = max_tokens(body, endpoint)?;
     let stop_strings = body.get::<StopField>("stop")?.map(StopField::into_vec).unwrap_or_default();
     let logprobs = logprobs(body, endpoint)?;
+    let wants_logprobs = logprobs.is_some();
     let sampling = SamplingParams {
         temperature: body.get("temperature")?,
         top_k: body.get::<i32>("top_k")?.map(|k| if k == -1 { 0 } else { k }),
@@ -88,8 +88,9 @@ pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiErro
             ignore_eos: body.get("ignore_eos")?.unwrap_or(false),
         }),
         speculation,
+        logprobs,
     };
-    Ok(HttpRequest { model, prompt, generate, stream, include_usage, logprobs })
+    Ok(HttpRequest { model, prompt, generate, stream, include_usage, logprobs: wants_logprobs })
 }
 
 fn completion_prompt(field: PromptField) -> Result<Prompt, ApiError> {
@@ -192,7 +193,8 @@ mod tests {
         assert_eq!((stop.max_new_tokens, stop.stop_strings, stop.ignore_eos), (Some(7), vec!["\n".to_owned()], true));
         assert_eq!(r.generate.speculation.unwrap().gamma, Some(3));
         assert!(r.stream && r.include_usage);
-        assert_eq!(r.logprobs, Some(2));
+        assert!(r.logprobs);
+        assert_eq!(r.generate.logprobs, Some(2));
         assert_eq!(r.prompt, PromptSource::Completion(Prompt::Text("hi".into())));
     }
 
