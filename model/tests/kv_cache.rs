@@ -127,7 +127,7 @@ fn session_errors_are_typed() -> Result<()> {
 fn memory_budget_refuses_a_session_that_does_not_fit() -> Result<()> {
     let dir = common::fixture("llama_tied");
     // 2 layers × 2 (k, v) × 4 kv heads × 8 head_dim × 4 bytes = 512 bytes per token.
-    let opts = specd_model::LoadOptions { memory_budget: Some(512 * 100), ..common::cpu_f32() };
+    let opts = specd_model::LoadOptions { kv_budget: specd_model::KvBudget::Bytes(512 * 100), ..common::cpu_f32() };
     let mut m = LlamaModel::load(&dir, &opts)?;
     assert_eq!(m.info().kv_bytes_per_token, 512);
     let a = m.open_session(Some(60))?;
