@@ -302,6 +302,10 @@ impl SessionActor {
             sampling: Some(SamplingSettings::from(&spec.params)),
             seed: spec.seed,
             vocab_limit: self.vocab_size as u32,
+            // What the session can reach, for the nodes' KV reservation: the prompt, every
+            // token asked for, and the largest block a round verifies past them.
+            max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + spec.gamma.max() as usize + 1)
+                .unwrap_or(u32::MAX),
         };
         let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), open.clone()));
         let target_rounds = async {
