@@ -307,7 +307,11 @@ impl SessionActor {
             max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + spec.gamma.max() as usize + 1)
                 .unwrap_or(u32::MAX),
         };
-        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), open.clone()));
+        // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
+        // past the round's: it reserves for those too.
+        let ahead = if spec.optimistic { crate::propose::PUSH_DEPTH * (spec.gamma.max() + 1) } else { 0 };
+        let draft_open = OpenSessionRequest { max_tokens: open.max_tokens.saturating_add(ahead), ..open.clone() };
+        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), draft_open));
         let target_rounds = async {
             self.target.open_session(open.clone()).await?;
             self.target.open_rounds().await

@@ -3,7 +3,8 @@
 //! random weights) under a budget of 2.5 sessions admits two sessions of a request's reach
 //! and refuses the third with RESOURCE_EXHAUSTED naming the bytes needed, in use and the
 //! budget, at the node and through the coordinator; and a pass that runs out of memory fails
-//! its request with RESOURCE_EXHAUSTED while the node stays SERVING and serves the next ones.
+//! its request with RESOURCE_EXHAUSTED while the node stays SERVING and serves the next ones;
+//! and the sessions of generations run through the coordinator reserve exactly their reach.
 
 use std::path::{Path, PathBuf};
 
@@ -11,9 +12,10 @@ use specd_coordinator::GammaChoice;
 use specd_e2e::{Cluster, ClusterOptions, scratch_dir, stream_to_end};
 use specd_model::KvBudget;
 use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{
-    GenerateRequest, OpenSessionRequest, ReleaseRequest, SamplingParams, SamplingSettings, StoppingCriteria, TokenIds,
+    GenerateRequest, InfoRequest, OpenSessionRequest, ReleaseRequest, SamplingParams, SamplingSettings, StoppingCriteria, TokenIds,
 };
 use tch::{Device, Kind, Tensor};
 use tonic::Code;
@@ -117,6 +119,20 @@ async fn start(name: &str, budget: KvBudget, oom_at_pass: Option<u64>) -> Cluste
     Cluster::start(&model, &model, &options).await.unwrap()
 }
 
+/// Waits (up to 5 s) until neither node holds a session or any KV cache: a generation's last
+/// reply does not wait for its releases.
+async fn all_released(cluster: &Cluster) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (target, draft) = (cluster.target_info().await.unwrap(), cluster.draft_info().await.unwrap());
+        if target.active_sessions + draft.active_sessions == 0 && target.kv_cache_bytes + draft.kv_cache_bytes == 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "sessions left open: {target:?} {draft:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 fn assert_names_the_numbers(status: &tonic::Status, in_use: u64, budget: u64) {
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     for number in [PER_SESSION, in_use, budget] {
@@ -166,14 +182,49 @@ async fn a_pass_out_of_memory_fails_its_request_and_the_node_serves_on() {
     assert_eq!(first.len(), MAX_NEW as usize);
     assert_eq!(first, second);
     // Every session, the failed one's too, is released: no KV cache stays reserved.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let info = cluster.target_info().await.unwrap();
-        if info.active_sessions == 0 && info.kv_cache_bytes == 0 {
-            break;
+    all_released(&cluster).await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_nodes_reserve_a_generations_reach_and_grow_no_further() {
+    // A slower target, so that a generation lasts long enough to be watched.
+    let model = one_b_shaped_checkpoint(&scratch_dir("kv_budget_reach"));
+    let options = ClusterOptions {
+        gamma: GammaChoice::Fixed(GAMMA),
+        forward_delays: (std::time::Duration::from_millis(3), std::time::Duration::ZERO),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&model, &model, &options).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let max_new = 61;
+    let reach_bytes = (PROMPT.len() as u64 + max_new + u64::from(GAMMA) + 1) * BYTES_PER_TOKEN;
+    let (done, mut finished) = tokio::sync::watch::channel(false);
+    let (draft_url, target_url) = (cluster.draft_url.clone(), cluster.target_url.clone());
+    let watcher = tokio::spawn(async move {
+        let mut draft = DraftServiceClient::connect(draft_url).await.unwrap();
+        let mut target = TargetServiceClient::connect(target_url).await.unwrap();
+        let mut most = (0, 0);
+        while !*finished.borrow_and_update() {
+            let d = draft.info(InfoRequest::default()).await.unwrap().into_inner().kv_cache_bytes;
+            let t = target.info(InfoRequest::default()).await.unwrap().into_inner().kv_cache_bytes;
+            most = (most.0.max(d), most.1.max(t));
         }
-        assert!(std::time::Instant::now() < deadline, "sessions left open: {info:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        most
+    });
+    for seed in 0..3 {
+        let mut r = request(seed);
+        r.stopping.as_mut().expect("set").max_new_tokens = Some(max_new as u32);
+        let (tokens, _) = stream_to_end(&mut client, r).await.unwrap();
+        assert_eq!(tokens.len(), max_new as usize);
+        // One generation's sessions at a time are watched.
+        all_released(&cluster).await;
     }
+    done.send(true).unwrap();
+    let (draft_most, target_most) = watcher.await.unwrap();
+    // Seen while open (the lower bound), and never grown (the upper). The draft reserves for
+    // the blocks it drafts ahead too (optimistic drafting, the cluster's default).
+    let ahead_bytes = u64::from(specd_coordinator::propose::PUSH_DEPTH * (GAMMA + 1)) * BYTES_PER_TOKEN;
+    assert_eq!((draft_most, target_most), (reach_bytes + ahead_bytes, reach_bytes));
     cluster.shutdown().await;
 }
