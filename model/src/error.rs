@@ -194,14 +194,13 @@ mod tests {
     #[test]
     fn a_failed_allocation_is_out_of_memory_and_other_torch_errors_are_not() {
         // A real allocation failure: 2^50 f32 is 4 PiB, more than any address space holds.
-        let err = ModelError::from(tch::Tensor::f_empty([1i64 << 50], (tch::Kind::Float, tch::Device::Cpu)).unwrap_err());
+        let err =
+            ModelError::from(tch::Tensor::f_empty([1i64 << 50], (tch::Kind::Float, tch::Device::Cpu)).unwrap_err());
         let err = err.classify_allocation();
         assert!(matches!(err, ModelError::OutOfMemory(_)), "{err}");
         assert!(!err.to_string().contains('\n'), "{err}");
-        let shape = tch::Tensor::f_zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu))
-            .unwrap()
-            .f_view([4])
-            .unwrap_err();
+        let shape =
+            tch::Tensor::f_zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu)).unwrap().f_view([4]).unwrap_err();
         assert!(matches!(ModelError::from(shape).classify_allocation(), ModelError::Torch(_)));
         let batch = ModelError::BatchFailed("out of memory: x".into()).classify_allocation();
         assert!(matches!(batch, ModelError::OutOfMemory(_)));

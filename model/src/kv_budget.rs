@@ -56,11 +56,9 @@ pub fn free_bytes(device: DeviceSpec) -> Result<u64> {
     match device {
         DeviceSpec::Cpu => {
             let path = "/proc/meminfo";
-            let text = std::fs::read_to_string(path)
-                .map_err(|source| ModelError::Io { path: path.into(), source })?;
-            mem_available(&text).ok_or_else(|| {
-                ModelError::Device(format!("{path} has no MemAvailable line; pass --kv-budget-mib"))
-            })
+            let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
+            mem_available(&text)
+                .ok_or_else(|| ModelError::Device(format!("{path} has no MemAvailable line; pass --kv-budget-mib")))
         }
         DeviceSpec::Cuda(index) => cuda_free_bytes(index),
     }

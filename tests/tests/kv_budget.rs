@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use specd_coordinator::GammaChoice;
 use specd_e2e::{Cluster, ClusterOptions, scratch_dir, stream_to_end};
 use specd_model::KvBudget;
-use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
+use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{
-    GenerateRequest, InfoRequest, OpenSessionRequest, ReleaseRequest, SamplingParams, SamplingSettings, StoppingCriteria, TokenIds,
+    GenerateRequest, InfoRequest, OpenSessionRequest, ReleaseRequest, SamplingParams, SamplingSettings,
+    StoppingCriteria, TokenIds,
 };
 use tch::{Device, Kind, Tensor};
 use tonic::Code;
@@ -88,11 +89,7 @@ fn request(seed: u64) -> GenerateRequest {
     GenerateRequest {
         prompt: Some(Prompt::TokenIds(TokenIds { ids: PROMPT.to_vec() })),
         sampling: Some(SamplingParams { temperature: Some(1.0), seed: Some(seed), ..Default::default() }),
-        stopping: Some(StoppingCriteria {
-            max_new_tokens: Some(MAX_NEW),
-            ignore_eos: true,
-            ..Default::default()
-        }),
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(MAX_NEW), ignore_eos: true, ..Default::default() }),
         ..Default::default()
     }
 }
@@ -101,7 +98,12 @@ fn open(id: &str) -> OpenSessionRequest {
     OpenSessionRequest {
         session_id: id.into(),
         prompt_token_ids: PROMPT.to_vec(),
-        sampling: Some(SamplingSettings { temperature: 1.0, top_p: 1.0, repetition_penalty: 1.0, ..Default::default() }),
+        sampling: Some(SamplingSettings {
+            temperature: 1.0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            ..Default::default()
+        }),
         seed: 1,
         vocab_limit: 0,
         max_tokens: REACH as u32,
