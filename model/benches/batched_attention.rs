@@ -72,7 +72,10 @@ fn padded_mask(batch: &[Session], lq: i64, lk: i64) -> Tensor {
         .iter()
         .map(|s| {
             let (rows, keys) = (s.q.size()[2], s.k.size()[2]);
-            let own = s.mask.as_ref().map_or_else(|| Tensor::zeros([rows, keys], (Kind::Float, Device::Cpu)), |m| m.shallow_clone());
+            let own = s
+                .mask
+                .as_ref()
+                .map_or_else(|| Tensor::zeros([rows, keys], (Kind::Float, Device::Cpu)), |m| m.shallow_clone());
             let full = Tensor::full([lq, lk], f64::NEG_INFINITY, (Kind::Float, Device::Cpu));
             full.narrow(0, 0, rows).narrow(1, 0, keys).copy_(&own);
             if rows < lq {
