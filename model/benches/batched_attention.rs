@@ -10,7 +10,8 @@
 //! call alone on inputs already padded (the least a padded pass could cost, were the caches
 //! kept padded). Median of 15 alternated passes.
 //!
-//! `cargo bench -p specd-model --bench batched_attention`
+//! `cargo bench -p specd-model --bench batched_attention`; `SPECD_BENCH_DEVICE=cuda:0` runs it on
+//! a GPU (timed after a synchronize).
 
 use std::time::Instant;
 
@@ -20,6 +21,24 @@ const HEADS: i64 = 32;
 const KV_HEADS: i64 = 8;
 const HEAD_DIM: i64 = 64;
 const LAYERS: usize = 16;
+
+/// `SPECD_BENCH_DEVICE` (default: the CPU), read once.
+fn device() -> Device {
+    static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    *DEVICE.get_or_init(|| {
+        match std::env::var("SPECD_BENCH_DEVICE").ok().and_then(|d| d.strip_prefix("cuda:").map(str::to_owned)) {
+            Some(index) => Device::Cuda(index.parse().expect("cuda:N")),
+            None => Device::Cpu,
+        }
+    })
+}
+
+/// Waits for the device's queued work (a GPU's kernels run after their calls return).
+fn sync() {
+    if let Device::Cuda(index) = device() {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
 
 struct Session {
     q: Tensor,
@@ -32,9 +51,9 @@ fn causal_mask(past: i64, n: i64) -> Option<Tensor> {
     if n == 1 {
         return None;
     }
-    let q = Tensor::arange_start(past, past + n, (Kind::Int64, Device::Cpu)).unsqueeze(1);
-    let k = Tensor::arange(past + n, (Kind::Int64, Device::Cpu)).unsqueeze(0);
-    let open = Tensor::zeros([n, past + n], (Kind::Float, Device::Cpu));
+    let q = Tensor::arange_start(past, past + n, (Kind::Int64, device())).unsqueeze(1);
+    let k = Tensor::arange(past + n, (Kind::Int64, device())).unsqueeze(0);
+    let open = Tensor::zeros([n, past + n], (Kind::Float, device()));
     Some(open.masked_fill(&k.le_tensor(&q).logical_not(), f64::NEG_INFINITY))
 }
 
@@ -43,7 +62,7 @@ fn sessions(n: usize, past: i64, rows: i64) -> Vec<Session> {
         .map(|i| {
             // Contexts of different lengths, as a batch has.
             let past = past + 7 * i as i64;
-            let opts = (Kind::Float, Device::Cpu);
+            let opts = (Kind::Float, device());
             Session {
                 q: Tensor::randn([1, HEADS, rows, HEAD_DIM], opts),
                 k: Tensor::randn([1, KV_HEADS, past + rows, HEAD_DIM], opts),
@@ -75,8 +94,8 @@ fn padded_mask(batch: &[Session], lq: i64, lk: i64) -> Tensor {
             let own = s
                 .mask
                 .as_ref()
-                .map_or_else(|| Tensor::zeros([rows, keys], (Kind::Float, Device::Cpu)), |m| m.shallow_clone());
-            let full = Tensor::full([lq, lk], f64::NEG_INFINITY, (Kind::Float, Device::Cpu));
+                .map_or_else(|| Tensor::zeros([rows, keys], (Kind::Float, device())), |m| m.shallow_clone());
+            let full = Tensor::full([lq, lk], f64::NEG_INFINITY, (Kind::Float, device()));
             full.narrow(0, 0, rows).narrow(1, 0, keys).copy_(&own);
             if rows < lq {
                 let _ = full.narrow(0, rows, lq - rows).narrow(1, 0, 1).fill_(0.0);
@@ -142,14 +161,18 @@ fn main() {
                 let (mut loop_s, mut pad_s, mut call_s) = (Vec::new(), Vec::new(), Vec::new());
                 let mut call_only = padded_call_only(&batch);
                 for _ in 0..15 {
+                    sync();
                     let t = Instant::now();
                     call_only();
+                    sync();
                     call_s.push(t.elapsed().as_secs_f64());
                     let t = Instant::now();
                     per_session(&batch);
+                    sync();
                     loop_s.push(t.elapsed().as_secs_f64());
                     let t = Instant::now();
                     padded(&batch);
+                    sync();
                     pad_s.push(t.elapsed().as_secs_f64());
                 }
                 let (l, p, c) = (median(loop_s) * 1e3, median(pad_s) * 1e3, median(call_s) * 1e3);
