@@ -304,8 +304,16 @@ impl SessionActor {
             sampling: Some(SamplingSettings::from(&spec.params)),
             seed: spec.seed,
             vocab_limit: self.vocab_size as u32,
+            // What the session can reach, for the nodes' KV reservation: the prompt, every
+            // token asked for, and the largest block a round verifies past them.
+            max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + spec.gamma.max() as usize + 1)
+                .unwrap_or(u32::MAX),
         };
-        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), open.clone()));
+        // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
+        // past the round's: it reserves for those too.
+        let ahead = if spec.optimistic { crate::propose::PUSH_DEPTH * (spec.gamma.max() + 1) } else { 0 };
+        let draft_open = OpenSessionRequest { max_tokens: open.max_tokens.saturating_add(ahead), ..open.clone() };
+        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), draft_open));
         let target_rounds = async {
             self.target.open_session(open.clone()).await?;
             self.target.open_rounds().await

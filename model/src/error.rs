@@ -74,11 +74,17 @@ pub enum ModelError {
     #[error("session {session} holds {len} tokens; {extra} more exceed its capacity of {capacity}")]
     ContextOverflow { session: u64, len: usize, extra: usize, capacity: usize },
 
-    /// Opening the session would exceed the node's memory budget for KV caches.
+    /// Opening the session, or growing its cache, would exceed the node's budget for KV
+    /// caches.
     #[error(
-        "a session of {requested} bytes would exceed the memory budget: {in_use} of {budget} bytes in use by {sessions} sessions"
+        "KV cache memory budget exhausted: {requested} bytes needed, {in_use} of the budget of {budget} bytes in use by {sessions} sessions"
     )]
     MemoryBudget { requested: u64, in_use: u64, budget: u64, sessions: usize },
+
+    /// The device (or host) could not allocate memory during a pass: the pass failed, and
+    /// nothing it half-wrote may be trusted, but the model is intact and serves others.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
 
     /// The training corpus for the demo pair cannot be found or is too small.
     #[error("corpus: {0}")]
@@ -95,6 +101,31 @@ pub enum ModelError {
     /// The model worker thread is gone or failed while running the request.
     #[error("model worker: {0}")]
     WorkerGone(String),
+}
+
+impl ModelError {
+    /// `self`, as [`ModelError::OutOfMemory`] when it is libtorch's report of an allocation
+    /// that failed: CUDA's caching allocator ("CUDA out of memory. Tried to allocate ...") or
+    /// the CPU's ("DefaultCPUAllocator: can't allocate memory: ...").
+    pub fn classify_allocation(self) -> Self {
+        match self {
+            Self::Torch(err) => {
+                let message = err.to_string();
+                if is_allocation_failure(&message) {
+                    // libtorch appends a C++ backtrace; its first line says it all.
+                    Self::OutOfMemory(message.lines().next().unwrap_or_default().to_owned())
+                } else {
+                    Self::Torch(err)
+                }
+            }
+            Self::BatchFailed(message) if is_allocation_failure(&message) => Self::OutOfMemory(message),
+            other => other,
+        }
+    }
+}
+
+fn is_allocation_failure(message: &str) -> bool {
+    message.contains("out of memory") || message.contains("can't allocate memory")
 }
 
 /// Result alias for this crate.
@@ -124,7 +155,7 @@ impl ModelError {
         match self {
             Self::InvalidInput(_) | Self::ContextOverflow { .. } => ErrorClass::InvalidArgument,
             Self::UnknownSession(_) => ErrorClass::NotFound,
-            Self::MemoryBudget { .. } => ErrorClass::ResourceExhausted,
+            Self::MemoryBudget { .. } | Self::OutOfMemory(_) => ErrorClass::ResourceExhausted,
             Self::MissingFile { .. }
             | Self::Io { .. }
             | Self::InvalidFile { .. }
@@ -154,8 +185,24 @@ mod tests {
         assert_eq!(ModelError::UnknownSession(3).class(), ErrorClass::NotFound);
         let budget = ModelError::MemoryBudget { requested: 1, in_use: 2, budget: 2, sessions: 1 };
         assert_eq!(budget.class(), ErrorClass::ResourceExhausted);
+        assert_eq!(ModelError::OutOfMemory("x".into()).class(), ErrorClass::ResourceExhausted);
         let missing = ModelError::MissingTensor { path: "m".into(), tensor: "t".into() };
         assert_eq!(missing.class(), ErrorClass::FailedPrecondition);
         assert_eq!(ModelError::WorkerGone("x".into()).class(), ErrorClass::Unavailable);
+    }
+
+    #[test]
+    fn a_failed_allocation_is_out_of_memory_and_other_torch_errors_are_not() {
+        // A real allocation failure: 2^50 f32 is 4 PiB, more than any address space holds.
+        let err =
+            ModelError::from(tch::Tensor::f_empty([1i64 << 50], (tch::Kind::Float, tch::Device::Cpu)).unwrap_err());
+        let err = err.classify_allocation();
+        assert!(matches!(err, ModelError::OutOfMemory(_)), "{err}");
+        assert!(!err.to_string().contains('\n'), "{err}");
+        let shape =
+            tch::Tensor::f_zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu)).unwrap().f_view([4]).unwrap_err();
+        assert!(matches!(ModelError::from(shape).classify_allocation(), ModelError::Torch(_)));
+        let batch = ModelError::BatchFailed("out of memory: x".into()).classify_allocation();
+        assert!(matches!(batch, ModelError::OutOfMemory(_)));
     }
 }

@@ -19,13 +19,18 @@
 //!   the CPU can do (bf16 matrix units); [`load`]: open a model from a path.
 //! - [`demo`]: builds the demo pair offline (tokenizer, target trained on Python sources,
 //!   draft distilled from it), written as Hugging Face directories.
-//! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one.
+//! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one;
+//!   [`injected_oom`]: a model whose n-th pass fails with a real allocation failure (tests).
+//! - [`kv_budget`]: the KV-cache budget, a number of bytes or a fraction of the memory free
+//!   after the weights.
 //! - [`error`]: the crate's one error type.
 //!
-//! Memory: each session preallocates its KV cache for its capacity when it opens; the
-//! optional budget ([`LoadOptions::memory_budget`]) bounds the bytes of all open sessions'
-//! caches (weights not included), and a session that would exceed it is refused with
-//! [`ModelError::MemoryBudget`].
+//! Memory: each session preallocates its KV cache for its capacity when it opens (what its
+//! request can reach, as the node computes it) and grows by whole chunks past it if it
+//! must; the budget ([`LoadOptions::kv_budget`]) bounds the bytes of all open sessions'
+//! caches (weights not included), and a session or a growth that would exceed it is
+//! refused with [`ModelError::MemoryBudget`]. An allocation that fails inside a pass is
+//! [`ModelError::OutOfMemory`]: that pass fails, the model serves on.
 
 pub mod batching;
 pub mod config;
@@ -34,6 +39,8 @@ pub mod demo;
 pub mod device;
 pub mod error;
 mod gemma3;
+pub mod injected_oom;
+pub mod kv_budget;
 mod kv_cache;
 pub mod language_model;
 pub mod llama;
@@ -51,6 +58,8 @@ pub use batching::{BatchPolicy, BatchTotals};
 pub use config::{Activation, ArchFeatures, Architecture, LlamaConfig, RopeScaling};
 pub use device::{DType, DeviceSpec};
 pub use error::{ErrorClass, ModelError, Result};
+pub use injected_oom::InjectedOom;
+pub use kv_budget::KvBudget;
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
 pub use llama::LlamaModel;
 pub use load::{BoxedModel, LoadOptions, load_model};

@@ -288,7 +288,9 @@ impl LlamaModel {
             local_rope,
             device,
             kind,
-            sessions: SessionTable::new(opts.memory_budget),
+            // Resolved after the weights are loaded: a fraction of the free memory is of what
+            // they leave.
+            sessions: SessionTable::new(opts.kv_budget.resolve(opts.device)?),
         })
     }
 
@@ -441,18 +443,31 @@ impl LlamaModel {
         Ok(PositionTables { cos, sin, masks })
     }
 
-    /// Checks an item of a forward pass and returns its segment (the session's length now).
-    fn segment<'a>(&self, session: SessionId, tokens: &'a [u32], rows: usize) -> Result<Segment<'a>> {
+    /// Checks an item of a forward pass, makes room for it in the session's cache, and
+    /// returns its segment (the session's length now).
+    fn segment<'a>(&mut self, session: SessionId, tokens: &'a [u32], rows: usize) -> Result<Segment<'a>> {
         check_tokens(tokens, self.cfg.vocab_size)?;
-        self.sessions.check_room(session, tokens.len())?;
+        self.make_room(session, tokens.len())?;
         let rows = rows_returned(rows, tokens.len());
         Ok(Segment { session, past: self.sessions.get(session)?.len, tokens, rows })
+    }
+
+    /// Grows the session's cache, by whole chunks within the budget, when `extra` more tokens
+    /// do not fit in its reservation.
+    fn make_room(&mut self, session: SessionId, extra: usize) -> Result<()> {
+        let growth =
+            self.sessions.growth(session, extra, self.cfg.max_position_embeddings, self.info.kv_bytes_per_token)?;
+        let Some(growth) = growth else { return Ok(()) };
+        let s = self.sessions.get_mut(session)?;
+        let len = s.len;
+        s.state.grow(len, growth.capacity).map_err(ModelError::classify_allocation)?;
+        self.sessions.grown(session, growth)
     }
 
     /// Runs `segments` in one pass, then moves each session's length past its run and splits
     /// the logits by run.
     fn forward_and_commit(&mut self, segments: &[Segment<'_>]) -> Result<Vec<Logits>> {
-        let logits = self.forward_segments(segments)?;
+        let logits = self.forward_segments(segments).map_err(ModelError::classify_allocation)?;
         let logits = logits.f_to_device(Device::Cpu)?.f_contiguous()?;
         let vocab = self.cfg.vocab_size;
         let total: usize = segments.iter().map(|s| s.rows).sum();
@@ -585,7 +600,8 @@ impl LanguageModel for LlamaModel {
             self.cfg.head_dim,
             self.kind,
             self.device,
-        )?;
+        )
+        .map_err(ModelError::classify_allocation)?;
         self.sessions.insert(cache, cap, bytes)
     }
 
@@ -631,9 +647,16 @@ impl LanguageModel for LlamaModel {
                     }
                 }
                 Err(err) => {
+                    // Out of memory stays out of memory (RESOURCE_EXHAUSTED) for every run
+                    // that shared the pass.
+                    let out_of_memory = matches!(err, ModelError::OutOfMemory(_));
                     let message = err.to_string();
                     for slot in slots {
-                        results[slot] = Some(Err(ModelError::BatchFailed(message.clone())));
+                        results[slot] = Some(Err(if out_of_memory {
+                            ModelError::OutOfMemory(message.clone())
+                        } else {
+                            ModelError::BatchFailed(message.clone())
+                        }));
                     }
                 }
             }

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use crate::device::{DType, DeviceSpec};
 use crate::error::{ModelError, Result};
+use crate::kv_budget::KvBudget;
 use crate::language_model::LanguageModel;
 use crate::llama::LlamaModel;
 use crate::table::TableModel;
@@ -16,8 +17,9 @@ pub struct LoadOptions {
     pub device: DeviceSpec,
     /// Dtype for weights and caches ([`DType::Auto`]: see [`DType::resolve`]).
     pub dtype: DType,
-    /// Upper bound on the bytes of KV cache held by all open sessions (`None`: unbounded).
-    pub memory_budget: Option<u64>,
+    /// Upper bound on the bytes of KV cache held by all open sessions, resolved once the
+    /// weights are loaded.
+    pub kv_budget: KvBudget,
     /// libtorch intra-op threads of the thread that loads and runs the model (`None`:
     /// libtorch's default, one per core). Small models run faster on one: their operations
     /// are too short to split, and on a busy machine waiting for a second thread costs more
@@ -37,7 +39,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
     if path.is_dir() {
         Ok(Box::new(LlamaModel::load(path, opts)?))
     } else if path.is_file() {
-        Ok(Box::new(TableModel::load(path, opts.memory_budget)?))
+        Ok(Box::new(TableModel::load(path, opts.kv_budget.resolve(opts.device)?)?))
     } else {
         Err(ModelError::MissingFile {
             path: path.to_owned(),

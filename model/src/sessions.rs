@@ -1,9 +1,24 @@
 //! Session bookkeeping shared by every backend: ids, capacities and the memory budget.
+//!
+//! A session reserves, when it opens, the tokens its request can reach (all of them counted
+//! against the budget at once, so admission is decided before any pass runs). One that
+//! outgrows its reservation anyway grows by [`GROWTH_CHUNK`] tokens at a time, each growth
+//! admitted against the budget like a new session, up to the model's context length.
 
 use std::collections::HashMap;
 
 use crate::error::{ModelError, Result};
 use crate::language_model::SessionId;
+
+/// Tokens by which a session that outgrows its reservation grows.
+pub(crate) const GROWTH_CHUNK: usize = 256;
+
+/// A session's reservation after it grows: its new capacity and the bytes that adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Growth {
+    pub(crate) capacity: usize,
+    pub(crate) bytes: u64,
+}
 
 /// One open session's state `S` plus its length and capacity.
 #[derive(Debug)]
@@ -61,12 +76,37 @@ impl<S> SessionTable<S> {
         self.sessions.get_mut(&id).ok_or(ModelError::UnknownSession(id))
     }
 
-    /// Checks that `extra` more tokens fit in the session.
-    pub(crate) fn check_room(&self, id: SessionId, extra: usize) -> Result<()> {
+    /// What the session must grow by for `extra` more tokens: `None` when they fit in its
+    /// reservation; else its capacity rounded up to whole [`GROWTH_CHUNK`]s past what it
+    /// needs (at most `context_length`), checked against the budget. Changes nothing: the
+    /// caller allocates, then calls [`Self::grown`].
+    pub(crate) fn growth(
+        &self,
+        id: SessionId,
+        extra: usize,
+        context_length: usize,
+        bytes_per_token: u64,
+    ) -> Result<Option<Growth>> {
         let s = self.get(id)?;
-        if s.len + extra > s.capacity {
-            return Err(ModelError::ContextOverflow { session: id, len: s.len, extra, capacity: s.capacity });
+        let needed = s.len + extra;
+        if needed > context_length {
+            return Err(ModelError::ContextOverflow { session: id, len: s.len, extra, capacity: context_length });
         }
+        if needed <= s.capacity {
+            return Ok(None);
+        }
+        let capacity = needed.next_multiple_of(GROWTH_CHUNK).min(context_length);
+        let bytes = (capacity - s.capacity) as u64 * bytes_per_token;
+        self.admit(bytes)?;
+        Ok(Some(Growth { capacity, bytes }))
+    }
+
+    /// Records a growth that [`Self::growth`] planned and the caller allocated.
+    pub(crate) fn grown(&mut self, id: SessionId, growth: Growth) -> Result<()> {
+        let s = self.sessions.get_mut(&id).ok_or(ModelError::UnknownSession(id))?;
+        s.capacity = growth.capacity;
+        s.bytes += growth.bytes;
+        self.in_use += growth.bytes;
         Ok(())
     }
 
@@ -107,4 +147,31 @@ pub(crate) fn resolve_capacity(requested: Option<usize>, context_length: usize) 
         )));
     }
     Ok(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_grows_by_whole_chunks_within_the_budget_and_the_context() {
+        let per_token = 10u64;
+        let mut table = SessionTable::new(Some(1000 * per_token));
+        let id = table.insert((), 100, 100 * per_token).unwrap();
+        table.get_mut(id).unwrap().len = 90;
+        assert_eq!(table.growth(id, 10, 4096, per_token).unwrap(), None);
+        let growth = table.growth(id, 11, 4096, per_token).unwrap().unwrap();
+        assert_eq!(growth, Growth { capacity: GROWTH_CHUNK, bytes: (GROWTH_CHUNK as u64 - 100) * per_token });
+        table.grown(id, growth).unwrap();
+        assert_eq!(table.memory().0, GROWTH_CHUNK as u64 * per_token);
+        // Capped by the context length, and refused past it.
+        let growth = table.growth(id, 300, 500, per_token).unwrap().unwrap();
+        assert_eq!(growth.capacity, 500);
+        let err = table.growth(id, 411, 500, per_token).unwrap_err();
+        assert!(matches!(err, ModelError::ContextOverflow { capacity: 500, .. }), "{err}");
+        // Past the budget: refused, and nothing recorded.
+        let err = table.growth(id, 2000, 1 << 20, per_token).unwrap_err();
+        assert!(matches!(err, ModelError::MemoryBudget { in_use, .. } if in_use == GROWTH_CHUNK as u64 * per_token));
+        assert_eq!(table.get(id).unwrap().capacity, GROWTH_CHUNK);
+    }
 }

@@ -258,7 +258,12 @@ impl LanguageModel for TableModel {
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         check_tokens(tokens, self.info.vocab_size)?;
-        self.sessions.check_room(session, tokens.len())?;
+        let growth =
+            self.sessions.growth(session, tokens.len(), self.info.context_length, self.info.kv_bytes_per_token)?;
+        if let Some(growth) = growth {
+            // The history vector grows by itself; only the accounting follows.
+            self.sessions.grown(session, growth)?;
+        }
         let s = self.sessions.get_mut(session)?;
         let mut history = std::mem::take(&mut s.state);
         history.truncate(s.len);

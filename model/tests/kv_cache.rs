@@ -109,10 +109,17 @@ fn truncate_then_redecode_equals_a_fresh_session() -> Result<()> {
 #[test]
 fn session_errors_are_typed() -> Result<()> {
     let mut m = load("llama_tied")?;
+    let context = m.info().context_length;
     let s = m.open_session(Some(8))?;
     m.forward(s, &[1, 2, 3])?;
-    assert!(matches!(m.forward(s, &[1; 6]), Err(ModelError::ContextOverflow { len: 3, extra: 6, capacity: 8, .. })));
-    assert_eq!(m.session_len(s)?, 3, "a failed forward keeps the length");
+    // Past its reservation a session grows; past the model's context it cannot.
+    m.forward(s, &[1; 6])?;
+    let too_many = vec![1; context - 8];
+    assert!(
+        matches!(m.forward(s, &too_many), Err(ModelError::ContextOverflow { len: 9, capacity, .. }) if capacity == context)
+    );
+    assert_eq!(m.session_len(s)?, 9, "a failed forward keeps the length");
+    m.truncate(s, 3)?;
     assert!(matches!(m.truncate(s, 4), Err(ModelError::InvalidInput(_))));
     assert!(matches!(m.forward(s, &[96]), Err(ModelError::InvalidInput(_))));
     assert!(matches!(m.forward(s, &[]), Err(ModelError::InvalidInput(_))));
@@ -127,7 +134,7 @@ fn session_errors_are_typed() -> Result<()> {
 fn memory_budget_refuses_a_session_that_does_not_fit() -> Result<()> {
     let dir = common::fixture("llama_tied");
     // 2 layers × 2 (k, v) × 4 kv heads × 8 head_dim × 4 bytes = 512 bytes per token.
-    let opts = specd_model::LoadOptions { memory_budget: Some(512 * 100), ..common::cpu_f32() };
+    let opts = specd_model::LoadOptions { kv_budget: specd_model::KvBudget::Bytes(512 * 100), ..common::cpu_f32() };
     let mut m = LlamaModel::load(&dir, &opts)?;
     assert_eq!(m.info().kv_bytes_per_token, 512);
     let a = m.open_session(Some(60))?;

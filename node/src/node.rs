@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specd_model::{BatchPolicy, DType, DeviceSpec, LanguageModel, LoadOptions, SessionId};
+use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget, LanguageModel, LoadOptions, SessionId};
 use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
@@ -12,7 +12,7 @@ use specd_telemetry::Metrics;
 
 use crate::error::NodeError;
 use crate::history::SessionHistory;
-use crate::node_model::{NodeModel, NodeSessionState};
+use crate::node_model::{NodeModel, NodeSessionState, StandIn};
 
 /// How to run a node.
 #[derive(Debug, Clone)]
@@ -23,11 +23,17 @@ pub struct NodeConfig {
     pub dtype: DType,
     /// Sessions open at once; more are refused with RESOURCE_EXHAUSTED.
     pub max_sessions: usize,
-    /// Bytes of KV cache all sessions may hold; `None` is unbounded.
-    pub kv_budget_bytes: Option<u64>,
+    /// Bytes of KV cache all sessions may reserve together, resolved once the weights are
+    /// loaded. Sessions reserve what their request can reach
+    /// (`OpenSessionRequest.max_tokens`); one that does not fit is refused with
+    /// RESOURCE_EXHAUSTED before any pass runs.
+    pub kv_budget: KvBudget,
     /// Added to every forward pass, to stand in for a slower model in benchmarks and tests;
     /// zero in service.
     pub forward_delay: Duration,
+    /// Tests only, `None` in service: forward pass number N fails with a real allocation
+    /// failure ([`specd_model::InjectedOom`]), to show that it fails its requests only.
+    pub oom_at_pass: Option<u64>,
     /// Sessions unused this long are released (their coordinator is gone); `None`: never.
     pub session_ttl: Option<Duration>,
     /// TLS, and mutual TLS with a client CA (then only coordinators with a certificate
@@ -116,20 +122,26 @@ impl Node {
         let options = LoadOptions {
             device: config.device,
             dtype: config.dtype,
-            memory_budget: config.kv_budget_bytes,
+            kv_budget: config.kv_budget,
             threads: config.threads,
             allow_unused_weights: config.allow_unused_weights,
         };
         let thread = format!("specd-{role}-model");
+        let stand_in = StandIn { forward_delay: config.forward_delay, oom_at_pass: config.oom_at_pass };
         let model = NodeModel::load(
             &thread,
             &config.model,
             options,
             config.max_sessions,
-            config.forward_delay,
+            stand_in,
             config.batch,
             config.pin_threads,
         )?;
+        let (_, budget) = model.handle().call_blocking(|m| Ok(m.memory_in_use()))?;
+        match budget {
+            Some(bytes) => tracing::info!(kv_budget_bytes = bytes, configured = %config.kv_budget, "KV cache budget"),
+            None => tracing::info!("KV cache unbounded"),
+        }
         if let Some(metrics) = &config.metrics {
             export_gauges(metrics, role, &model);
         }
@@ -202,7 +214,8 @@ impl Node {
             vocab_limit,
             lookahead: Vec::new(),
         };
-        Ok(self.model.open(request.session_id, request.prompt_token_ids, build).await?)
+        let reach = (request.max_tokens > 0).then_some(request.max_tokens as usize);
+        Ok(self.model.open(request.session_id, request.prompt_token_ids, reach, build).await?)
     }
 
     /// Runs `job` on the model thread with the session's state; see [`NodeModel::run`] for
@@ -227,8 +240,9 @@ fn export_gauges(metrics: &Metrics, role: &'static str, model: &NodeModel<Sessio
     metrics.on_scrape(move || {
         let (gauges, model) = (gauges.clone(), model.clone());
         async move {
-            if let Ok(kv_bytes) = model.kv_cache_bytes().await {
+            if let Ok((kv_bytes, budget)) = model.handle().memory_in_use().await {
                 gauges.set(model.active_sessions(), kv_bytes);
+                gauges.set_kv_budget(budget);
             }
         }
     });

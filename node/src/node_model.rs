@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_model::{
-    BatchPolicy, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId, Slowed,
-    TeamPinning, load_model, pin_model_team,
+    BatchPolicy, BoxedModel, DeviceSpec, InjectedOom, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker,
+    SessionId, Slowed, TeamPinning, load_model, pin_model_team,
 };
 
 use crate::history::SessionHistory;
@@ -17,6 +17,27 @@ use crate::registry::{RegistryError, SessionRegistry};
 /// and every batched pass of up to that many tokens in all. Longer passes (prefills, larger
 /// batches) build their kernels when they first come.
 const WARM_UP_TOKENS: usize = specd_sampling::MAX_GAMMA as usize + 1;
+
+/// What a node's model is wrapped in to stand in for another (benchmarks and tests; none in
+/// service).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StandIn {
+    /// Added to every forward pass ([`Slowed`]); zero: none.
+    pub forward_delay: Duration,
+    /// Forward pass number N fails out of memory ([`InjectedOom`]).
+    pub oom_at_pass: Option<u64>,
+}
+
+impl StandIn {
+    fn wrap(self, model: BoxedModel) -> BoxedModel {
+        let model: BoxedModel =
+            if self.forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, self.forward_delay)) };
+        match self.oom_at_pass {
+            Some(pass) => Box::new(InjectedOom::new(model, pass)),
+            None => model,
+        }
+    }
+}
 
 /// A role's per-session state.
 pub trait NodeSessionState: Clone + Send + 'static {
@@ -52,7 +73,7 @@ impl<S> Clone for NodeModel<S> {
 
 impl<S: NodeSessionState> NodeModel<S> {
     /// Loads `path` on a worker thread named `thread`; blocks until the model is ready.
-    /// `forward_delay` makes every forward pass that much slower (zero: none); `batch` says
+    /// `stand_in` says what the model is wrapped in (in service: nothing); `batch` says
     /// how concurrent sessions' forward passes are batched; `pin_threads`: a CPU model's
     /// threads get one CPU each where they use them all ([`specd_model::pinning`]).
     pub fn load(
@@ -60,7 +81,7 @@ impl<S: NodeSessionState> NodeModel<S> {
         path: &Path,
         options: LoadOptions,
         max_sessions: usize,
-        forward_delay: Duration,
+        stand_in: StandIn,
         batch: BatchPolicy,
         pin_threads: bool,
     ) -> Result<Self, ModelError> {
@@ -78,7 +99,7 @@ impl<S: NodeSessionState> NodeModel<S> {
                     TeamPinning::Unpinned(why) => tracing::info!(why, "model threads left to the scheduler"),
                 }
             }
-            Ok(if forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, forward_delay)) })
+            Ok(stand_in.wrap(model))
         })?;
         Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)) })
     }
@@ -91,17 +112,20 @@ impl<S: NodeSessionState> NodeModel<S> {
         self.sessions.len()
     }
 
-    /// Opens a model session for `prompt` and registers the state `build` makes of it.
-    /// Runs as its own task: a caller that goes away half-way (a deadline) cannot leave a
+    /// Opens a model session for `prompt` and registers the state `build` makes of it. The
+    /// session reserves KV cache for `reach` tokens (at least the prompt and one more, at
+    /// most the model's context; `None`: the whole context), admitted against the budget
+    /// before any pass runs. Runs as its own task: a caller that goes away half-way (a deadline) cannot leave a
     /// model session that is open but not registered.
     pub async fn open(
         &self,
         id: String,
         prompt: Vec<u32>,
+        reach: Option<usize>,
         build: impl FnOnce(SessionId, SessionHistory) -> S + Send + 'static,
     ) -> Result<(), NodeSessionError> {
         let this = self.clone();
-        tokio::spawn(async move { this.open_now(id, prompt, build).await })
+        tokio::spawn(async move { this.open_now(id, prompt, reach, build).await })
             .await
             .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("open task failed: {e}"))))?
     }
@@ -110,6 +134,7 @@ impl<S: NodeSessionState> NodeModel<S> {
         &self,
         id: String,
         prompt: Vec<u32>,
+        reach: Option<usize>,
         build: impl FnOnce(SessionId, SessionHistory) -> S,
     ) -> Result<(), NodeSessionError> {
         self.sessions.check_new(&id)?;
@@ -120,8 +145,10 @@ impl<S: NodeSessionState> NodeModel<S> {
             ))
             .into());
         }
+        let context = self.model.info().context_length;
+        let capacity = reach.map(|r| r.max(prompt.len() + 1).min(context));
         let history = SessionHistory::new(prompt)?;
-        let model_session = self.model.open_session(None).await?;
+        let model_session = self.model.open_session(capacity).await?;
         if let Err((err, state)) = self.sessions.insert(id, build(model_session, history)) {
             let _ = self.model.release(state.model_session()).await;
             return Err(err.into());

@@ -16,7 +16,7 @@ use specd_coordinator::{
 };
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_model::{BatchPolicy, DType, DeviceSpec, LlamaConfig, ModelError, TableModel};
+use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget, LlamaConfig, ModelError, TableModel};
 use specd_node::NodeConfig;
 use specd_proto::tls::{ClientTls, ServerTls};
 use specd_sampling::{MAX_GAMMA, Truncation};
@@ -67,9 +67,17 @@ pub struct NodeOptions {
     /// Sessions a node holds at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SPECD_MAX_SESSIONS", default_value_t = 256)]
     max_sessions: usize,
-    /// KV-cache budget of a node in MiB (all sessions together); unbounded when unset.
+    /// KV-cache budget of a node in MiB (all sessions together); overrides
+    /// --kv-memory-fraction.
     #[arg(long, env = "SPECD_KV_BUDGET_MIB")]
     kv_budget_mib: Option<u64>,
+    /// KV-cache budget of a node as a fraction of the memory free once its weights are
+    /// loaded (like vLLM's --gpu-memory-utilization): on CUDA the device's free memory as
+    /// nvidia-smi reports it, on a CPU MemAvailable. A session reserves what its request can
+    /// reach; one that does not fit is refused with RESOURCE_EXHAUSTED. Two nodes on one
+    /// device each take their fraction of what is free when they load: give each its share.
+    #[arg(long, env = "SPECD_KV_MEMORY_FRACTION", default_value_t = 0.9)]
+    kv_memory_fraction: f64,
     /// Milliseconds added to every forward pass of this node's model: stands in for a slower
     /// (bigger) model in benchmarks and tests. 0 in service.
     #[arg(long, env = "SPECD_FORWARD_DELAY_MS", default_value_t = 0.0)]
@@ -601,8 +609,14 @@ impl NodeOptions {
         self.dtype
     }
 
-    fn kv_budget_bytes(&self) -> Option<u64> {
-        self.kv_budget_mib.map(|m| m * 1024 * 1024)
+    fn kv_budget(&self) -> anyhow::Result<KvBudget> {
+        if let Some(mib) = self.kv_budget_mib {
+            return Ok(KvBudget::Bytes(mib.saturating_mul(1024 * 1024)));
+        }
+        if !(self.kv_memory_fraction > 0.0 && self.kv_memory_fraction <= 1.0) {
+            return Err(invalid(format!("--kv-memory-fraction {} must be in (0, 1]", self.kv_memory_fraction)));
+        }
+        Ok(KvBudget::FractionOfFree(self.kv_memory_fraction))
     }
 
     /// The flags that give a `specd target` or `specd draft` process these options
@@ -622,6 +636,7 @@ impl NodeOptions {
         args.push(format!("--max-batch-tokens={}", self.max_batch_tokens));
         args.push(format!("--batch-window-us={}", self.batch_window_us));
         args.extend(self.kv_budget_mib.map(|m| format!("--kv-budget-mib={m}")));
+        args.push(format!("--kv-memory-fraction={}", self.kv_memory_fraction));
         args.extend(threads.map(|t| format!("--threads={t}")));
         args.extend(self.sampling_threads.map(|t| format!("--sampling-threads={t}")));
         args.push(format!("--pin-threads={}", self.pin_threads));
@@ -658,8 +673,9 @@ impl NodeOptions {
             device: self.device,
             dtype: self.dtype,
             max_sessions: self.max_sessions,
-            kv_budget_bytes: self.kv_budget_bytes(),
+            kv_budget: self.kv_budget()?,
             forward_delay,
+            oom_at_pass: None,
             session_ttl: match Duration::try_from_secs_f64(self.session_ttl_s) {
                 Ok(ttl) if ttl.is_zero() => None,
                 Ok(ttl) => Some(ttl),

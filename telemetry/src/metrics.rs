@@ -70,6 +70,7 @@ struct Inner {
     registry: Mutex<Registry>,
     active_sessions: Family<RoleLabel, Gauge>,
     kv_cache_bytes: OnceLock<Family<RoleLabel, Gauge>>,
+    kv_budget_bytes: OnceLock<Family<RoleLabel, Gauge>>,
     coordinator: OnceLock<CoordinatorMetrics>,
     hooks: Mutex<Vec<Hook>>,
 }
@@ -111,6 +112,7 @@ impl Metrics {
             registry: Mutex::new(registry),
             active_sessions,
             kv_cache_bytes: OnceLock::new(),
+            kv_budget_bytes: OnceLock::new(),
             coordinator: OnceLock::new(),
             hooks: Mutex::default(),
         };
@@ -140,10 +142,21 @@ impl Metrics {
             );
             family
         });
+        let budget = self.inner.kv_budget_bytes.get_or_init(|| {
+            let family = Family::<RoleLabel, Gauge>::default();
+            lock(&self.inner.registry).register(
+                "specd_kv_budget_bytes",
+                "Bytes of KV cache a node's sessions may reserve together (no series: unbounded)",
+                family.clone(),
+            );
+            family
+        });
         let label = RoleLabel { role };
         NodeGauges {
             active_sessions: self.inner.active_sessions.get_or_create(&label).clone(),
             kv_cache_bytes: kv.get_or_create(&label).clone(),
+            kv_budget_bytes: budget.clone(),
+            label,
         }
     }
 
@@ -168,17 +181,33 @@ impl Metrics {
     }
 }
 
-/// A node's two gauges.
+/// A node's gauges: sessions, the KV bytes they reserve, and the budget on those.
 #[derive(Debug, Clone)]
 pub struct NodeGauges {
     active_sessions: Gauge,
     kv_cache_bytes: Gauge,
+    /// A family, so that an unbounded node shows no series rather than a 0 that reads as
+    /// "nothing fits".
+    kv_budget_bytes: Family<RoleLabel, Gauge>,
+    label: RoleLabel,
 }
 
 impl NodeGauges {
     pub fn set(&self, active_sessions: usize, kv_cache_bytes: u64) {
         self.active_sessions.set(i64::try_from(active_sessions).unwrap_or(i64::MAX));
         self.kv_cache_bytes.set(i64::try_from(kv_cache_bytes).unwrap_or(i64::MAX));
+    }
+
+    /// The node's KV budget (`None`: unbounded, no series).
+    pub fn set_kv_budget(&self, bytes: Option<u64>) {
+        match bytes {
+            Some(bytes) => {
+                self.kv_budget_bytes.get_or_create(&self.label).set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+            None => {
+                self.kv_budget_bytes.remove(&self.label);
+            }
+        }
     }
 }
 
@@ -466,5 +495,18 @@ mod tests {
             assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
         }
         assert!(!text.contains("specd_kv_cache_bytes"), "no node in this process:\n{text}");
+    }
+
+    #[tokio::test]
+    async fn a_node_shows_its_kv_budget_only_when_it_has_one() {
+        let metrics = Metrics::new();
+        let node = metrics.node("target");
+        node.set(1, 10);
+        node.set_kv_budget(Some(1 << 30));
+        let text = metrics.encode().await.unwrap();
+        assert_eq!(value(&text, "specd_kv_budget_bytes{role=\"target\"}"), Some((1u64 << 30) as f64), "{text}");
+        node.set_kv_budget(None);
+        let text = metrics.encode().await.unwrap();
+        assert_eq!(value(&text, "specd_kv_budget_bytes{role=\"target\"}"), None, "{text}");
     }
 }

@@ -47,7 +47,10 @@ mod tests {
         let node = metrics.node("target");
         metrics.on_scrape(move || {
             let node = node.clone();
-            async move { node.set(3, 1024) }
+            async move {
+                node.set(3, 1024);
+                node.set_kv_budget(Some(4096));
+            }
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -62,6 +65,7 @@ mod tests {
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         assert!(response.contains("specd_active_sessions{role=\"target\"} 3\n"), "{response}");
         assert!(response.contains("specd_kv_cache_bytes{role=\"target\"} 1024\n"), "{response}");
+        assert!(response.contains("specd_kv_budget_bytes{role=\"target\"} 4096\n"), "{response}");
         let _ = stop.send(());
         server.await.unwrap().unwrap();
     }

@@ -13,7 +13,7 @@ use chaos::ChaosProxy;
 use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
-use specd_model::{BatchPolicy, DType, DeviceSpec};
+use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget};
 use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
@@ -95,6 +95,10 @@ pub struct ClusterOptions {
     pub draft_one_way_delay: Option<Duration>,
     /// The draft node's proposer (`--proposer`; default: the model).
     pub proposer: ProposerConfig,
+    /// The target's KV budget (default: unbounded).
+    pub target_kv_budget: KvBudget,
+    /// The target's forward pass number N fails out of memory (`NodeConfig::oom_at_pass`).
+    pub target_oom_at_pass: Option<u64>,
 }
 
 impl Default for ClusterOptions {
@@ -114,6 +118,8 @@ impl Default for ClusterOptions {
             corrupt_pushes: false,
             draft_one_way_delay: None,
             proposer: ProposerConfig::default(),
+            target_kv_budget: KvBudget::Unbounded,
+            target_oom_at_pass: None,
         }
     }
 }
@@ -146,8 +152,9 @@ impl Cluster {
             device: DeviceSpec::Cpu,
             dtype: options.dtype,
             max_sessions: 1024,
-            kv_budget_bytes: None,
+            kv_budget: KvBudget::Unbounded,
             forward_delay,
+            oom_at_pass: None,
             session_ttl: options.session_ttl,
             tls: Default::default(),
             metrics: options.metrics.clone(),
@@ -157,7 +164,12 @@ impl Cluster {
             allow_unused_weights: false,
             batch: options.batch,
         };
-        let target = TargetNode::load(config(target_model, options.forward_delays.0)).await?;
+        let target_config = NodeConfig {
+            kv_budget: options.target_kv_budget,
+            oom_at_pass: options.target_oom_at_pass,
+            ..config(target_model, options.forward_delays.0)
+        };
+        let target = TargetNode::load(target_config).await?;
         let draft = DraftNode::start(config(draft_model, options.forward_delays.1), options.proposer)
             .await?
             .with_lookahead_purpose(options.lookahead_purpose);

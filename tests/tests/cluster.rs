@@ -8,6 +8,8 @@
 //! - [`optimistic`]: optimistic drafting, same outputs and the same law;
 //! - [`greedy_hf`]: greedy identity on Hugging Face checkpoints;
 //! - [`vocab_padding`]: a draft without the target's padding rows, same law;
+//! - [`kv_budget`]: KV memory by the request: admission against the target's budget, and a
+//!   pass out of memory failing its request only;
 //! - [`proposers`]: the n-gram, suffix and model+ngram proposers: the law, greedy identity,
 //!   the suffix node's memory bound.
 //!
@@ -15,6 +17,7 @@
 //! deadlines, which a law check running beside them could make them miss.
 
 mod greedy_hf;
+mod kv_budget;
 mod law_through_cluster;
 mod optimistic;
 mod proposers;

@@ -205,7 +205,8 @@ fn modelless_config() -> NodeConfig {
         device: DeviceSpec::Cpu,
         dtype: DType::F32,
         max_sessions: 64,
-        kv_budget_bytes: None,
+        kv_budget: specd_model::KvBudget::Unbounded,
+        oom_at_pass: None,
         forward_delay: Duration::ZERO,
         session_ttl: None,
         tls: Default::default(),
@@ -250,6 +251,7 @@ async fn a_suffix_node_under_32_concurrent_sessions_stays_within_its_memory_boun
                     sampling: Some(sampling),
                     seed: s,
                     vocab_limit: 0,
+                    max_tokens: 0,
                 };
                 client.open_session(open).await.unwrap();
                 (id, prompt, rng)
