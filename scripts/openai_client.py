@@ -11,7 +11,7 @@ Checks against one server:
   guarded --base URL --model NAME --token T --metrics URL
       a server started with --api-token T, --max-generations 1 and slowed passes: 401 for a
       wrong token, 429 while a generation is in flight, and a client that disconnects from a
-      stream frees the nodes' sessions within a second.
+      stream, or gives up on a unary request, frees the nodes' sessions within a second.
 
 Every check asserts; the script prints one `ok: ...` line per check and exits non-zero on the
 first failure.
@@ -249,6 +249,17 @@ def guarded():
         assert time.monotonic() - gone < 1.0, "node sessions still open 1 s after the client left"
         time.sleep(0.02)
     ok(f"a client that leaves a stream frees the nodes' sessions in {time.monotonic() - gone:.3f} s")
+    # A unary request whose client gives up (its timeout) goes the same way.
+    try:
+        client.with_options(timeout=0.5).completions.create(model=args.model, **long)
+        raise AssertionError("the long request finished within its 0.5 s timeout: nothing was tested")
+    except openai.APITimeoutError:
+        pass
+    gone = time.monotonic()
+    while active_sessions() > 0:
+        assert time.monotonic() - gone < 1.0, "node sessions still open 1 s after the client timed out"
+        time.sleep(0.02)
+    ok(f"a unary client that times out frees the nodes' sessions in {time.monotonic() - gone:.3f} s")
     # And the server takes the next request at once.
     after = complete(**{**long, "max_tokens": 2})
     assert after.usage.completion_tokens == 2, after.usage

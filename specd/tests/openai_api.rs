@@ -115,7 +115,7 @@ fn the_openai_client_meets_the_token_the_limit_and_frees_sessions_when_it_leaves
     ];
     let (_up, http, _) = up(&model, &guard);
     let flags = ["--base", &format!("http://{http}/v1"), "--model", "tiny", "--token", "s3cret"];
-    run_client("guarded", &[&flags[..], &["--metrics", &format!("http://{metrics}/metrics")]].concat(), 4);
+    run_client("guarded", &[&flags[..], &["--metrics", &format!("http://{metrics}/metrics")]].concat(), 5);
 }
 
 /// Raw HTTP/1.1, as curl sends it: the events' order and framing, `[DONE]` last.
