@@ -105,7 +105,9 @@ fn draft_side(request: &ProposeRequest) {
         };
         match accepted {
             Ok((t, prob)) => assert!(t == token && prob > 0.0, "token {token} sent with q {prob}"),
-            Err(err) => panic!("the coordinator refuses what the draft sends ({wire:?}): {err}", wire = request.truncation),
+            Err(err) => {
+                panic!("the coordinator refuses what the draft sends ({wire:?}): {err}", wire = request.truncation)
+            }
         }
     }
 }
@@ -147,11 +149,8 @@ fn target_side(request: &VerifyRequest) {
         assert!(position.complement_mass.is_finite() && position.complement_mass >= 0.0);
         assert!(position.complement_sample.is_none_or(|c| (c as usize) < VOCAB && !support.contains(&c)));
     }
-    let reply = VerifyResponse {
-        positions: scored_positions(&block),
-        bonus_token_id: block.bonus,
-        ..Default::default()
-    };
+    let reply =
+        VerifyResponse { positions: scored_positions(&block), bonus_token_id: block.bonus, ..Default::default() };
     assert_eq!(parse_scored_block(&reply), block);
 }
 
