@@ -56,6 +56,10 @@ def http_bodies():
             "model": "m", "prompt": ["a", "b"], "stream": True, "stream_options": {"include_usage": True},
             "stop": ["\n", "END"], "top_p": 0.9, "top_k": 40,
         },
+        "completion_stream_usage": {
+            "model": "m", "prompt": "a", "stream": True, "stream_options": {"include_usage": True},
+            "stop": ["\n", "END"], "logprobs": 2,
+        },
         "completion_odd_types": {
             "model": "m", "prompt": [[1, 2], [3]], "max_tokens": 1e3, "temperature": "hot", "seed": -1,
             "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True, "stop": "x",
@@ -65,6 +69,12 @@ def http_bodies():
             "model": "m",
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
             "max_completion_tokens": 32, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        },
+        "chat_max_tokens_disagree": {
+            "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "max_completion_tokens": 6,
+        },
+        "chat_top_logprobs": {
+            "model": "m", "messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 50,
         },
         "chat_neutral_fields": {
             "model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
