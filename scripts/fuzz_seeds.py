@@ -138,6 +138,21 @@ def node_messages(n):
     reply = n.VerifyResponse(positions=[scored(s) for s in supports], bonus_token_id=5, verify_ns=99, batch_size=1)
     pair = lambda a, b: b"\x00" + varint(len(a)) + a + b
     write("node_messages", "round_sparse.bin", pair(proposed.SerializeToString(), reply.SerializeToString()))
+    # Rejections whose residual is drawn inside the support (p > q there), then from the
+    # complement: exact binary fractions, so p on the support plus the complement mass is 1.
+    # A fuzzer rarely finds these itself: changing one p breaks that sum.
+    rejecting = n.ProposeResponse(positions=[
+        n.ProposedPosition(token_id=3, support=[3, 7, 11], q=[0.625, 0.25, 0.125]),
+        n.ProposedPosition(token_id=0, support=[0, 1], q=[0.75, 0.25]),
+    ])
+    rejected = n.VerifyResponse(positions=[
+        n.ScoredPosition(p_on_support=[0.125, 0.5, 0.25], complement_mass=0.125, complement_sample=20),
+        n.ScoredPosition(p_on_support=[0.0625, 0.0625], complement_mass=0.875, complement_sample=30),
+    ], bonus_token_id=9)
+    for seed in range(4):
+        rejected.verify_ns = seed
+        name = f"round_sparse_rejected_{seed}.bin"
+        write("node_messages", name, pair(rejecting.SerializeToString(), rejected.SerializeToString()))
     dense = n.ProposeResponse(positions=[n.ProposedPosition(token_id=t, dense_q=dense_q()) for t in (4, 8)])
     rows = n.VerifyResponse(dense_p=[n.DenseRow(probs=dense_q()) for _ in range(3)], verify_ns=7)
     write("node_messages", "round_dense.bin", pair(dense.SerializeToString(), rows.SerializeToString()))
