@@ -24,7 +24,7 @@ export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
 
 CARGO ?= cargo
 
-.PHONY: all build test lint fmt demo bench torch pydeps deploy-check clean help
+.PHONY: all build test lint fmt demo bench torch pydeps deploy-check fuzz clean help
 
 all: build
 
@@ -33,6 +33,7 @@ help:
 	@echo "make test   - install what is missing, then lint and run every test"
 	@echo "make build  - build target/release/specd"
 	@echo "make bench  - run the criterion benchmarks (sampling round, model verify vs decode)"
+	@echo "make fuzz   - build the fuzz targets (stable cargo-fuzz) and fuzz each for 20 s"
 	@echo "make deploy-check - render and validate deploy/k8s, specd --check-config on every container"
 
 $(PYTHON):
@@ -77,6 +78,12 @@ lint: torch
 # Release: the whole-system law tests draw 200 000 generations per check through gRPC.
 test: lint pydeps
 	$(CARGO) test --workspace --release --locked
+	$(MAKE) fuzz
+
+# The fuzz targets (fuzz/README.md), a minute in all; the first run installs cargo-fuzz and
+# builds them. Longer: scripts/fuzz.sh run SECONDS [TARGET].
+fuzz:
+	./scripts/fuzz.sh run 60
 
 # The Kubernetes manifests alone (part of `make test`, which skips them loudly without kubectl;
 # here kubectl is required): kustomize, kubernetes-validate --strict, specd --check-config.
@@ -92,3 +99,4 @@ demo: build
 
 clean:
 	$(CARGO) clean
+	rm -rf fuzz/target

@@ -1,7 +1,7 @@
 //! Hostile input, generated at random: whatever a client sends or a node answers, the
 //! coordinator's validation and the rule return a value or an error, never panic, and what
-//! they accept is within bounds. (A stable-toolchain stand-in for cargo-fuzz, which needs
-//! nightly: proptest, 2 000 cases per target.)
+//! they accept is within bounds. (proptest, 2 000 cases per target, in every `cargo test`; the
+//! cargo-fuzz targets in fuzz/ search the same inputs, and the wire bytes, much longer.)
 
 use proptest::prelude::*;
 use specd_coordinator::nodes::ModelFacts;

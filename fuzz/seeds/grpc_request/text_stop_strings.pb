@@ -1,0 +1,2 @@
+Once upon a time*
+The end 2
