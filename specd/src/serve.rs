@@ -195,6 +195,12 @@ impl ProposerOptions {
 /// otherwise (an empty path stands for none).
 fn draft_model_path(flag: &str, model: Option<&PathBuf>, proposer: ProposerKind) -> anyhow::Result<PathBuf> {
     match model {
+        // A model that would never be loaded is a mistake worth saying, not ignoring.
+        Some(path) if !proposer.needs_model() => Err(invalid(format!(
+            "--proposer {proposer} drafts without a model, so {flag} {} would be ignored: remove it, or use \
+             --proposer model+ngram to draft with both",
+            path.display()
+        ))),
         Some(path) => Ok(path.clone()),
         None if proposer.needs_model() => Err(invalid(format!("{flag} is required with --proposer {proposer}"))),
         None => Ok(PathBuf::new()),
@@ -1056,6 +1062,17 @@ mod tests {
 
     fn node(args: &[&str]) -> NodeOptions {
         Flags::try_parse_from(std::iter::once("node").chain(args.iter().copied())).unwrap().node
+    }
+
+    #[test]
+    fn a_draft_model_a_model_less_proposer_would_ignore_is_refused() {
+        use specd_draft_node::proposer::ProposerKind;
+        let model = std::path::PathBuf::from("m");
+        let err = super::draft_model_path("--model", Some(&model), ProposerKind::Ngram).unwrap_err().to_string();
+        assert!(err.contains("--proposer ngram drafts without a model") && err.contains("--model m"), "{err}");
+        assert_eq!(super::draft_model_path("--model", Some(&model), ProposerKind::ModelNgram).unwrap(), model);
+        assert!(super::draft_model_path("--model", None, ProposerKind::Model).is_err());
+        assert_eq!(super::draft_model_path("--model", None, ProposerKind::Suffix).unwrap(), std::path::PathBuf::new());
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! The model directory's text files, sent to the coordinator, which does all text work
 //! (tokenising, chat templates, detokenising) so that the model's thread does none.
 
-use std::io::ErrorKind;
 use std::path::Path;
 
 use specd_model::TableModel;
 use specd_proto::v1::TextAssetsResponse;
+use specd_text::TextAssets;
 use tonic::Status;
 
-/// tokenizer.json is required; the others are sent when the directory has them. A table model
-/// (a file) sends the word-level tokenizer of its token names.
+/// tokenizer.json is required; the others are sent when the directory has them
+/// (`specd_text::TextAssets`). A table model (a file) sends the word-level tokenizer of its
+/// token names.
 pub(crate) fn read(dir: &Path) -> Result<TextAssetsResponse, Status> {
     if dir.is_file() {
         let table = TableModel::load(dir, None).map_err(|e| Status::internal(e.to_string()))?;
@@ -18,21 +19,15 @@ pub(crate) fn read(dir: &Path) -> Result<TextAssetsResponse, Status> {
             .ok_or_else(|| Status::failed_precondition(format!("the table model {} names no tokens", dir.display())))?;
         return Ok(TextAssetsResponse { tokenizer_json, ..Default::default() });
     }
-    let optional = |name: &str| -> Result<Option<String>, Status> {
-        match std::fs::read_to_string(dir.join(name)) {
-            Ok(text) => Ok(Some(text)),
-            Err(e) if e.kind() == ErrorKind::NotFound || e.kind() == ErrorKind::NotADirectory => Ok(None),
-            Err(e) => Err(Status::internal(format!("cannot read {}: {e}", dir.join(name).display()))),
-        }
-    };
-    let tokenizer_json = optional("tokenizer.json")?.ok_or_else(|| {
-        Status::failed_precondition(format!("the target model {} has no tokenizer.json", dir.display()))
-    })?;
+    if !dir.join("tokenizer.json").is_file() {
+        return Err(Status::failed_precondition(format!("the target model {} has no tokenizer.json", dir.display())));
+    }
+    let assets = TextAssets::from_dir(dir).map_err(|e| Status::internal(e.to_string()))?;
     Ok(TextAssetsResponse {
-        tokenizer_json,
-        tokenizer_config_json: optional("tokenizer_config.json")?,
-        chat_template_jinja: optional("chat_template.jinja")?,
-        generation_config_json: optional("generation_config.json")?,
+        tokenizer_json: assets.tokenizer_json,
+        tokenizer_config_json: assets.tokenizer_config_json,
+        chat_template_jinja: assets.chat_template_jinja,
+        generation_config_json: assets.generation_config_json,
     })
 }
 
