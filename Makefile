@@ -57,10 +57,13 @@ TRANSFORMERS_VER := 5.24.0
 GRPCIO_VER := 1.76.0
 KUBERNETES_VALIDATE_VER := 1.37.0
 OPENAI_VER := 3.57.0
+# transformers renders chat templates with jinja2 (torch brings it too): the chat-template
+# tests compare specd-text with it.
+JINJA2_VER := 3.1.6
 $(PY_STAMP): $(TORCH_STAMP)
 	$(PYTHON) -m pip install --disable-pip-version-check -q "transformers==$(TRANSFORMERS_VER)" \
 		"grpcio==$(GRPCIO_VER)" "grpcio-tools==$(GRPCIO_VER)" "grpcio-reflection==$(GRPCIO_VER)" \
-		"kubernetes-validate==$(KUBERNETES_VALIDATE_VER)" "openai==$(OPENAI_VER)"
+		"kubernetes-validate==$(KUBERNETES_VALIDATE_VER)" "openai==$(OPENAI_VER)" "jinja2==$(JINJA2_VER)"
 	touch $@
 
 pydeps: $(PY_STAMP)
