@@ -25,6 +25,7 @@ fn facts(has_tokenizer: bool) -> ModelFacts {
         tokenizer_fingerprint: "f".into(),
         target_model: "t".into(),
         draft_model: Some("d".into()),
+        text: None,
         has_tokenizer,
     }
 }
@@ -36,12 +37,13 @@ fn defaults() -> Defaults {
         truncation: Truncation::new(1e-4, 8).expect("a valid truncation"),
         rule: RuleVariant::Exact,
         optimistic: true,
+        generation_config: true,
     }
 }
 
 /// The prompt as the gRPC API hands it to `validate`: token ids as sent; a text prompt is
-/// tokenised by the target node, which this target has not, so its UTF-8 bytes stand in for
-/// the tokens (any ids, in or out of the vocabulary, are what validation must handle).
+/// tokenised with the model's tokenizer, which this target has not, so its UTF-8 bytes stand
+/// in for the tokens (any ids, in or out of the vocabulary, are what validation must handle).
 fn prompt(request: &GenerateRequest) -> Option<Vec<u32>> {
     match &request.prompt {
         Some(Prompt::TokenIds(ids)) => Some(ids.ids.clone()),
