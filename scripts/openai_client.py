@@ -11,7 +11,10 @@ Checks against one server:
   guarded --base URL --model NAME --token T --metrics URL
       a server started with --api-token T, --max-generations 1 and slowed passes: 401 for a
       wrong token, 429 while a generation is in flight, and a client that disconnects from a
-      stream, or gives up on a unary request, frees the nodes' sessions within a second.
+      stream, or gives up on a unary request, frees the nodes' sessions within a second;
+      504 when a deadline sent as `grpc-timeout` passes.
+  unavailable --base URL --model NAME
+      a coordinator whose only target is gone: 503.
 
 Every check asserts; the script prints one `ok: ...` line per check and exits non-zero on the
 first failure.
@@ -27,7 +30,7 @@ import urllib.request
 import openai
 
 parser = argparse.ArgumentParser()
-parser.add_argument("check", choices=["basics", "guarded"])
+parser.add_argument("check", choices=["basics", "guarded", "unavailable"])
 parser.add_argument("--base", required=True)
 parser.add_argument("--model", required=True)
 parser.add_argument("--token", default="unused")
@@ -260,10 +263,22 @@ def guarded():
         assert time.monotonic() - gone < 1.0, "node sessions still open 1 s after the client timed out"
         time.sleep(0.02)
     ok(f"a unary client that times out frees the nodes' sessions in {time.monotonic() - gone:.3f} s")
+    # A deadline sent as gRPC's header ends the generation with a 504 in OpenAI's shape.
+    late = expect_error(openai.InternalServerError, 504,
+                        lambda: complete(**long, extra_headers={"grpc-timeout": "300m"}))
+    assert late["type"] == "timeout_error", late
+    ok(f"504 when the request's deadline (grpc-timeout) passes: {late['message']!r}")
     # And the server takes the next request at once.
     after = complete(**{**long, "max_tokens": 2})
     assert after.usage.completion_tokens == 2, after.usage
     ok("the next request is served")
 
 
-{"basics": basics, "guarded": guarded}[args.check]()
+def unavailable():
+    """The coordinator's only target is gone: 503 in OpenAI's shape, and /health says so."""
+    gone = expect_error(openai.InternalServerError, 503, lambda: complete(prompt=[1, 2], max_tokens=2))
+    assert gone["type"] == "service_unavailable_error", gone
+    ok(f"503 when the target is gone: {gone['message']!r}")
+
+
+{"basics": basics, "guarded": guarded, "unavailable": unavailable}[args.check]()

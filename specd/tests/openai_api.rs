@@ -115,7 +115,22 @@ fn the_openai_client_meets_the_token_the_limit_and_frees_sessions_when_it_leaves
     ];
     let (_up, http, _) = up(&model, &guard);
     let flags = ["--base", &format!("http://{http}/v1"), "--model", "tiny", "--token", "s3cret"];
-    run_client("guarded", &[&flags[..], &["--metrics", &format!("http://{metrics}/metrics")]].concat(), 5);
+    run_client("guarded", &[&flags[..], &["--metrics", &format!("http://{metrics}/metrics")]].concat(), 6);
+}
+
+/// The roles as separate processes; the target dies: the coordinator answers 503.
+#[test]
+fn a_coordinator_without_its_target_answers_503() {
+    let model = hf_fixture("llama_tied");
+    let (mut target, target_address) =
+        common::start(&["target", "--listen", "127.0.0.1:0", "--model", model.to_str().unwrap()], &[]);
+    let target_url = format!("http://{target_address}");
+    let args =
+        ["coordinator", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--target", &target_url, "--gamma", "0"];
+    let (_coordinator, _, http) = start_with_http(&args, &[]);
+    target.kill();
+    let http = http.expect("the coordinator announces its HTTP API");
+    run_client("unavailable", &["--base", &format!("http://{http}/v1"), "--model", "llama_tied"], 1);
 }
 
 /// Raw HTTP/1.1, as curl sends it: the events' order and framing, `[DONE]` last.
