@@ -85,6 +85,10 @@ pub struct GenerationSpec {
     pub logprobs: Option<u32>,
 }
 
+/// The most stop strings a request may carry (OpenAI allows 4), and the longest one.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_STRING_BYTES: usize = 256;
+
 fn invalid(message: impl Into<String>) -> CoordinatorError {
     CoordinatorError::InvalidRequest(message.into())
 }
@@ -136,6 +140,14 @@ pub fn validate(
     }
     if stopping.stop_strings.iter().any(String::is_empty) {
         return Err(invalid("stop_strings may not contain an empty string"));
+    }
+    // Every token is matched against every stop string: both are bounded so that a request
+    // cannot make matching cost what generating does.
+    if stopping.stop_strings.len() > MAX_STOP_STRINGS {
+        return Err(invalid(format!("{} stop strings: at most {MAX_STOP_STRINGS}", stopping.stop_strings.len())));
+    }
+    if let Some(long) = stopping.stop_strings.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        return Err(invalid(format!("a stop string of {} bytes: at most {MAX_STOP_STRING_BYTES}", long.len())));
     }
     if !stopping.stop_strings.is_empty() && !facts.has_tokenizer {
         return Err(invalid("stop_strings need text, but the target model has no tokenizer"));
@@ -247,6 +259,22 @@ mod tests {
 
     fn check(request: &GenerateRequest, prompt: Vec<u32>) -> Result<GenerationSpec, String> {
         validate(request, prompt, &facts(), &defaults(), || 7).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_number_and_length() {
+        let with_stops = |stops: Vec<String>| GenerateRequest {
+            stopping: Some(StoppingCriteria { stop_strings: stops, ..Default::default() }),
+            ..Default::default()
+        };
+        let facts = ModelFacts { has_tokenizer: true, ..facts() };
+        let check = |r: &GenerateRequest| validate(r, vec![1], &facts, &defaults(), || 7).map_err(|e| e.to_string());
+        assert!(check(&with_stops(vec!["x".repeat(MAX_STOP_STRING_BYTES)])).is_ok());
+        let long = check(&with_stops(vec!["x".repeat(MAX_STOP_STRING_BYTES + 1)])).unwrap_err();
+        assert!(long.contains("at most 256"), "{long}");
+        assert!(check(&with_stops(vec!["s".into(); MAX_STOP_STRINGS])).is_ok());
+        let many = check(&with_stops(vec!["s".into(); MAX_STOP_STRINGS + 1])).unwrap_err();
+        assert!(many.contains("17 stop strings"), "{many}");
     }
 
     #[test]

@@ -125,8 +125,17 @@ fn a_coordinator_without_its_target_answers_503() {
     let (mut target, target_address) =
         common::start(&["target", "--listen", "127.0.0.1:0", "--model", model.to_str().unwrap()], &[]);
     let target_url = format!("http://{target_address}");
-    let args =
-        ["coordinator", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--target", &target_url, "--gamma", "0"];
+    let args = [
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--target",
+        &target_url,
+        "--gamma",
+        "0",
+    ];
     let (_coordinator, _, http) = start_with_http(&args, &[]);
     target.kill();
     let http = http.expect("the coordinator announces its HTTP API");

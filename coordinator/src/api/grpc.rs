@@ -109,6 +109,11 @@ impl GenerationService {
         &self.admission
     }
 
+    /// Whether one more generation may start now (the check `start` makes again).
+    pub(crate) fn admit_now(&self) -> Result<(), Status> {
+        self.admission.admit(self.active.len())
+    }
+
     pub(crate) fn facts(&self) -> &ModelFacts {
         &self.pool.facts
     }

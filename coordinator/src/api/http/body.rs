@@ -53,6 +53,10 @@ fn asks_for_nothing(field: &str, value: &Value) -> Option<bool> {
         "echo" => value == false,
         "best_of" => value == 1,
         "logit_bias" => value.as_object().is_some_and(Map::is_empty),
+        "store" => value == false,
+        // Labels for the client's own records, and the tier of a service that has one.
+        "metadata" => value.is_object(),
+        "service_tier" => value.is_string(),
         _ => return None,
     };
     Some(neutral || value.is_null())
@@ -142,12 +146,15 @@ pub enum PromptField {
     TokenLists(Vec<Vec<u32>>),
 }
 
-/// `stream_options`.
+/// `stream_options`. `include_obfuscation` pads events against length side channels;
+/// specd sends none, which changes no text.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    #[serde(default, rename = "include_obfuscation")]
+    _include_obfuscation: Option<bool>,
 }
 
 /// `speculation`, as the gRPC API's `Speculation`.
@@ -157,13 +164,49 @@ pub struct SpeculationField {
     pub gamma: Option<u32>,
 }
 
-/// One message of `messages`: `content` is a string, or a list of text parts.
+/// One message of `messages`: `content` is a string, or a list of text parts. The fields an
+/// assistant message replayed from another server carries pass when they hold nothing
+/// (`"tool_calls": null`, `"refusal": null`); with something in them they are refused, as is
+/// `name`, which specd's templates are not given.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MessageField {
     pub role: String,
     #[serde(default)]
     pub content: Option<ContentField>,
+    #[serde(default)]
+    tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    refusal: Option<String>,
+    #[serde(default)]
+    audio: Option<Value>,
+    #[serde(default)]
+    annotations: Option<Vec<Value>>,
+    #[serde(default)]
+    function_call: Option<Value>,
+}
+
+impl MessageField {
+    /// The fields of an assistant message that ask for something specd does not do.
+    pub fn unsupported(&self) -> Vec<String> {
+        let mut fields = Vec::new();
+        if self.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+            fields.push("messages[].tool_calls".to_owned());
+        }
+        if self.refusal.is_some() {
+            fields.push("messages[].refusal".to_owned());
+        }
+        if self.audio.as_ref().is_some_and(|a| !a.is_null()) {
+            fields.push("messages[].audio".to_owned());
+        }
+        if self.annotations.as_ref().is_some_and(|a| !a.is_empty()) {
+            fields.push("messages[].annotations".to_owned());
+        }
+        if self.function_call.as_ref().is_some_and(|f| !f.is_null()) {
+            fields.push("messages[].function_call".to_owned());
+        }
+        fields
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,9 +260,19 @@ mod tests {
         let err = parse(r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#, Endpoint::Chat)
             .unwrap_err();
         assert_eq!(err.param.as_deref(), Some("response_format"));
-        let neutral =
-            r#"{"model":"m","prompt":"x","echo":false,"best_of":1,"logit_bias":null,"suffix":null,"tools":[]}"#;
+        let neutral = r#"{"model":"m","prompt":"x","echo":false,"best_of":1,"logit_bias":null,"suffix":null,"tools":[],
+            "store":false,"metadata":{"user":"u"},"service_tier":"auto"}"#;
         assert!(parse(neutral, Endpoint::Completions).is_ok());
+        let stored = parse(r#"{"model":"m","prompt":"x","store":true}"#, Endpoint::Completions).unwrap_err();
+        assert_eq!(stored.param.as_deref(), Some("store"));
+        let replayed: MessageField = serde_json::from_str(
+            r#"{"role":"assistant","content":"a","tool_calls":null,"refusal":null,"annotations":[]}"#,
+        )
+        .unwrap();
+        assert!(replayed.unsupported().is_empty());
+        let called: MessageField =
+            serde_json::from_str(r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}"#).unwrap();
+        assert_eq!(called.unsupported(), vec!["messages[].tool_calls".to_owned()]);
     }
 
     #[test]

@@ -138,6 +138,9 @@ impl Api {
         if request.model != *self.served {
             return Err(ApiError::model_not_found(&request.model, &self.served));
         }
+        // A request that will be refused for the limit is refused before its prompt is
+        // rendered and tokenised.
+        self.service.admit_now()?;
         let generate = self.with_prompt(&request, metadata.get("x-request-id"))?;
         let served = self.served.to_string();
         let shape = move |request_id: &str| Shape::new(endpoint, request_id, unix_now(), served);

@@ -161,8 +161,9 @@ pub fn finish_reason(reason: i32) -> Option<&'static str> {
     match FinishReason::try_from(reason).unwrap_or(FinishReason::Unspecified) {
         FinishReason::Length => Some("length"),
         FinishReason::Eos | FinishReason::Stop => Some("stop"),
-        FinishReason::Cancelled => Some("cancelled"),
-        FinishReason::Unspecified => None,
+        // Only a client that has left is cancelled: nothing reaches it, and OpenAI has no
+        // such reason.
+        FinishReason::Cancelled | FinishReason::Unspecified => None,
     }
 }
 

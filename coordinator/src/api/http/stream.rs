@@ -9,7 +9,7 @@
 
 use std::convert::Infallible;
 
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use specd_proto::v1::GenerateResponse;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -19,7 +19,7 @@ use super::body::Endpoint;
 use super::error::ApiError;
 use super::respond::{LogprobFormat, Shape};
 
-type Events = Sse<ReceiverStream<Result<Event, Infallible>>>;
+type Events = Sse<axum::response::sse::KeepAliveStream<ReceiverStream<Result<Event, Infallible>>>>;
 
 pub fn events(
     mut generation: impl Stream<Item = Result<GenerateResponse, tonic::Status>> + Unpin + Send + 'static,
@@ -78,5 +78,7 @@ pub fn events(
         }
         let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
     });
-    Sse::new(ReceiverStream::new(rx))
+    // A comment line every 15 s while nothing else is sent (a long prompt's pass, text held
+    // back for a stop string) keeps proxies from cutting an idle stream.
+    Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

@@ -113,6 +113,10 @@ fn chat_turns(messages: Vec<MessageField>) -> Result<Vec<ChatTurn>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages is empty", Some("messages")));
     }
+    let unsupported: Vec<String> = messages.iter().flat_map(MessageField::unsupported).collect();
+    if !unsupported.is_empty() {
+        return Err(ApiError::unsupported(&unsupported));
+    }
     messages
         .into_iter()
         .map(|m| {
