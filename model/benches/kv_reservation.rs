@@ -14,38 +14,23 @@
 
 use std::time::Instant;
 
-use specd_model::{
-    Architecture, DType, DeviceSpec, KvBudget, LanguageModel, LlamaConfig, LlamaModel, LoadOptions, RopeScaling,
-};
+use specd_model::{DType, DeviceSpec, KvBudget, LanguageModel, LlamaConfig, LlamaModel, LlamaShape, LoadOptions};
 
 const PROMPT: usize = 19;
 const MAX_NEW: usize = 64;
 const GAMMA_MAX: usize = 8;
 
 fn config(layers: usize, kv_heads: usize, head_dim: usize) -> LlamaConfig {
-    LlamaConfig {
-        architecture: Architecture::Llama,
+    LlamaConfig::llama(LlamaShape {
         vocab_size: 256,
         hidden_size: 64,
         intermediate_size: 128,
-        num_hidden_layers: layers,
-        num_attention_heads: 32,
-        num_key_value_heads: kv_heads,
+        layers,
+        heads: 32,
+        kv_heads,
         head_dim,
-        rms_norm_eps: 1e-5,
-        rope_theta: 500_000.0,
-        rope_scaling: RopeScaling::None,
-        max_position_embeddings: 131_072,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        sliding_window: None,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
-        checkpoint_dtype: None,
-        features: Default::default(),
-    }
+        context: 131_072,
+    })
 }
 
 fn model(cfg: LlamaConfig, budget: KvBudget, dtype: DType) -> LlamaModel {

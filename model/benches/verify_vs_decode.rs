@@ -15,36 +15,21 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use specd_model::{
-    Architecture, DType, DeviceSpec, LanguageModel, LlamaConfig, LlamaModel, LoadOptions, RopeScaling, SessionId,
-};
+use specd_model::{DType, DeviceSpec, LanguageModel, LlamaConfig, LlamaModel, LlamaShape, LoadOptions, SessionId};
 
 const CONTEXT: usize = 256;
 
 fn config() -> LlamaConfig {
-    LlamaConfig {
-        architecture: Architecture::Llama,
+    LlamaConfig::llama(LlamaShape {
         vocab_size: 32_000,
         hidden_size: 768,
         intermediate_size: 2048,
-        num_hidden_layers: 12,
-        num_attention_heads: 12,
-        num_key_value_heads: 4,
+        layers: 12,
+        heads: 12,
+        kv_heads: 4,
         head_dim: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 500_000.0,
-        rope_scaling: RopeScaling::None,
-        max_position_embeddings: 2048,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        sliding_window: None,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
-        checkpoint_dtype: None,
-        features: Default::default(),
-    }
+        context: 2048,
+    })
 }
 
 fn device() -> DeviceSpec {

@@ -176,7 +176,49 @@ fn default_max_pos() -> usize {
     2048
 }
 
+/// The sizes of a Llama model; the rest of its config is Llama 3's ([`LlamaConfig::llama`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlamaShape {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub context: usize,
+}
+
 impl LlamaConfig {
+    /// A Llama of `shape` with Llama 3's settings (RoPE θ 500 000, RMS ε 1e-5, tied
+    /// embeddings, no biases, no window, BOS 1 and EOS 2): the config tests and benchmarks
+    /// build random models from.
+    pub fn llama(shape: LlamaShape) -> Self {
+        LlamaConfig {
+            architecture: Architecture::Llama,
+            vocab_size: shape.vocab_size,
+            hidden_size: shape.hidden_size,
+            intermediate_size: shape.intermediate_size,
+            num_hidden_layers: shape.layers,
+            num_attention_heads: shape.heads,
+            num_key_value_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: shape.context,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            sliding_window: None,
+            bos_token_id: Some(1),
+            eos_token_ids: vec![2],
+            checkpoint_dtype: None,
+            features: Default::default(),
+        }
+    }
+
     /// Reads `dir/config.json` and `dir/generation_config.json` (optional; its EOS ids win).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");

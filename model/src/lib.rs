@@ -55,7 +55,7 @@ mod weights;
 pub mod worker;
 
 pub use batching::{BatchPolicy, BatchTotals};
-pub use config::{Activation, ArchFeatures, Architecture, LlamaConfig, RopeScaling};
+pub use config::{Activation, ArchFeatures, Architecture, LlamaConfig, LlamaShape, RopeScaling};
 pub use device::{DType, DeviceSpec};
 pub use error::{ErrorClass, ModelError, Result};
 pub use injected_oom::InjectedOom;

@@ -7,8 +7,8 @@
 
 use anyhow::Result;
 use specd_model::{
-    Architecture, DType, DeviceSpec, ForwardItem, KvBudget, LanguageModel, LlamaConfig, LlamaModel, LoadOptions,
-    ModelError, RopeScaling,
+    DType, DeviceSpec, ForwardItem, KvBudget, LanguageModel, LlamaConfig, LlamaModel, LlamaShape, LoadOptions,
+    ModelError,
 };
 
 const LAYERS: usize = 16;
@@ -23,29 +23,16 @@ const REACH: usize = 19 + 64 + 8 + 1;
 const CHUNK: usize = 256;
 
 fn one_b_shaped() -> LlamaConfig {
-    LlamaConfig {
-        architecture: Architecture::Llama,
+    LlamaConfig::llama(LlamaShape {
         vocab_size: 256,
         hidden_size: 64,
         intermediate_size: 128,
-        num_hidden_layers: LAYERS,
-        num_attention_heads: 32,
-        num_key_value_heads: KV_HEADS,
+        layers: LAYERS,
+        heads: 32,
+        kv_heads: KV_HEADS,
         head_dim: HEAD_DIM,
-        rms_norm_eps: 1e-5,
-        rope_theta: 500_000.0,
-        rope_scaling: RopeScaling::None,
-        max_position_embeddings: CONTEXT,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        sliding_window: None,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
-        checkpoint_dtype: None,
-        features: Default::default(),
-    }
+        context: CONTEXT,
+    })
 }
 
 fn model(budget: KvBudget) -> Result<LlamaModel> {

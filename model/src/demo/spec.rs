@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Architecture, LlamaConfig, RopeScaling};
+use crate::config::{LlamaConfig, LlamaShape};
 
 /// The shape of one Llama model of the pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,28 +83,22 @@ const RMS_NORM_EPS: f64 = 1e-5;
 impl DemoSpec {
     /// The config of one model of the pair, as the serving code will read it back.
     pub fn llama_config(&self, shape: Shape) -> LlamaConfig {
-        LlamaConfig {
-            architecture: Architecture::Llama,
+        let sizes = LlamaShape {
             vocab_size: self.vocab_size,
             hidden_size: shape.hidden,
             intermediate_size: shape.intermediate,
-            num_hidden_layers: shape.layers,
-            num_attention_heads: shape.heads,
-            num_key_value_heads: shape.heads,
+            layers: shape.layers,
+            heads: shape.heads,
+            kv_heads: shape.heads,
             head_dim: shape.hidden / shape.heads,
+            context: self.context,
+        };
+        LlamaConfig {
             rms_norm_eps: RMS_NORM_EPS,
             rope_theta: ROPE_THETA,
-            rope_scaling: RopeScaling::None,
-            max_position_embeddings: self.context,
-            tie_word_embeddings: true,
-            qkv_bias: false,
-            o_bias: false,
-            mlp_bias: false,
-            sliding_window: None,
             bos_token_id: Some(END_OF_TEXT),
             eos_token_ids: vec![END_OF_TEXT],
-            checkpoint_dtype: None,
-            features: Default::default(),
+            ..LlamaConfig::llama(sizes)
         }
     }
 
