@@ -134,20 +134,21 @@ impl Api {
         let metadata = MetadataMap::from_headers(headers);
         // The token is checked before anything of the body is read or answered.
         self.service.admission().authorize(&metadata)?;
-        let request = translate(&Body::parse(bytes, endpoint)?, endpoint)?;
-        if request.model != *self.served {
-            return Err(ApiError::model_not_found(&request.model, &self.served));
+        let HttpRequest { model, prompt, generate, stream, include_usage, logprobs } =
+            translate(&Body::parse(bytes, endpoint)?, endpoint)?;
+        if model != *self.served {
+            return Err(ApiError::model_not_found(&model, &self.served));
         }
         // A request that will be refused for the limit is refused before its prompt is
         // rendered and tokenised.
         self.service.admit_now()?;
-        let generate = self.with_prompt(&request, metadata.get("x-request-id"))?;
+        let generate = self.with_prompt(generate, prompt, metadata.get("x-request-id"))?;
         let served = self.served.to_string();
         let shape = move |request_id: &str| Shape::new(endpoint, request_id, unix_now(), served);
         let generation = self.service.start_with(metadata, generate).await?;
-        let logprobs = request.logprobs.then(|| LogprobFormat::new(endpoint, self.service.facts().text.clone()));
-        if request.stream {
-            Ok(stream::events(generation, shape, request.include_usage, logprobs).into_response())
+        let logprobs = logprobs.then(|| LogprobFormat::new(endpoint, self.service.facts().text.clone()));
+        if stream {
+            Ok(stream::events(generation, shape, include_usage, logprobs).into_response())
         } else {
             let all = collect(generation).await?;
             let formatted = logprobs.map(|mut f| f.format(&all.token_ids, &all.logprobs));
@@ -159,14 +160,14 @@ impl Api {
     /// model's template and tokenised here.
     fn with_prompt(
         &self,
-        request: &HttpRequest,
+        mut generate: GenerateRequest,
+        prompt: PromptSource,
         request_id: Option<&tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     ) -> Result<GenerateRequest, ApiError> {
-        let mut generate = request.generate.clone();
         generate.request_id = request_id.and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        generate.prompt = Some(match &request.prompt {
-            PromptSource::Completion(prompt) => prompt.clone(),
-            PromptSource::Chat(turns) => Prompt::TokenIds(TokenIds { ids: self.service.chat_prompt(turns)? }),
+        generate.prompt = Some(match prompt {
+            PromptSource::Completion(prompt) => prompt,
+            PromptSource::Chat(turns) => Prompt::TokenIds(TokenIds { ids: self.service.chat_prompt(&turns)? }),
         });
         Ok(generate)
     }
