@@ -25,7 +25,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use specd_model::{LanguageModel, Logits};
+use specd_device_sampling::draw_truncated;
+use specd_model::{LanguageModel, Logits, ModelError};
 use specd_node::{Lookahead, NodeError, SessionState};
 use specd_proto::convert::{dense_proposal, deterministic_dense_proposal, deterministic_proposal, sparse_proposal};
 use specd_proto::v1::ProposedPosition;
@@ -215,10 +216,9 @@ pub fn draft_ahead_step(
     }
     if !guessed {
         let logits = forward_rest(model, state)?;
-        let q = effective_q(&logits, state)?;
-        let guess = q.probs().iter().enumerate().fold(0, |best, (t, p)| if *p > q.probs()[best] { t } else { best });
-        state.history.push_unforwarded(guess as u32);
-        state.lookahead.last_mut().expect("checked above").guess = Some(guess as u32);
+        let guess = most_likely(&logits, state)?;
+        state.history.push_unforwarded(guess);
+        state.lookahead.last_mut().expect("checked above").guess = Some(guess);
         return Ok(true);
     }
     let at = Draw { round, position, purpose: ahead.purpose };
@@ -249,9 +249,31 @@ fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Resu
     Ok(logits)
 }
 
-/// The effective q after the history, from the last row of `logits`.
+/// The draft's most likely next token after the history (ties: the lowest id), from the
+/// last row of `logits`, where they are.
+fn most_likely(logits: &Logits, state: &SessionState) -> Result<u32, NodeError> {
+    if !logits.on_host() {
+        let history = &state.history;
+        let history = TokenHistory { prompt: history.prompt(), generated: history.generated() };
+        return Ok(specd_device_sampling::most_likely(&last_row(logits, state)?, &state.params, history)?);
+    }
+    let q = effective_q(logits, state)?;
+    let best = q.probs().iter().enumerate().fold(0, |best, (t, p)| if *p > q.probs()[best] { t } else { best });
+    Ok(best as u32)
+}
+
+/// The last row of logits the model left in a tensor, `[1, V]`, cut to the ids the
+/// session draws from.
+fn last_row(logits: &Logits, state: &SessionState) -> Result<tch::Tensor, NodeError> {
+    let vocab = state.vocab_limit.map_or(logits.vocab(), |limit| limit.min(logits.vocab()));
+    let row = logits.tensor()?;
+    let row = row.f_narrow(0, logits.rows() as i64 - 1, 1).and_then(|row| row.f_narrow(1, 0, vocab as i64));
+    Ok(row.map_err(ModelError::from)?)
+}
+
+/// The effective q after the history, from the last row of host `logits`.
 fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::DenseDist, NodeError> {
-    let row = logits.row(logits.rows() - 1).expect("forward returns a row per token");
+    let row = logits.row(logits.rows() - 1).expect("host logits have a row per token");
     // Rows past the target's vocabulary (padding) get q = 0: the draft never proposes an id
     // the target lacks, and its q is still exactly what it draws from.
     let row = match state.vocab_limit {
@@ -266,7 +288,6 @@ fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::
     )?)
 }
 
-/// Where a candidate is drawn: block `position` of `round`, from the streams of `purpose`.
 #[derive(Debug, Clone, Copy)]
 struct Draw {
     round: u32,
@@ -299,26 +320,33 @@ fn next_candidate(
     }
     let logits = forward_rest(model, state)?;
     passes.record(model);
-    draw_candidate(&logits, state, at, truncation)
+    draw_candidate(logits, state, at, truncation)
 }
 
 /// Draws the candidate at `at` from q after the history and appends it to the history, not
-/// forwarded yet.
+/// forwarded yet. A sparse q of logits the model left on its device is truncated there, and
+/// only its most likely entries come to the host.
 fn draw_candidate(
-    logits: &Logits,
+    logits: Logits,
     state: &mut SessionState,
     at: Draw,
     truncation: Option<Truncation>,
 ) -> Result<ProposedPosition, NodeError> {
-    let q = effective_q(logits, state)?;
     let u = StreamKey::new(state.seed, at.round, at.position as u32, at.purpose).uniform();
     let (token, wire) = match truncation {
+        Some(t) if !logits.on_host() => {
+            let history = &state.history;
+            let history = TokenHistory { prompt: history.prompt(), generated: history.generated() };
+            let drawn = draw_truncated(&last_row(&logits, state)?, &state.params, history, t, u)?;
+            (drawn.token, sparse_proposal(drawn.token, &drawn.q))
+        }
         Some(t) => {
-            let sparse = q.truncate(t);
+            let sparse = effective_q(&logits, state)?.truncate(t);
             let token = sparse.sample(u);
             (token, sparse_proposal(token, &sparse))
         }
         None => {
+            let q = effective_q(&logits.into_host()?, state)?;
             let token = q.sample(u);
             (token, dense_proposal(token, &q))
         }

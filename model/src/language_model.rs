@@ -1,5 +1,7 @@
 //! The [`LanguageModel`] trait that the draft and target nodes program against.
 
+use tch::{Device, Kind, Tensor};
+
 use crate::error::{ModelError, Result};
 
 /// Identifies one session (one generation's KV cache) on one model.
@@ -33,13 +35,25 @@ pub struct ModelInfo {
     pub dtype: crate::device::DType,
 }
 
-/// Logits for a run of positions, row-major `rows × vocab`, always `f32` on the host.
+/// Logits for a run of positions, `rows × vocab` in `f32`: row-major on the host, or a
+/// `[rows, vocab]` tensor where the model computed them.
 ///
-/// Row `i` scores the token that follows input token `i`.
-#[derive(Debug, Clone, PartialEq)]
+/// Row `i` scores the token that follows input token `i`. A model returns logits on its
+/// device only when loaded with [`crate::LoadOptions::logits_on_device`]: a node that builds
+/// its distributions there copies a few numbers to the host instead of every row (3 MB a
+/// verify at a vocabulary of 128 256). Reading rows needs them on the host
+/// ([`Self::into_host`]).
+#[derive(Debug)]
 pub struct Logits {
     vocab: usize,
-    data: Vec<f32>,
+    rows: usize,
+    storage: Storage,
+}
+
+#[derive(Debug)]
+enum Storage {
+    Host(Vec<f32>),
+    Tensor(Tensor),
 }
 
 impl Logits {
@@ -48,12 +62,22 @@ impl Logits {
         if vocab == 0 || !data.len().is_multiple_of(vocab) {
             return Err(ModelError::InvalidInput(format!("{} logits do not form rows of {vocab}", data.len())));
         }
-        Ok(Self { vocab, data })
+        Ok(Self { vocab, rows: data.len() / vocab, storage: Storage::Host(data) })
+    }
+
+    /// Wraps a `[rows, vocab]` tensor of `f32`, on any device, without copying it.
+    pub fn from_tensor(tensor: Tensor) -> Result<Self> {
+        let (rows, vocab) = match tensor.size()[..] {
+            [rows, vocab] if vocab > 0 && rows >= 0 => (rows as usize, vocab as usize),
+            ref size => return Err(ModelError::InvalidInput(format!("logits of shape {size:?} are not rows"))),
+        };
+        let tensor = if tensor.kind() == Kind::Float { tensor } else { tensor.f_to_kind(Kind::Float)? };
+        Ok(Self { vocab, rows, storage: Storage::Tensor(tensor) })
     }
 
     /// Number of positions.
     pub fn rows(&self) -> usize {
-        self.data.len() / self.vocab
+        self.rows
     }
 
     /// Number of logits per position.
@@ -61,31 +85,99 @@ impl Logits {
         self.vocab
     }
 
-    /// The logits of position `i`, or `None` past the end.
+    /// Whether the rows are on the host (readable with [`Self::row`]).
+    pub fn on_host(&self) -> bool {
+        matches!(self.storage, Storage::Host(_))
+    }
+
+    /// The same logits on the host: copied from their tensor (the whole run), or as they are.
+    pub fn into_host(self) -> Result<Self> {
+        match self.storage {
+            Storage::Host(_) => Ok(self),
+            Storage::Tensor(tensor) => {
+                let tensor = tensor.f_to_device(Device::Cpu)?.f_contiguous()?;
+                let mut data = vec![0f32; self.rows * self.vocab];
+                tensor.f_copy_data(&mut data, self.rows * self.vocab)?;
+                Self::new(self.vocab, data)
+            }
+        }
+    }
+
+    /// The logits as a `[rows, vocab]` `f32` tensor: their own (shared, not copied), or a CPU
+    /// tensor made from the host rows.
+    pub fn tensor(&self) -> Result<Tensor> {
+        match &self.storage {
+            Storage::Tensor(tensor) => Ok(tensor.shallow_clone()),
+            Storage::Host(data) => Ok(Tensor::f_from_slice(data)?.f_view([self.rows as i64, self.vocab as i64])?),
+        }
+    }
+
+    /// The logits of position `i`; `None` past the end, or while the logits are in a tensor.
     pub fn row(&self, i: usize) -> Option<&[f32]> {
-        self.data.get(i * self.vocab..(i + 1) * self.vocab)
+        self.host_data().get(i * self.vocab..(i + 1) * self.vocab)
     }
 
-    /// Iterates over the rows.
+    /// Iterates over the rows (none while the logits are in a tensor).
     pub fn iter_rows(&self) -> impl Iterator<Item = &[f32]> {
-        self.data.chunks_exact(self.vocab)
+        self.host_data().chunks_exact(self.vocab)
     }
 
-    /// All logits, row-major.
+    /// All logits, row-major (empty while the logits are in a tensor).
     pub fn as_slice(&self) -> &[f32] {
-        &self.data
+        self.host_data()
     }
 
-    /// The rows as separate vectors (for JSON output).
+    /// The rows as separate vectors (for JSON output; none while the logits are in a tensor).
     pub fn to_rows(&self) -> Vec<Vec<f32>> {
         self.iter_rows().map(<[f32]>::to_vec).collect()
     }
 
     /// Only the last `rows` rows (all of them when there are fewer).
-    pub fn last_rows(mut self, rows: usize) -> Self {
-        let drop = self.rows().saturating_sub(rows);
-        self.data.drain(..drop * self.vocab);
-        self
+    pub fn last_rows(self, rows: usize) -> Result<Self> {
+        let drop = self.rows.saturating_sub(rows);
+        let keep = self.rows - drop;
+        let storage = match self.storage {
+            Storage::Host(mut data) => {
+                data.drain(..drop * self.vocab);
+                Storage::Host(data)
+            }
+            Storage::Tensor(tensor) => Storage::Tensor(tensor.f_narrow(0, drop as i64, keep as i64)?),
+        };
+        Ok(Self { vocab: self.vocab, rows: keep, storage })
+    }
+
+    fn host_data(&self) -> &[f32] {
+        match &self.storage {
+            Storage::Host(data) => data,
+            Storage::Tensor(_) => &[],
+        }
+    }
+}
+
+impl Clone for Logits {
+    fn clone(&self) -> Self {
+        let storage = match &self.storage {
+            Storage::Host(data) => Storage::Host(data.clone()),
+            // Logits are never changed in place: sharing the tensor is a copy.
+            Storage::Tensor(tensor) => Storage::Tensor(tensor.shallow_clone()),
+        };
+        Self { vocab: self.vocab, rows: self.rows, storage }
+    }
+}
+
+/// Equal shapes and equal numbers; logits in a tensor are compared as a tensor.
+impl PartialEq for Logits {
+    fn eq(&self, other: &Self) -> bool {
+        if (self.rows, self.vocab) != (other.rows, other.vocab) {
+            return false;
+        }
+        match (&self.storage, &other.storage) {
+            (Storage::Host(a), Storage::Host(b)) => a == b,
+            _ => match (self.tensor(), other.tensor()) {
+                (Ok(a), Ok(b)) => a.to_device(Device::Cpu).equal(&b.to_device(Device::Cpu)),
+                _ => false,
+            },
+        }
     }
 }
 
@@ -139,7 +231,7 @@ pub trait LanguageModel {
     fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
         let logits = self.forward(session, tokens)?;
         let keep = rows_returned(rows, logits.rows());
-        Ok(logits.last_rows(keep))
+        logits.last_rows(keep)
     }
 
     /// Appends each item's tokens to its session in **one** forward pass where the backend

@@ -69,6 +69,8 @@ pub struct LlamaModel {
     device: Device,
     kind: Kind,
     sessions: SessionTable<KvCache>,
+    /// See [`LoadOptions::logits_on_device`].
+    logits_on_device: bool,
 }
 
 /// Where weights come from: a checkpoint, or random numbers (benchmarks).
@@ -291,6 +293,7 @@ impl LlamaModel {
             // Resolved after the weights are loaded: a fraction of the free memory is of what
             // they leave.
             sessions: SessionTable::new(opts.kv_budget.resolve(opts.device)?),
+            logits_on_device: opts.logits_on_device,
         })
     }
 
@@ -468,6 +471,20 @@ impl LlamaModel {
     /// the logits by run.
     fn forward_and_commit(&mut self, segments: &[Segment<'_>]) -> Result<Vec<Logits>> {
         let logits = self.forward_segments(segments).map_err(ModelError::classify_allocation)?;
+        if self.logits_on_device {
+            for s in segments {
+                self.sessions.get_mut(s.session)?.len = s.past + s.tokens.len();
+            }
+            let mut start = 0;
+            return segments
+                .iter()
+                .map(|s| {
+                    let mine = logits.f_narrow(0, start, s.rows as i64)?;
+                    start += s.rows as i64;
+                    Logits::from_tensor(mine)
+                })
+                .collect();
+        }
         let logits = logits.f_to_device(Device::Cpu)?.f_contiguous()?;
         let vocab = self.cfg.vocab_size;
         let total: usize = segments.iter().map(|s| s.rows).sum();

@@ -28,6 +28,11 @@ pub struct LoadOptions {
     /// Load a checkpoint even when it holds tensors the model does not use (by default an
     /// error naming them: [`ModelError::UnusedTensors`]).
     pub allow_unused_weights: bool,
+    /// Forward passes return their logits where they were computed
+    /// instead of copying every row to the host ([`crate::Logits::from_tensor`]): for a node that builds its distributions
+    /// with libtorch on the model's device (`--distributions device`). A table model puts
+    /// its rows in a CPU tensor then ([`crate::TableModel::with_logits_in_tensors`]).
+    pub logits_on_device: bool,
 }
 
 /// A model that can move to its worker thread.
@@ -39,7 +44,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
     if path.is_dir() {
         Ok(Box::new(LlamaModel::load(path, opts)?))
     } else if path.is_file() {
-        Ok(Box::new(TableModel::load(path, opts.kv_budget.resolve(opts.device)?)?))
+        let table = TableModel::load(path, opts.kv_budget.resolve(opts.device)?)?;
+        Ok(Box::new(table.with_logits_in_tensors(opts.logits_on_device)))
     } else {
         Err(ModelError::MissingFile {
             path: path.to_owned(),

@@ -91,9 +91,19 @@ pub struct TableModel {
     by_suffix: HashMap<Vec<u32>, usize>,
     max_suffix: usize,
     sessions: SessionTable<Vec<u32>>,
+    /// See [`Self::with_logits_in_tensors`].
+    logits_in_tensors: bool,
 }
 
 impl TableModel {
+    /// Forward passes return their rows in a CPU tensor, as a libtorch model loaded with
+    /// [`crate::LoadOptions::logits_on_device`] does on a CPU: so the law tests run a node's
+    /// device path on a table model.
+    pub fn with_logits_in_tensors(mut self, yes: bool) -> Self {
+        self.logits_in_tensors = yes;
+        self
+    }
+
     /// Reads a table file (format in the module docs).
     pub fn load(path: &Path, memory_budget: Option<u64>) -> Result<Self> {
         let value = read_json(path, "the table model file")?;
@@ -187,6 +197,7 @@ impl TableModel {
             by_suffix,
             max_suffix,
             sessions: SessionTable::new(memory_budget),
+            logits_in_tensors: false,
         })
     }
 
@@ -275,7 +286,8 @@ impl LanguageModel for TableModel {
         let s = self.sessions.get_mut(session)?;
         s.len = history.len();
         s.state = history;
-        Logits::new(self.info.vocab_size, data)
+        let logits = Logits::new(self.info.vocab_size, data)?;
+        if self.logits_in_tensors { Logits::from_tensor(logits.tensor()?) } else { Ok(logits) }
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {

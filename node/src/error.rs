@@ -1,5 +1,6 @@
 //! The node roles' one error type and its gRPC status codes.
 
+use specd_device_sampling::DeviceSamplingError;
 use specd_model::{ErrorClass, ModelError};
 use specd_proto::ProtoError;
 use specd_sampling::SamplingError;
@@ -22,6 +23,17 @@ pub enum NodeError {
     Proto(#[from] ProtoError),
     #[error("model loading task failed: {0}")]
     Join(String),
+}
+
+/// The device path's errors are the host's sampling errors or libtorch's, which are the
+/// model's (an allocation failure on the device is RESOURCE_EXHAUSTED, as in a pass).
+impl From<DeviceSamplingError> for NodeError {
+    fn from(err: DeviceSamplingError) -> Self {
+        match err {
+            DeviceSamplingError::Sampling(err) => Self::Sampling(err),
+            DeviceSamplingError::Torch(err) => Self::Model(ModelError::from(err).classify_allocation()),
+        }
+    }
 }
 
 impl NodeError {

@@ -4,6 +4,8 @@
 //! - [`node`]: [`Node`] (a model on its worker thread, the open sessions, `NodeInfo`),
 //!   [`NodeConfig`] (with the metrics the node samples) and the per-session [`SessionState`]
 //!   (with the draft's [`Lookahead`], its block drafted ahead);
+//! - [`distributions`]: [`Distributions`], where a node turns logits into distributions
+//!   (the host, or the model's device with `specd-device-sampling`);
 //! - [`node_model`]: a model handle with a registry of sessions of any state type, and the
 //!   snapshot/run/store pattern that keeps a failed job from corrupting a session;
 //! - [`registry`]: the open sessions by the coordinator's session id;
@@ -13,6 +15,7 @@
 //! - [`spans`]: the node-side spans of a request's trace;
 //! - [`error`]: [`NodeError`] and its one table of gRPC status codes; [`NodeServeError`].
 
+pub mod distributions;
 pub mod error;
 pub mod history;
 pub mod node;
@@ -21,6 +24,7 @@ pub mod registry;
 pub mod round_stream;
 pub mod spans;
 
+pub use distributions::Distributions;
 pub use error::{NodeError, NodeServeError};
 pub use history::{CatchUp, SessionHistory};
 pub use node::{Lookahead, Node, NodeConfig, SessionState};

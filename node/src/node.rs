@@ -10,6 +10,9 @@ use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
 use specd_telemetry::Metrics;
 
+use specd_device_sampling::DeviceRule;
+
+use crate::distributions::Distributions;
 use crate::error::NodeError;
 use crate::history::SessionHistory;
 use crate::node_model::{NodeModel, NodeSessionState, StandIn};
@@ -55,6 +58,11 @@ pub struct NodeConfig {
     pub pin_threads: bool,
     /// Load a checkpoint that holds tensors the model does not use (refused by default).
     pub allow_unused_weights: bool,
+    /// Where the node turns logits into distributions ([`Distributions::resolve`]).
+    pub distributions: Distributions,
+    /// Tests only, [`DeviceRule::Exact`] in service: the rule of the target's device path,
+    /// broken on purpose to show that the law audits catch it.
+    pub device_rule: DeviceRule,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -114,17 +122,23 @@ pub struct Node {
     /// Resolved once: the default reads the CPUs this process may use, which is not free,
     /// and every verify asks.
     sampling_threads: usize,
+    /// [`NodeConfig::distributions`], resolved for the node's device.
+    distributions: Distributions,
 }
 
 impl Node {
     /// Loads the model on its own worker thread; blocks until it is ready.
     pub fn load(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
+        let distributions = config.distributions.resolve(config.device);
         let options = LoadOptions {
             device: config.device,
             dtype: config.dtype,
             kv_budget: config.kv_budget,
             threads: config.threads,
             allow_unused_weights: config.allow_unused_weights,
+            // The node's jobs follow the logits: where they stay on the device, the
+            // distributions are built there (target-node `verify`, draft-node `propose`).
+            logits_on_device: distributions.on_device(),
         };
         let thread = format!("specd-{role}-model");
         let stand_in = StandIn { forward_delay: config.forward_delay, oom_at_pass: config.oom_at_pass };
@@ -146,7 +160,11 @@ impl Node {
             export_gauges(metrics, role, &model);
         }
         let sampling_threads = sampling_threads(config.sampling_threads, config.device);
-        Ok(Self { role, model, config: Arc::new(config), sampling_threads })
+        tracing::info!(%distributions, configured = %config.distributions, "distributions built on the {}", match distributions {
+            Distributions::Device => "model's device",
+            _ => "host",
+        });
+        Ok(Self { role, model, config: Arc::new(config), sampling_threads, distributions })
     }
 
     /// [`Self::load`] on a blocking thread, for async callers; also starts releasing idle
@@ -170,6 +188,11 @@ impl Node {
     /// while after each pass) and up to 4 beside a GPU, whose host cores are idle meanwhile.
     pub fn sampling_threads(&self) -> usize {
         self.sampling_threads
+    }
+
+    /// Where this node builds its distributions (`auto` resolved).
+    pub fn distributions(&self) -> Distributions {
+        self.distributions
     }
 
     pub fn model(&self) -> &NodeModel<SessionState> {

@@ -88,20 +88,9 @@ impl DenseDist {
     /// The smallest set of tokens holding at least `1 - truncation.epsilon` of the mass, at
     /// most `truncation.max_entries` of them, renormalised: the q the draft samples from.
     pub fn truncate(&self, truncation: Truncation) -> SparseDist {
-        let mut order = most_probable(&self.probs, truncation.max_entries);
-        let target_mass = 1.0 - truncation.epsilon;
-        let mut kept = 0.0;
-        let mut len = 0;
-        for &t in &order {
-            kept += self.probs[t as usize];
-            len += 1;
-            if kept >= target_mass {
-                break;
-            }
-        }
-        order.truncate(len);
-        let probs = order.iter().map(|&t| self.probs[t as usize] / kept).collect();
-        SparseDist { vocab_size: self.probs.len(), tokens: order, probs }
+        let order = most_probable(&self.probs, truncation.max_entries);
+        let ranked: Vec<(u32, f64)> = order.into_iter().map(|t| (t, self.probs[t as usize])).collect();
+        truncation.of_ranked(self.probs.len(), &ranked)
     }
 
     /// Expected acceptance Σ_x min(p(x), q(x)) of a draft q against this p.
@@ -118,6 +107,26 @@ pub struct Truncation {
 }
 
 impl Truncation {
+    /// The truncated q of a distribution over `vocab_size` tokens given by its most probable
+    /// tokens with positive mass, best first (more mass, then the lower id), at most
+    /// `max_entries` of them: the smallest prefix holding at least `1 - epsilon`, renormalised.
+    /// A node that computes the distribution elsewhere (on a GPU) sends only those tokens
+    /// here, and so draws from the same q as [`DenseDist::truncate`] up to rounding.
+    pub fn of_ranked(&self, vocab_size: usize, ranked: &[(u32, f64)]) -> SparseDist {
+        let target_mass = 1.0 - self.epsilon;
+        let mut kept = 0.0;
+        let mut len = 0;
+        for &(_, mass) in ranked.iter().take(self.max_entries) {
+            kept += mass;
+            len += 1;
+            if kept >= target_mass {
+                break;
+            }
+        }
+        let (tokens, probs) = ranked[..len].iter().map(|&(t, mass)| (t, mass / kept)).unzip();
+        SparseDist { vocab_size, tokens, probs }
+    }
+
     pub fn new(epsilon: f64, max_entries: usize) -> Result<Self> {
         if !(0.0..1.0).contains(&epsilon) {
             return Err(SamplingError::InvalidParameter {

@@ -75,7 +75,8 @@ impl SamplingParams {
         Ok(())
     }
 
-    pub(crate) fn has_penalties(&self) -> bool {
+    /// Whether any penalty changes the logits (the history matters then).
+    pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }

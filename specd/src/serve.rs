@@ -17,7 +17,7 @@ use specd_coordinator::{
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
 use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget, LlamaConfig, ModelError, TableModel};
-use specd_node::NodeConfig;
+use specd_node::{Distributions, NodeConfig};
 use specd_proto::tls::{ClientTls, ServerTls};
 use specd_sampling::{MAX_GAMMA, Truncation};
 use specd_target_node::TargetNode;
@@ -98,6 +98,14 @@ pub struct NodeOptions {
     /// pinned, threads started from the model's share its CPU), and up to 4 with a GPU.
     #[arg(long, env = "SPECD_SAMPLING_THREADS")]
     sampling_threads: Option<usize>,
+    /// Where a node turns logits into distributions: `device` builds them with libtorch on
+    /// the model's device and copies only the few numbers the sparse reply carries (about
+    /// 500 bytes a verify, not every row: 3 MB at a vocabulary of 128 256); `host` copies
+    /// the rows and builds them on the CPU. `auto`: device with a GPU, host on a CPU (where
+    /// it measured faster). Dense replies and requests for log-probabilities are built on
+    /// the host either way.
+    #[arg(long, env = "SPECD_DISTRIBUTIONS", default_value = "auto")]
+    distributions: Distributions,
     /// Give a CPU model's two threads one CPU each, where the process may run on exactly two
     /// CPUs and no OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY is set. Without it, Linux
     /// now and then puts both on one CPU beside an idle one, and a pass takes twice as long
@@ -693,6 +701,8 @@ impl NodeOptions {
             sampling_threads: self.sampling_threads,
             pin_threads: self.pin_threads,
             allow_unused_weights: self.allow_unused_weights,
+            distributions: self.distributions,
+            device_rule: Default::default(),
             batch,
         })
     }

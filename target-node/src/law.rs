@@ -25,8 +25,9 @@ pub fn next_token_law(model: &mut dyn LanguageModel, job: &LawJob) -> Result<Den
     }
     let session = model.open_session(Some(len))?;
     let tokens: Vec<u32> = job.prompt.iter().chain(&job.generated).copied().collect();
-    let law = model.forward_last(session, &tokens, 1).map_err(NodeError::from).and_then(|logits| {
-        let row = logits.row(logits.rows() - 1).expect("forward returns a row per token");
+    let logits = model.forward_last(session, &tokens, 1).and_then(|logits| logits.into_host());
+    let law = logits.map_err(NodeError::from).and_then(|logits| {
+        let row = logits.row(logits.rows() - 1).expect("host logits have a row per token");
         let history = TokenHistory { prompt: &job.prompt, generated: &job.generated };
         Ok(effective_distribution(row, &job.params, history)?)
     });

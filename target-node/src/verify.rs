@@ -4,7 +4,8 @@
 
 use std::time::Instant;
 
-use specd_model::LanguageModel;
+use specd_device_sampling::{BlockHistory, DeviceRule, score_block_with};
+use specd_model::{LanguageModel, ModelError};
 use specd_node::{NodeError, SessionState};
 use specd_proto::v1::{PositionLogprobs, ScoredAlternative};
 use specd_sampling::logprobs::{logprob, top_logprobs};
@@ -23,6 +24,8 @@ pub struct VerifyJob {
     pub sampling_threads: usize,
     /// Log-probabilities asked for, with this many alternatives per position.
     pub logprobs: Option<usize>,
+    /// The device path's rule ([`specd_node::NodeConfig::device_rule`]).
+    pub device_rule: DeviceRule,
 }
 
 /// The target's answer, in the wire format asked for.
@@ -65,9 +68,31 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     // The rows that score the block: after the last pending token and after each candidate.
     let logits = model.forward_last(state.model_session, &feed, gamma + 1)?;
     let batch_size = model.last_batch_size();
-    let rows: Vec<&[f32]> = (logits.rows() - gamma - 1..logits.rows())
-        .map(|i| logits.row(i).expect("forward returns a row per token"))
-        .collect();
+    let key = RoundKey { seed: state.seed, round: job.round };
+    let first_row = logits.rows() - gamma - 1;
+    // Logits the model left on its device are scored there when the reply is sparse and
+    // without log-probabilities (which need every row's top tokens): only the reply's few
+    // numbers come to the host.
+    if !logits.on_host()
+        && let (Some(supports), None) = (&job.supports, job.logprobs)
+    {
+        let rows = logits.tensor()?.f_narrow(0, first_row as i64, gamma as i64 + 1).map_err(ModelError::from)?;
+        let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
+        let block_history =
+            BlockHistory { prompt: history.prompt(), generated: history.generated(), block: &job.candidates };
+        let scored = score_block_with(job.device_rule, &rows, &state.params, block_history, &supports, key)?;
+        history.push_forwarded(&job.candidates);
+        let verdict = Verdict::Sparse(scored.block);
+        return Ok(Verified {
+            verdict,
+            logprobs: Vec::new(),
+            verify_ns: started.elapsed().as_nanos() as u64,
+            batch_size,
+        });
+    }
+    let logits = logits.into_host()?;
+    let rows: Vec<&[f32]> =
+        (first_row..logits.rows()).map(|i| logits.row(i).expect("host logits have a row per token")).collect();
     let p = block_distributions(
         &rows,
         &state.params,
@@ -77,7 +102,6 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
         job.sampling_threads,
     )?;
     history.push_forwarded(&job.candidates);
-    let key = RoundKey { seed: state.seed, round: job.round };
     let block = match &job.supports {
         Some(supports) => {
             let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use chaos::ChaosProxy;
 use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
+use specd_device_sampling::DeviceRule;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
 use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget};
-use specd_node::NodeConfig;
+use specd_node::{Distributions, NodeConfig};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
@@ -99,6 +100,10 @@ pub struct ClusterOptions {
     pub target_kv_budget: KvBudget,
     /// The target's forward pass number N fails out of memory (`NodeConfig::oom_at_pass`).
     pub target_oom_at_pass: Option<u64>,
+    /// Where both nodes build their distributions (default: auto, the host on a CPU).
+    pub distributions: Distributions,
+    /// The target's device rule (`NodeConfig::device_rule`; default: exact).
+    pub device_rule: DeviceRule,
 }
 
 impl Default for ClusterOptions {
@@ -120,6 +125,8 @@ impl Default for ClusterOptions {
             proposer: ProposerConfig::default(),
             target_kv_budget: KvBudget::Unbounded,
             target_oom_at_pass: None,
+            distributions: Distributions::Auto,
+            device_rule: Default::default(),
         }
     }
 }
@@ -162,6 +169,8 @@ impl Cluster {
             sampling_threads: None,
             pin_threads: false,
             allow_unused_weights: false,
+            distributions: options.distributions,
+            device_rule: options.device_rule,
             batch: options.batch,
         };
         let target_config = NodeConfig {

@@ -67,6 +67,8 @@ impl Node {
             sampling_threads: None,
             pin_threads: false,
             allow_unused_weights: false,
+            distributions: Default::default(),
+            device_rule: Default::default(),
             batch: Default::default(),
         };
         let address = listener.local_addr().unwrap();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use specd_e2e::{Cluster, ClusterOptions, hf_fixture};
 use specd_model::{BatchPolicy, DType};
+use specd_node::Distributions;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use specd_sampling::{Purpose, StreamKey};
@@ -29,13 +30,26 @@ fn request(prompt: Vec<u32>, gamma: u32) -> GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_speculation_equals_target_only_on_hf_models() {
-    let options = ClusterOptions { dtype: DType::F64, ..ClusterOptions::default() };
+    greedy_identity(ClusterOptions::default(), 50).await;
+}
+
+/// Both nodes keep the models' logits in tensors and build their distributions with
+/// libtorch ops (`--distributions device`, on CPU tensors here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_speculation_equals_target_only_on_the_device_path() {
+    greedy_identity(ClusterOptions { distributions: Distributions::Device, ..ClusterOptions::default() }, 20).await;
+}
+
+/// Speculative greedy output equals target-only greedy output on `prompts` prompts, with a
+/// draft equal to the target (every candidate accepted) and a different one (mostly not).
+async fn greedy_identity(options: ClusterOptions, prompts: usize) {
+    let options = ClusterOptions { dtype: DType::F64, ..options };
     let target = hf_fixture("llama_gqa_untied");
     for (draft, every_token_accepted) in [(hf_fixture("llama_gqa_untied"), true), (hf_fixture("llama_tied"), false)] {
         let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
         let mut client = cluster.client().await.unwrap();
         let (mut drafted, mut accepted) = (0, 0);
-        for prompt in prompts() {
+        for prompt in self::prompts().into_iter().take(prompts) {
             let plain = client.generate(request(prompt.clone(), 0)).await.unwrap().into_inner();
             let spec = client.generate(request(prompt.clone(), 4)).await.unwrap().into_inner();
             assert_eq!(plain.token_ids.len(), 16);

@@ -5,7 +5,9 @@
 //! against the exact joint law computed from the tables with the same sampling settings. A
 //! correct system fails one check with probability `FALSE_FAILURE` over the choice of
 //! seeds; the seeds are fixed, so the verdict is reproducible. The last check runs a
-//! coordinator with the naive rule (resample from p) and asserts the same check rejects it.
+//! coordinator with the naive rule (resample from p) and asserts the same check rejects it;
+//! the device path's audits (nodes that build their distributions with libtorch ops) are
+//! shown to reject a device rule broken on purpose in the same way.
 //! N is `SPECD_LAW_SAMPLES` (default 200 000).
 
 use std::collections::HashMap;
@@ -14,9 +16,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
+use specd_device_sampling::DeviceRule;
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
+use specd_node::Distributions;
 use specd_proto::v1::SamplingParams as WireSampling;
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
@@ -180,16 +184,7 @@ async fn dense_law_at_temperature_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sparse_law_with_top_k_top_p_and_penalties() {
-    let params = SamplingParams {
-        temperature: 0.8,
-        top_k: 2,
-        top_p: 0.95,
-        repetition_penalty: 1.3,
-        presence_penalty: 0.2,
-        frequency_penalty: 0.1,
-        ..SamplingParams::default()
-    };
-    let p = law_p_value(small_truncation(), params, false, samples()).await;
+    let p = law_p_value(small_truncation(), adjusted(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "sparse with adjustments: p = {p}");
 }
 
@@ -224,6 +219,47 @@ async fn sparse_law_with_batching_across_sessions() {
     let (p, _, mean_batch) = law_check_batched(options, SamplingParams::default(), false, samples() / 4).await;
     assert!(mean_batch > 1.0, "no verify pass was shared: mean batch {mean_batch}");
     assert!(p > FALSE_FAILURE, "sparse with batching: p = {p}");
+}
+
+/// Both nodes build their distributions with libtorch ops (`--distributions device`), on
+/// CPU tensors here: the law is the target's, with every adjustment.
+fn on_the_device() -> ClusterOptions {
+    ClusterOptions { distributions: Distributions::Device, ..small_truncation() }
+}
+
+/// The adjustments of [`sparse_law_with_top_k_top_p_and_penalties`].
+fn adjusted() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 2,
+        top_p: 0.95,
+        repetition_penalty: 1.3,
+        presence_penalty: 0.2,
+        frequency_penalty: 0.1,
+        ..SamplingParams::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_on_the_device_path() {
+    let p = law_p_value(on_the_device(), SamplingParams::default(), false, samples()).await;
+    assert!(p > FALSE_FAILURE, "device path at T = 1: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_with_top_k_top_p_and_penalties_on_the_device_path() {
+    let p = law_p_value(on_the_device(), adjusted(), false, samples()).await;
+    assert!(p > FALSE_FAILURE, "device path with adjustments: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_path_whose_penalties_forget_the_block_is_caught() {
+    // The bug no reply validation sees: every block position penalised as if no token had
+    // been speculated before it. The same audit as above must reject it (this also shows
+    // that the device path is the one the target takes).
+    let options = ClusterOptions { device_rule: DeviceRule::PenaltiesBlindToTheBlock, ..on_the_device() };
+    let p = law_p_value(options, adjusted(), false, samples()).await;
+    assert!(p < FALSE_FAILURE, "the broken device rule passed: p = {p}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,6 +216,8 @@ fn modelless_config() -> NodeConfig {
         pin_threads: false,
         batch: Default::default(),
         allow_unused_weights: false,
+        distributions: Default::default(),
+        device_rule: Default::default(),
     }
 }
 

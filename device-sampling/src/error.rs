@@ -1,0 +1,16 @@
+//! The one error type of the crate.
+
+use specd_sampling::SamplingError;
+
+/// Why the device path could not score a block or draw a candidate.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceSamplingError {
+    /// What the host path says of the same input (bad logits, tokens out of range, shapes).
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// libtorch failed (out of device memory, a device error).
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+pub type Result<T> = std::result::Result<T, DeviceSamplingError>;
