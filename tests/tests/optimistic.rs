@@ -18,6 +18,7 @@ use specd_coordinator::GammaChoice;
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, hf_fixture, scratch_dir};
 use specd_model::DType;
+use specd_node::Distributions;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{
     GenerateRequest, SamplingParams as WireSampling, Speculation, SpeculationStats, StoppingCriteria, TokenIds,
@@ -139,7 +140,7 @@ async fn greedy_with_optimistic_drafting_equals_target_only_on_hf_models() {
 /// Draws `n` 4-token continuations through the cluster: the χ² p-value against the exact
 /// law, and the optimistic hits on the way.
 async fn law_check(options: ClusterOptions, n: u64) -> (f64, u64) {
-    let dir = scratch_dir(&format!("optimistic-law-{:?}", options.lookahead_purpose));
+    let dir = scratch_dir(&format!("optimistic-law-{:?}-{}", options.lookahead_purpose, options.distributions));
     let (target_table, draft_table) = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
@@ -189,6 +190,18 @@ async fn law_with_optimistic_drafting() {
     let (p, hits) = law_check(options(1, true), n).await;
     assert!(hits > n / 10, "only {hits} optimistic hits in {n} generations");
     assert!(p > FALSE_FAILURE, "optimistic drafting: p = {p} ({hits} hits)");
+}
+
+/// The same audit with both nodes building their distributions with libtorch ops
+/// (`--distributions device`, CPU tensors): the draft's guesses and blocks drafted ahead come
+/// from the device path too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn law_with_optimistic_drafting_on_the_device_path() {
+    let n = samples();
+    let options = ClusterOptions { distributions: Distributions::Device, ..options(1, true) };
+    let (p, hits) = law_check(options, n).await;
+    assert!(hits > n / 10, "only {hits} optimistic hits in {n} generations");
+    assert!(p > FALSE_FAILURE, "optimistic drafting on the device path: p = {p} ({hits} hits)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
