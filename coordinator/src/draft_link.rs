@@ -3,6 +3,7 @@
 //! (γ = 0, exact like every other round) and tries again later, with a fresh draft session
 //! caught up on everything committed so far.
 
+use specd_ngram::MatchSpan;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,23 @@ pub struct DraftSession {
     pub unanswered: VecDeque<Vec<u32>>,
     /// The node has run a pass of this session: its cache holds the prompt.
     pub cache_filled: bool,
+    /// A draft that proposes only after an n-gram match of these lengths
+    /// ([`Self::has_nothing_for`]).
+    pub proposes_only_after_match: Option<MatchSpan>,
+}
+
+impl DraftSession {
+    /// Whether the draft is sure to propose nothing after `committed` (the prompt and the
+    /// output so far): it proposes only after an n-gram match, the sequence ends in none,
+    /// and no pushed block or late reply is on its way. Its own copy of the sequence is the
+    /// same (it follows the rollback points), and it runs the same match (`specd-ngram`), so
+    /// the round can run target-only without the round trip that would bring back nothing.
+    /// (A block it drafted ahead on a right guess would have come from the same sequence,
+    /// and so be empty too.)
+    pub fn has_nothing_for(&self, committed: &[u32]) -> bool {
+        let Some(span) = self.proposes_only_after_match else { return false };
+        self.pushed.is_empty() && self.unanswered.is_empty() && specd_ngram::longest_match(committed, span).is_none()
+    }
 }
 
 /// What opening a draft session gives: the session, or why there is none.
@@ -273,7 +291,7 @@ fn open_in_background(
     let open = async move {
         let valid = request.prompt_token_ids.len();
         let result = async {
-            client.open_session(request).await?;
+            let proposes_only_after_match = client.open_session(request).await?;
             let rounds = client.open_rounds().await?;
             Ok(DraftSession {
                 session_id,
@@ -283,6 +301,7 @@ fn open_in_background(
                 pushed: VecDeque::new(),
                 unanswered: VecDeque::new(),
                 cache_filled: false,
+                proposes_only_after_match,
             })
         };
         // A link dropped meanwhile releases the session once this has ended.

@@ -1,5 +1,6 @@
 //! Typed clients of the draft and target nodes, and the pool the coordinator balances over.
 
+use specd_ngram::MatchSpan;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -99,8 +100,19 @@ impl DraftClient {
         reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 
-    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<(), CoordinatorError> {
-        self.client.clone().open_session(self.request(request)).await.map(drop).map_err(|s| self.error(s))
+    /// Opens a session; returns the match lengths of a draft that proposes only after an
+    /// n-gram match (`OpenSessionResponse.proposes_only_after_match`), when it says so.
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<Option<MatchSpan>, CoordinatorError> {
+        let reply = self.client.clone().open_session(self.request(request)).await.map_err(|s| self.error(s))?;
+        let Some(span) = reply.into_inner().proposes_only_after_match else { return Ok(None) };
+        match MatchSpan::new(span.min as usize, span.max as usize) {
+            Ok(span) => Ok(Some(span)),
+            Err(why) => {
+                // Only a chance to skip a round is lost: ask the draft every round.
+                tracing::warn!(address = %self.address, %why, "the draft announced n-gram lengths that make no sense");
+                Ok(None)
+            }
+        }
     }
 
     /// The session's round stream.

@@ -619,6 +619,7 @@ mod tests {
             optimistic_pushed: false,
             drafted: gamma > 0,
             sources: vec!["model"; gamma],
+            proposal_skipped: false,
         }
     }
 

@@ -162,5 +162,6 @@ async fn run_round_in(
         draft_batches,
         drafted,
         sources,
+        proposal_skipped: false,
     })
 }

@@ -82,13 +82,16 @@ pub struct RoundReport {
     pub drafted: bool,
     /// What proposed each candidate ([`crate::propose::source_name`]), in block order.
     pub sources: Vec<&'static str>,
+    /// The draft was not asked because it was sure to propose nothing
+    /// ([`crate::draft_link::DraftSession::has_nothing_for`]).
+    pub proposal_skipped: bool,
 }
 
 impl RoundReport {
-    /// The draft was asked and proposed nothing (a deterministic proposer without a match):
-    /// the round ran target-only.
+    /// The draft proposed nothing (a deterministic proposer without a match), or was sure
+    /// to and was not asked: the round ran target-only.
     pub fn empty_proposal(&self) -> bool {
-        self.drafted && self.gamma == 0
+        self.drafted && self.gamma == 0 || self.proposal_skipped
     }
 }
 

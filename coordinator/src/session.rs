@@ -166,6 +166,7 @@ struct Stats {
     /// Candidates proposed and accepted, by what proposed them.
     by_proposer: std::collections::BTreeMap<&'static str, ProposerTally>,
     empty_proposals: u64,
+    proposals_skipped: u64,
 }
 
 impl Stats {
@@ -197,6 +198,7 @@ impl Stats {
             tally.accepted += u64::from(i < report.outcome.accepted);
         }
         self.empty_proposals += u64::from(report.empty_proposal());
+        self.proposals_skipped += u64::from(report.proposal_skipped);
     }
 
     fn to_wire(&self) -> SpeculationStats {
@@ -228,6 +230,7 @@ impl Stats {
             optimistic_pushed: self.optimistic_pushed,
             by_proposer: self.by_proposer.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             empty_proposals: self.empty_proposals,
+            proposals_skipped: self.proposals_skipped,
         }
     }
 }
@@ -390,29 +393,37 @@ impl SessionActor {
             // Not a session that opened since: the policy was told this round is not its.
             let draft_arg =
                 draft_link.as_mut().filter(|_| !awaiting_draft).and_then(DraftLink::session).map(|d| (d, gamma));
+            // A draft sure to propose nothing (an n-gram draft and no match) is not asked: the
+            // round runs target-only, an empty proposal without the round trip. Not the
+            // policy's round either: it chose a γ the draft could not fill.
+            let nothing_to_propose =
+                gamma > 0 && draft_arg.as_ref().is_some_and(|(d, _)| d.has_nothing_for(&committed));
+            let draft_arg = draft_arg.filter(|_| !nothing_to_propose);
             let target_arg = (&mut target_rounds, &target_cursor);
-            let report = match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
-                Err(CoordinatorError::TargetLost(err)) => {
-                    // Nothing of this round was committed or sent: run it again on another
-                    // replica, re-filled with everything committed so far.
-                    let (next, rounds) = self.fail_over(*err, &mut spares, &open, &committed).await?;
-                    stats.target_failovers += 1;
-                    guard.move_to(next);
-                    target_rounds = rounds;
-                    target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
-                    target_refills = true;
-                    continue;
-                }
-                Err(CoordinatorError::DraftLost(err)) => {
-                    // Nothing was committed: the same round again, without the draft.
-                    if let Some(link) = draft_link.as_mut() {
-                        link.lost(&err);
-                        stats.draft_fallbacks = link.fallbacks;
+            let mut report =
+                match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
+                    Err(CoordinatorError::TargetLost(err)) => {
+                        // Nothing of this round was committed or sent: run it again on another
+                        // replica, re-filled with everything committed so far.
+                        let (next, rounds) = self.fail_over(*err, &mut spares, &open, &committed).await?;
+                        stats.target_failovers += 1;
+                        guard.move_to(next);
+                        target_rounds = rounds;
+                        target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
+                        target_refills = true;
+                        continue;
                     }
-                    continue;
-                }
-                result => result?,
-            };
+                    Err(CoordinatorError::DraftLost(err)) => {
+                        // Nothing was committed: the same round again, without the draft.
+                        if let Some(link) = draft_link.as_mut() {
+                            link.lost(&err);
+                            stats.draft_fallbacks = link.fallbacks;
+                        }
+                        continue;
+                    }
+                    result => result?,
+                };
+            report.proposal_skipped = nothing_to_propose;
             stats.record(&report);
             // A round that filled the cache costs the prompt's pass, whichever mode the level
             // is in: counted, it would make the mode measured first (the period the sessions
@@ -422,7 +433,9 @@ impl SessionActor {
                 self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }
             target_refills = false;
-            if let Some(policy) = adaptive.as_mut().filter(|_| !governed_plain && !awaiting_draft) {
+            if let Some(policy) =
+                adaptive.as_mut().filter(|_| !governed_plain && !awaiting_draft && !nothing_to_propose)
+            {
                 policy.observe(&report, steady);
                 self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);
             }

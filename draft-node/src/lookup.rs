@@ -16,7 +16,7 @@ use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposalSource};
 use specd_sampling::SamplingParams;
 
 use crate::propose::{BatchTally, Proposal, ProposeJob};
-use crate::proposer::ngram::lookup;
+use crate::proposer::ngram::{MatchSpan, lookup};
 use crate::proposer::suffix::{self, SuffixIndex};
 use crate::proposer::{ProposerConfig, ProposerKind};
 
@@ -64,6 +64,13 @@ impl LookupNode {
 
     pub fn kind(&self) -> ProposerKind {
         self.config.kind
+    }
+
+    /// The match lengths of a proposer that proposes nothing without an n-gram match at the
+    /// end of the session's sequence (ngram; a suffix node draws on other sessions too): a
+    /// coordinator that knows them skips asking where the committed sequence has none.
+    pub fn proposes_only_after_match(&self) -> Option<MatchSpan> {
+        (self.config.kind == ProposerKind::Ngram).then_some(self.config.span)
     }
 
     /// The suffix index's size now and its bounds.

@@ -8,8 +8,8 @@ use specd_node::spans::{round_span, rpc_span};
 use specd_node::{Lookahead, NodeError, ReplyStream, SessionState};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
-    InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse, PushedBlock,
-    ReleaseRequest, ReleaseResponse,
+    InfoRequest, NgramSpan, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse,
+    PushedBlock, ReleaseRequest, ReleaseResponse,
 };
 use specd_sampling::{MAX_GAMMA, Truncation};
 use specd_telemetry::attributes;
@@ -69,11 +69,19 @@ impl DraftService for DraftNode {
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
-        match &self.proposer {
-            Proposer::Model { node, .. } => node.open(request.into_inner()).instrument(span).await?,
-            Proposer::Lookup(node) => span.in_scope(|| node.open(request.into_inner()))?,
-        }
-        Ok(Response::new(OpenSessionResponse {}))
+        let only_after_match = match &self.proposer {
+            Proposer::Model { node, .. } => {
+                node.open(request.into_inner()).instrument(span).await?;
+                None
+            }
+            Proposer::Lookup(node) => {
+                span.in_scope(|| node.open(request.into_inner()))?;
+                node.proposes_only_after_match()
+            }
+        };
+        let proposes_only_after_match =
+            only_after_match.map(|span| NgramSpan { min: span.min as u32, max: span.max as u32 });
+        Ok(Response::new(OpenSessionResponse { proposes_only_after_match }))
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {

@@ -183,7 +183,7 @@ async fn greedy_output_is_the_targets_with_each_proposer() {
         let options = ClusterOptions { dtype: DType::F64, proposer: proposer(kind), ..ClusterOptions::default() };
         let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
         let mut client = cluster.client().await.unwrap();
-        let mut proposed = 0;
+        let (mut proposed, mut skipped) = (0, 0);
         for prompt in repetitive_prompts() {
             let plain = client.generate(greedy(prompt.clone(), 0)).await.unwrap().into_inner();
             let spec = client.generate(greedy(prompt.clone(), 4)).await.unwrap().into_inner();
@@ -192,8 +192,19 @@ async fn greedy_output_is_the_targets_with_each_proposer() {
             let stats = spec.stats.unwrap();
             proposed +=
                 stats.by_proposer.iter().filter(|(k, _)| k.as_str() != "model").map(|(_, t)| t.proposed).sum::<u64>();
+            // An n-gram draft announces that it proposes only after a match: the coordinator
+            // asks it only then, so every empty proposal skipped the round trip. The others
+            // are always asked.
+            match kind {
+                ProposerKind::Ngram => assert_eq!(stats.proposals_skipped, stats.empty_proposals, "prompt {prompt:?}"),
+                _ => assert_eq!(stats.proposals_skipped, 0, "{kind}"),
+            }
+            skipped += stats.proposals_skipped;
         }
         assert!(proposed > 0, "{kind} proposed nothing on prompts that repeat themselves");
+        if kind == ProposerKind::Ngram {
+            assert!(skipped > 0, "the output ran into no round without a match");
+        }
         cluster.shutdown().await;
     }
 }
