@@ -75,9 +75,11 @@ pub enum ModelError {
     ContextOverflow { session: u64, len: usize, extra: usize, capacity: usize },
 
     /// Opening the session, or growing its cache, would exceed the node's budget for KV
-    /// caches.
+    /// caches: for now (RESOURCE_EXHAUSTED), or for good when it needs more than the whole
+    /// budget (INVALID_ARGUMENT: no retry can succeed, the request must ask for less).
     #[error(
-        "KV cache memory budget exhausted: {requested} bytes needed, {in_use} of the budget of {budget} bytes in use by {sessions} sessions"
+        "KV cache memory budget exhausted: {requested} bytes needed, {in_use} of the budget of {budget} bytes in use by {sessions} sessions{}",
+        if requested > budget { "; that is more than the whole budget: ask for fewer tokens" } else { "" }
     )]
     MemoryBudget { requested: u64, in_use: u64, budget: u64, sessions: usize },
 
@@ -155,6 +157,7 @@ impl ModelError {
         match self {
             Self::InvalidInput(_) | Self::ContextOverflow { .. } => ErrorClass::InvalidArgument,
             Self::UnknownSession(_) => ErrorClass::NotFound,
+            Self::MemoryBudget { requested, budget, .. } if requested > budget => ErrorClass::InvalidArgument,
             Self::MemoryBudget { .. } | Self::OutOfMemory(_) => ErrorClass::ResourceExhausted,
             Self::MissingFile { .. }
             | Self::Io { .. }
@@ -185,6 +188,12 @@ mod tests {
         assert_eq!(ModelError::UnknownSession(3).class(), ErrorClass::NotFound);
         let budget = ModelError::MemoryBudget { requested: 1, in_use: 2, budget: 2, sessions: 1 };
         assert_eq!(budget.class(), ErrorClass::ResourceExhausted);
+        // More than the whole budget: waiting cannot help, and a client that retries on
+        // RESOURCE_EXHAUSTED (HTTP 429) would retry for nothing.
+        let never = ModelError::MemoryBudget { requested: 3, in_use: 0, budget: 2, sessions: 0 };
+        assert_eq!(never.class(), ErrorClass::InvalidArgument);
+        assert!(never.to_string().ends_with("more than the whole budget: ask for fewer tokens"), "{never}");
+        assert!(!budget.to_string().contains("whole budget"), "{budget}");
         assert_eq!(ModelError::OutOfMemory("x".into()).class(), ErrorClass::ResourceExhausted);
         let missing = ModelError::MissingTensor { path: "m".into(), tensor: "t".into() };
         assert_eq!(missing.class(), ErrorClass::FailedPrecondition);
