@@ -80,10 +80,13 @@ impl ApiError {
     }
 }
 
-/// The HTTP status of each gRPC code the coordinator answers with.
+/// The HTTP status of each gRPC code the coordinator answers with. FAILED_PRECONDITION is
+/// the server's state, never the request's (the model's files: a chat template that does not
+/// compile, a missing tokenizer file; nodes that cannot work together): a 500, which clients
+/// do not mistake for a request to fix.
 pub fn http_status(code: Code) -> StatusCode {
     match code {
-        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::NotFound => StatusCode::NOT_FOUND,
@@ -127,6 +130,7 @@ mod tests {
             (Code::Unavailable, 503, "service_unavailable_error"),
             (Code::DeadlineExceeded, 504, "timeout_error"),
             (Code::Internal, 500, "server_error"),
+            (Code::FailedPrecondition, 500, "server_error"),
         ];
         for (code, http, kind) in cases {
             let err = ApiError::from(tonic::Status::new(code, "why"));
