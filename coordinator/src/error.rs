@@ -43,6 +43,9 @@ pub enum CoordinatorError {
     /// A node ended a session's round stream.
     #[error("the {role} node at {address} closed the round stream")]
     StreamClosed { role: &'static str, address: String },
+    /// The coordinator's own work failed (a task that panicked).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl From<SamplingError> for CoordinatorError {
@@ -71,7 +74,7 @@ impl CoordinatorError {
                 _ => Code::Internal,
             },
             Self::Incompatible(_) | Self::InvalidConfig(_) => Code::FailedPrecondition,
-            Self::Protocol(_) | Self::Serve(_) => Code::Internal,
+            Self::Protocol(_) | Self::Serve(_) | Self::Internal(_) => Code::Internal,
             // Only made for a node that is gone or not answering: worth a retry elsewhere.
             Self::DraftLost(_) | Self::TargetLost(_) => Code::Unavailable,
             Self::StreamClosed { .. } => Code::Unavailable,

@@ -68,6 +68,27 @@ pub fn apply_defaults(sampling: &mut WireSampling, defaults: &GenerationDefaults
     }
 }
 
+/// Below this many bytes of text a request's tokenising stays on the async runtime: it takes
+/// microseconds, less than handing it to another thread.
+const BLOCKING_FROM_BYTES: usize = 16 * 1024;
+
+/// Runs a request's text work (tokenising a prompt of `bytes`, rendering and tokenising a
+/// chat) on a blocking thread when it is large: a prompt of megabytes takes milliseconds to
+/// tokenise, and on the async runtime it would hold up every other request's streams.
+pub(crate) async fn off_the_runtime<T: Send + 'static>(
+    text: &Arc<ModelText>,
+    bytes: usize,
+    job: impl FnOnce(&ModelText) -> Result<T, CoordinatorError> + Send + 'static,
+) -> Result<T, CoordinatorError> {
+    if bytes < BLOCKING_FROM_BYTES {
+        return job(text);
+    }
+    let text = Arc::clone(text);
+    tokio::task::spawn_blocking(move || job(&text))
+        .await
+        .map_err(|e| CoordinatorError::Internal(format!("tokenising the prompt failed: {e}")))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +115,29 @@ mod tests {
         let mut unset = WireSampling::default();
         apply_defaults(&mut unset, &none);
         assert_eq!(unset, WireSampling::default());
+    }
+
+    #[tokio::test]
+    async fn large_text_is_tokenised_off_the_runtime_and_small_text_on_it() {
+        let tokenizer = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"},
+        });
+        let assets = TextAssets { tokenizer_json: tokenizer.to_string(), ..Default::default() };
+        let text = Arc::new(ModelText::from_assets(&assets).unwrap());
+        // Small text is tokenised right here, in the request's task; large text elsewhere.
+        let caller = std::thread::current().id();
+        let on_runtime = move || std::thread::current().id() == caller;
+        let small = "a b ".repeat(10);
+        let (ids, ran_on_runtime) =
+            off_the_runtime(&text, small.len(), move |m| Ok((m.encode(&small, true)?, on_runtime()))).await.unwrap();
+        assert!(ran_on_runtime && ids.len() == 20);
+        let large = "b a ".repeat(BLOCKING_FROM_BYTES);
+        let (ids, ran_on_runtime) =
+            off_the_runtime(&text, large.len(), move |m| Ok((m.encode(&large, true)?, on_runtime()))).await.unwrap();
+        assert!(!ran_on_runtime, "a large prompt was tokenised on an async worker");
+        assert_eq!(ids.len(), 2 * BLOCKING_FROM_BYTES);
+        assert_eq!(&ids[..2], &[1, 0]);
     }
 }

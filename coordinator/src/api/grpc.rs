@@ -31,6 +31,7 @@ use crate::nodes::{ModelFacts, NodePool};
 use crate::policy::PolicyMemory;
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
 use crate::session::{RunningCount, SessionActor};
+use crate::text::off_the_runtime;
 use specd_text::ChatMessage;
 
 /// A generation in flight, for operators.
@@ -119,12 +120,16 @@ impl GenerationService {
     }
 
     /// A chat rendered by the model's template, with the assistant's turn opened, as ids.
-    pub(crate) fn chat_prompt(&self, turns: &[crate::api::http::ChatTurn]) -> Result<Vec<u32>, CoordinatorError> {
+    pub(crate) async fn chat_prompt(
+        &self,
+        turns: Vec<crate::api::http::ChatTurn>,
+    ) -> Result<Vec<u32>, CoordinatorError> {
         let text = self.pool.facts.text.as_ref().ok_or_else(|| {
             CoordinatorError::InvalidRequest("the target model has no tokenizer, so no chat template".into())
         })?;
-        let messages: Vec<ChatMessage> = turns.iter().map(|t| ChatMessage::new(&t.role, &t.content)).collect();
-        Ok(text.chat_prompt_ids(&messages, true)?)
+        let bytes = turns.iter().map(|t| t.content.len()).sum();
+        let messages: Vec<ChatMessage> = turns.into_iter().map(|t| ChatMessage::new(t.role, t.content)).collect();
+        off_the_runtime(text, bytes, move |text| Ok(text.chat_prompt_ids(&messages, true)?)).await
     }
 
     /// The request with the model's generation defaults filled in where it left them unset;
@@ -177,7 +182,10 @@ impl GenerationService {
                 )
                 .into());
             }
-            (Some(Prompt::Text(text)), Some(model)) => model.encode(text, true).map_err(CoordinatorError::from)?,
+            (Some(Prompt::Text(text)), Some(model)) => {
+                let text = text.clone();
+                off_the_runtime(model, text.len(), move |model| Ok(model.encode(&text, true)?)).await?
+            }
             (None, _) => return Err(CoordinatorError::InvalidRequest("the prompt is empty".into()).into()),
         };
         let request = &self.with_model_defaults(request);

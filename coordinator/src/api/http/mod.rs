@@ -142,7 +142,7 @@ impl Api {
         // A request that will be refused for the limit is refused before its prompt is
         // rendered and tokenised.
         self.service.admit_now()?;
-        let generate = self.with_prompt(generate, prompt, metadata.get("x-request-id"))?;
+        let generate = self.with_prompt(generate, prompt, metadata.get("x-request-id")).await?;
         let served = self.served.to_string();
         let shape = move |request_id: &str| Shape::new(endpoint, request_id, unix_now(), served);
         let generation = self.service.start_with(metadata, generate).await?;
@@ -158,7 +158,7 @@ impl Api {
 
     /// The gRPC request with its prompt: text or ids as sent, or a chat rendered by the
     /// model's template and tokenised here.
-    fn with_prompt(
+    async fn with_prompt(
         &self,
         mut generate: GenerateRequest,
         prompt: PromptSource,
@@ -167,7 +167,7 @@ impl Api {
         generate.request_id = request_id.and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         generate.prompt = Some(match prompt {
             PromptSource::Completion(prompt) => prompt,
-            PromptSource::Chat(turns) => Prompt::TokenIds(TokenIds { ids: self.service.chat_prompt(&turns)? }),
+            PromptSource::Chat(turns) => Prompt::TokenIds(TokenIds { ids: self.service.chat_prompt(turns).await? }),
         });
         Ok(generate)
     }
