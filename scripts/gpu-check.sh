@@ -29,33 +29,43 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="$ROOT/target/gpu-check"
 
-bundle() {
-  local venv="${VIRTUAL_ENV:-$ROOT/.venv}"
-  export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
-  local cargo="${CARGO:-cargo}"
-  local target="${CARGO_TARGET_DIR:-$ROOT/target}"
-  local started=$SECONDS
-  # The release build `make build` and the tests use, and the bench profile (release
-  # settings, shared dependencies): nothing is rebuilt when they are fresh.
-  (cd "$ROOT" && "$cargo" build --release --locked -p specd)
-  local bench_bin
-  bench_bin="$(cd "$ROOT" && "$cargo" bench --locked -p specd-model --bench llama1b_shape --no-run --message-format=json \
-    | python3 -c '
+# The executable cargo's JSON messages (stdin) name for a target of this kind and name.
+executable() {
+  python3 -c '
 import json, sys
+kind, name = sys.argv[1:]
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "llama1b_shape":
-        print(m["executable"])')"
-  if [[ -z "$bench_bin" ]]; then
-    echo "gpu-check bundle: cargo named no llama1b_shape executable" >&2
+    t = m.get("target") or {}
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and t.get("name") == name and kind in t.get("kind", []):
+        print(m["executable"])' "$1" "$2"
+}
+
+bundle() {
+  local venv="${VIRTUAL_ENV:-$ROOT/.venv}"
+  export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+  local cargo="${CARGO:-cargo}"
+  local started=$SECONDS
+  # Both binaries come from the build `make test` makes (`cargo test --workspace --release`):
+  # a workspace-wide selection with test targets unifies dependency features the way that
+  # build does, so after the tests nothing but the bench binary is compiled (`cargo build
+  # -p specd` resolves features otherwise and would rebuild the workspace's crates). The
+  # one integration test named is the demo's, whose run needs the specd binary.
+  local specd_bin bench_bin
+  specd_bin="$(cd "$ROOT" && "$cargo" test --workspace --release --locked --no-run --test demo_pair \
+    --message-format=json | executable bin specd)"
+  bench_bin="$(cd "$ROOT" && "$cargo" bench --workspace --locked --no-run --bench llama1b_shape \
+    --message-format=json | executable bench llama1b_shape)"
+  if [[ -z "$specd_bin" || -z "$bench_bin" ]]; then
+    echo "gpu-check bundle: cargo named no executable for specd ($specd_bin) or llama1b_shape ($bench_bin)" >&2
     return 1
   fi
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE"
-  strip -o "$BUNDLE/specd" "$target/release/specd"
+  strip -o "$BUNDLE/specd" "$specd_bin"
   strip -o "$BUNDLE/llama1b_shape" "$bench_bin"
   # The model tests make the fixtures (and name their version); reuse their cache.
   local version
