@@ -231,6 +231,9 @@ def stage_environment(run):
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "cuda_devices": torch.cuda.device_count(),
         "cpu_cores": os.cpu_count(),
+        # The bundle's binaries were linked here against glibc 2.34 and libstdc++ 3.4.29
+        # symbols at most (the report's first line of trouble if they do not load there).
+        "libc": " ".join(platform.libc_ver()),
         "host": platform.node(),
     }
     try:
