@@ -456,7 +456,7 @@ def stage_distributions(run):
     for m in modes.values():
         m["outputs"] = len(m["outputs"])
     result = {
-        "job": "seeded, T = 0.8, γ = 4, the fixture pair with the target in bf16",
+        "job": f"seeded, T = 0.8, γ = 4, {ROLE_MODEL}: target bf16, draft f32, --distributions on both",
         "modes": modes,
         "identical_outputs": same,
         "requests": len(prompts),
