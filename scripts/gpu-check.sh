@@ -23,7 +23,8 @@
 #
 # Overrides: GPU_DEVICE (default cuda:0), PYTHON (default python3), OUT, GPU_CHECK_QUICK=1
 # (same as --quick), GPU_CHECK_TIMEOUT_S (the run's hard limit: 475 s, 1500 s with --quick),
-# GPU_CHECK_MAX_MIB (the bundle's limit, 64).
+# GPU_CHECK_MAX_MIB (the bundle's limit, 64), GPU_CHECK_BUDGET_S (the stages' total, 460 s;
+# tripled with --quick on a CPU).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

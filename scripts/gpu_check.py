@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 # Seconds each stage may take on the GPU. Their sum plus the environment stays under
 # TOTAL_BUDGET_S, which keeps the whole run (python and CUDA start-up included) within
 # the 8 minutes one device run is given.
-TOTAL_BUDGET_S = 460
+TOTAL_BUDGET_S = float(os.environ.get("GPU_CHECK_BUDGET_S", 460))
 BUDGETS_S = {
     "environment": 15,
     "parity": 45,
@@ -69,6 +69,10 @@ QUICK_DEMO_PROMPTS = ["def f(x):", "import os", "class A:", "for i in range(10):
 
 class StageError(Exception):
     """A stage failed for a reason worth one line in the report."""
+
+
+class StageSkipped(Exception):
+    """A stage cannot run here (what it needs is missing); not a failure of its own."""
 
 
 class Run:
@@ -485,7 +489,7 @@ def stage_demo_train(run):
 
 def stage_demo_bench(run):
     if not os.path.isfile(os.path.join(demo_dir(run), "target", "config.json")):
-        raise StageError("no demo pair: demo_train did not finish")
+        raise StageSkipped("no demo pair: demo_train did not finish")
     out = {}
     # The quick run's tiny pair has α ≈ 0, where γ = auto drafts nothing: a fixed γ runs the
     # speculative path anyway.
@@ -540,6 +544,11 @@ def main():
     # The quick dry run on a CPU is slower per stage than the GPU run is: give it room.
     scale = 3.0 if run.quick and not run.on_gpu else 1.0
     total = TOTAL_BUDGET_S * scale
+    # Every stage is in the report from the start: one the run never reaches (stopped from
+    # outside) still says so.
+    for name, _ in STAGES:
+        run.report["stages"][name] = {"status": "skipped", "budget_s": None, "seconds": 0.0,
+                                      "error": "not reached: the run ended before it"}
     try:
         for name, fn in STAGES:
             budget = min(BUDGETS_S[name] * scale, total - run.elapsed())
@@ -558,9 +567,18 @@ def main():
             except StageError as e:
                 entry["status"] = "failed"
                 entry["error"] = str(e)
+            except StageSkipped as e:
+                entry["error"] = str(e)
             except Exception as e:  # a broken stage must not lose the others
                 entry["status"] = "failed"
                 entry["error"] = f"{type(e).__name__}: {e}\n{tail(traceback.format_exc())}"
+            except BaseException:
+                # Stopped from outside (SIGTERM from the shell's timeout, ^C): say so, and let
+                # the report be written on the way out.
+                entry["status"] = "failed"
+                entry["error"] = f"stopped from outside after {time.monotonic() - started:.1f} s"
+                entry["seconds"] = round(time.monotonic() - started, 1)
+                raise
             finally:
                 for child in run.children:
                     run.stop(child)
