@@ -24,7 +24,7 @@ export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
 
 CARGO ?= cargo
 
-.PHONY: all build test lint fmt demo bench torch pydeps deploy-check fuzz clean help
+.PHONY: all build test lint fmt demo bench torch pydeps deploy-check gpu-bundle-check fuzz clean help
 
 all: build
 
@@ -35,6 +35,7 @@ help:
 	@echo "make bench  - run the criterion benchmarks (sampling round, model verify vs decode)"
 	@echo "make fuzz   - build the fuzz targets (stable cargo-fuzz) and fuzz each for 20 s"
 	@echo "make deploy-check - render and validate deploy/k8s, specd --check-config on every container"
+	@echo "make gpu-bundle-check - build the GPU check's bundle (target/gpu-check) and check it fits in 64 MiB"
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -81,6 +82,7 @@ lint: torch
 # Release: the whole-system law tests draw 200 000 generations per check through gRPC.
 test: lint pydeps
 	$(CARGO) test --workspace --release --locked
+	$(MAKE) gpu-bundle-check
 	$(MAKE) fuzz
 
 # The fuzz targets (fuzz/README.md), a minute in all; the first run installs cargo-fuzz and
@@ -92,6 +94,12 @@ fuzz:
 # here kubectl is required): kustomize, kubernetes-validate --strict, specd --check-config.
 deploy-check: torch pydeps
 	SPECD_REQUIRE_KUBECTL=1 $(CARGO) test --release --locked -p specd --test deploy_manifests
+
+# The GPU check's bundle (scripts/gpu-check.sh): after the tests it reuses their release
+# build and adds one bench binary; it fails when the bundle would not fit in what a lent GPU
+# machine is carried (64 MiB).
+gpu-bundle-check: torch
+	CARGO=$(CARGO) ./scripts/gpu-check.sh bundle
 
 bench: torch
 	$(CARGO) bench -p specd-sampling --bench round

@@ -5,9 +5,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use specd_model::DeviceSpec;
 use specd_model::demo::{self, BuildOptions, DemoSpec, MatmulKind, Preset, Progress};
 
 use crate::cli_error::invalid;
+use crate::serve::parse_device;
 
 /// Build models: `specd models demo` builds the demo pair offline.
 #[derive(Debug, clap::Args)]
@@ -55,9 +57,14 @@ pub struct DemoArgs {
     /// Optimiser steps for the draft (overrides the preset).
     #[arg(long, env = "SPECD_DEMO_DRAFT_STEPS")]
     pub draft_steps: Option<usize>,
-    /// Number format of the training's matrix products: `auto` is bf16 on a CPU with bf16
-    /// instructions (AVX-512 BF16 or AMX) and f32 on one without, where bf16 is emulated.
-    /// Part of every stage's cache key.
+    /// Where to train: cpu or cuda:N. A GPU build's bytes differ from a CPU build's (and
+    /// between GPU builds: CUDA's embedding backward sums with atomics), so the device kind
+    /// is part of the models' cache keys; its index is not.
+    #[arg(long, env = "SPECD_DEMO_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceSpec,
+    /// Number format of the training's matrix products: `auto` is bf16 on a GPU and on a
+    /// CPU with bf16 instructions (AVX-512 BF16 or AMX), and f32 on a CPU without, where
+    /// bf16 is emulated. Part of every stage's cache key.
     #[arg(long, env = "SPECD_DEMO_MATMUL", default_value = "auto", value_parser = parse_matmul)]
     pub matmul: MatmulChoice,
     /// Print the result as JSON.
@@ -73,9 +80,9 @@ pub enum MatmulChoice {
 }
 
 impl MatmulChoice {
-    fn resolve(self) -> MatmulKind {
+    fn resolve(self, device: DeviceSpec) -> MatmulKind {
         match self {
-            Self::Auto => MatmulKind::for_this_cpu(),
+            Self::Auto => MatmulKind::for_device(device),
             Self::Fixed(kind) => kind,
         }
     }
@@ -111,9 +118,13 @@ impl DemoArgs {
             if !(minutes.is_finite() && minutes > 0.0) {
                 return Err(invalid(format!("--minutes must be positive, got {minutes}")));
             }
-            eprintln!("measuring a training step of each model ({} matmuls) to fit {minutes} minutes…", matmul.name());
-            let target_s = demo::seconds_per_step(&spec, spec.target, None, matmul)?;
-            let draft_s = demo::seconds_per_step(&spec, spec.draft, Some(spec.target), matmul)?;
+            eprintln!(
+                "measuring a training step of each model ({} matmuls on {}) to fit {minutes} minutes…",
+                matmul.name(),
+                self.device
+            );
+            let target_s = demo::seconds_per_step(&spec, spec.target, None, matmul, self.device)?;
+            let draft_s = demo::seconds_per_step(&spec, spec.draft, Some(spec.target), matmul, self.device)?;
             let budget = minutes * 60.0;
             spec.target_steps = ((budget * TARGET_SHARE / target_s) as usize).max(1);
             spec.draft_steps = ((budget * DRAFT_SHARE / draft_s) as usize).max(1);
@@ -205,18 +216,29 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     {
         return Err(invalid(format!("--corpus {} is not a directory", dir.display())));
     }
-    let matmul = args.matmul.resolve();
+    // Refused before any work (exit code 2) when the device is not there.
+    args.device.to_device().map_err(|e| invalid(format!("--device {}: {e}", args.device)))?;
+    let matmul = args.matmul.resolve(args.device);
     eprintln!(
-        "training matmuls in {} ({})",
+        "training on {} with matmuls in {} ({})",
+        args.device,
         matmul.name(),
         match args.matmul {
+            MatmulChoice::Auto if args.device != DeviceSpec::Cpu => "auto: bf16 on a GPU",
             MatmulChoice::Auto if matmul == MatmulKind::Bf16 => "auto: this CPU has bf16 instructions",
             MatmulChoice::Auto => "auto: this CPU has no bf16 instructions, so bf16 would be emulated",
             MatmulChoice::Fixed(_) => "--matmul",
         }
     );
     let spec = args.spec(matmul)?;
-    let opts = BuildOptions { out: args.out.clone(), corpus: args.corpus.clone(), seed: args.seed, spec, matmul };
+    let opts = BuildOptions {
+        out: args.out.clone(),
+        corpus: args.corpus.clone(),
+        seed: args.seed,
+        spec,
+        matmul,
+        device: args.device,
+    };
     let started = Instant::now();
     let mut bars = Bars::new();
     let outcome = demo::build(&opts, &mut bars)?;
@@ -226,7 +248,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "target": outcome.target_dir, "draft": outcome.draft_dir, "cached": outcome.cached,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters,
-            "report": r, "matmul": matmul, "seconds": started.elapsed().as_secs_f64(),
+            "report": r, "matmul": matmul, "device": args.device.to_string(), "seconds": started.elapsed().as_secs_f64(),
         });
         outln!("{json}");
         return Ok(());

@@ -107,6 +107,22 @@ fn builds_are_deterministic_for_a_seed_and_cached() {
     let cached: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(cached["cached"], true);
     assert_eq!(cached["report"], report["report"], "a cached build reports the same figures");
+    // `--device cpu`, the default said out loud, keeps the keys CPU builds were made with.
+    let out = specd(&[
+        "models",
+        "demo",
+        "--preset",
+        "tiny",
+        "--out",
+        again.to_str().unwrap(),
+        "--seed",
+        "7",
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    let cached: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(cached["cached"], true, "{}", String::from_utf8_lossy(&out.stderr));
     // A changed step count retrains the draft only: the target's stage key still matches.
     let out = specd(&[
         "models",
@@ -167,6 +183,9 @@ fn bad_arguments_are_refused_with_exit_code_2() {
         &["models", "demo", "--preset", "tiny", "--minutes", "0"],
         &["models", "demo", "--preset", "tiny", "--corpus", "/nonexistent/dir"],
         &["models", "demo", "--preset", "tiny", "--target-steps", "0"],
+        &["models", "demo", "--preset", "tiny", "--device", "tpu"],
+        // No machine has a hundredth CUDA device: refused before any work.
+        &["models", "demo", "--preset", "tiny", "--device", "cuda:99"],
         &["bench", "--embedded", "--demo-dir", "/nonexistent/dir"],
         &["bench", "--embedded", "--repeat", "0"],
     ] {

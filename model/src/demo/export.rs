@@ -78,7 +78,12 @@ pub fn write_checkpoint(
     )?;
     let tok_dst = tmp.join("tokenizer.json");
     std::fs::copy(tokenizer_json, &tok_dst).map_err(io(tokenizer_json))?;
-    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    // From the host: a model trained on a GPU is written like one trained here.
+    let mut named: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(name, t)| Ok((name, t.f_to_device(tch::Device::Cpu)?.f_contiguous()?)))
+        .collect::<Result<_>>()?;
     named.sort_by(|a, b| a.0.cmp(&b.0));
     let weights = tmp.join("model.safetensors");
     Tensor::write_safetensors(&named, &weights)?;

@@ -31,6 +31,15 @@ impl MatmulKind {
         Self::for_cpu(crate::cpu_features::has_bf16_instructions())
     }
 
+    /// What a build training on `device` should use: on the CPU the rule above; on a GPU
+    /// bf16, which its tensor cores run natively.
+    pub fn for_device(device: crate::DeviceSpec) -> Self {
+        match device {
+            crate::DeviceSpec::Cpu => Self::for_this_cpu(),
+            crate::DeviceSpec::Cuda(_) => Self::Bf16,
+        }
+    }
+
     pub fn kind(self) -> Kind {
         match self {
             Self::Bf16 => Kind::BFloat16,

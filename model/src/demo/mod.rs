@@ -9,6 +9,14 @@
 //! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
 //! - [`progress`]: how the build reports itself.
 //!
+//! Training runs on [`BuildOptions::device`]: the CPU by default, or a CUDA device (`specd
+//! models demo --device cuda:0`), where the initial weights come from CUDA's generator and
+//! the kernels sum in other orders, so the bytes differ from a CPU build's and, with the
+//! atomics of CUDA's embedding backward, from one CUDA build to the next. The device kind
+//! is therefore part of the target's and the draft's cache keys when it is not the CPU
+//! (CPU keys are unchanged, so existing CPU builds stay cached); the device's index is not,
+//! since it does not change what is computed.
+//!
 //! Each stage (tokenizer, target, draft) is written to its own directory with the key it
 //! was built from; a later build with the same spec, seed and corpus reuses every stage
 //! whose key matches, so an interrupted build resumes at the stage it was in.
@@ -27,7 +35,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use tch::Device;
 use tch::nn::VarStore;
 
 pub use evaluate::PairReport;
@@ -35,6 +42,7 @@ pub use matmul::MatmulKind;
 pub use progress::{Progress, Quiet};
 pub use spec::{DemoSpec, Preset, Shape};
 
+use crate::device::DeviceSpec;
 use crate::error::{ModelError, Result};
 use net::TrainableLlama;
 use train::{Windows, distillation_loss, next_token_loss, optimise};
@@ -53,6 +61,17 @@ pub struct BuildOptions {
     pub spec: DemoSpec,
     /// The number format of the training's matmuls ([`MatmulKind::for_this_cpu`] by default).
     pub matmul: MatmulKind,
+    /// Where the models train (and are evaluated); the files are written from the host.
+    pub device: DeviceSpec,
+}
+
+/// `key` with `"device": kind` added when the build does not train on the CPU: CPU keys
+/// predate the flag, and a device's index does not change what is computed.
+fn with_device(mut key: Value, device: DeviceSpec) -> Value {
+    if let (DeviceSpec::Cuda(_), Some(map)) = (device, key.as_object_mut()) {
+        map.insert("device".into(), "cuda".into());
+    }
+    key
 }
 
 /// A finished (or cached) pair.
@@ -91,12 +110,19 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         corpus.train_bytes() as f64 / 1e6
     ));
     let spec = &opts.spec;
+    let device = opts.device.to_device()?;
     let tokenizer_key = json!({"format": FORMAT, "stage": "tokenizer", "vocab_size": spec.vocab_size,
         "corpus": corpus.fingerprint, "corpus_bytes": spec.corpus_bytes});
-    let target_key = json!({"format": FORMAT, "stage": "target", "tokenizer": tokenizer_key, "seed": opts.seed,
-        "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr, "matmul": opts.matmul});
-    let draft_key = json!({"format": FORMAT, "stage": "draft", "target": target_key, "shape": spec.draft,
-        "steps": spec.draft_steps, "lr": spec.draft_lr, "matmul": opts.matmul});
+    let target_key = with_device(
+        json!({"format": FORMAT, "stage": "target", "tokenizer": tokenizer_key, "seed": opts.seed,
+        "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr, "matmul": opts.matmul}),
+        opts.device,
+    );
+    let draft_key = with_device(
+        json!({"format": FORMAT, "stage": "draft", "target": target_key, "shape": spec.draft,
+        "steps": spec.draft_steps, "lr": spec.draft_lr, "matmul": opts.matmul}),
+        opts.device,
+    );
     let tok_dir = opts.out.join("tokenizer");
     let target_dir = opts.out.join("target");
     let draft_dir = opts.out.join("draft");
@@ -131,7 +157,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let compute = opts.matmul.kind();
     let target_cfg = spec.llama_config(spec.target);
     tch::manual_seed(opts.seed as i64);
-    let mut target_vs = VarStore::new(Device::Cpu);
+    let mut target_vs = VarStore::new(device);
     let target = TrainableLlama::new(&target_vs.root(), &target_cfg)?;
     if is_current(&target_dir, &target_key) {
         progress.note("target: cached");
@@ -152,7 +178,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     // Draft: imitate the target's distributions on the same kind of windows.
     let draft_cfg = spec.llama_config(spec.draft);
     tch::manual_seed(opts.seed.wrapping_add(1) as i64);
-    let mut draft_vs = VarStore::new(Device::Cpu);
+    let mut draft_vs = VarStore::new(device);
     let draft = TrainableLlama::new(&draft_vs.root(), &draft_cfg)?;
     if is_current(&draft_dir, &draft_key) {
         progress.note("draft: cached");
@@ -175,7 +201,9 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
 
     progress.stage("evaluating on held-out files", 0);
     let windows = (spec.batch * 2).max(4);
-    let held = Windows::new(&held_stream, spec.context, windows, opts.seed.wrapping_add(2)).next_batch()?;
+    let held = Windows::new(&held_stream, spec.context, windows, opts.seed.wrapping_add(2))
+        .next_batch()?
+        .f_to_device(device)?;
     let report = evaluate::evaluate(&target, &draft, &held)?;
     let outcome = BuildOutcome {
         target_dir,
@@ -189,19 +217,30 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     };
     export::write_json(
         &opts.out.join(PAIR_FILE),
-        &json!({"seed": opts.seed, "spec": spec, "matmul": opts.matmul, "corpus": corpus.fingerprint, "report": report,
+        &with_device(
+            json!({"seed": opts.seed, "spec": spec, "matmul": opts.matmul, "corpus": corpus.fingerprint, "report": report,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters}),
+            opts.device,
+        ),
     )?;
     Ok(outcome)
 }
 
-/// Seconds one optimiser step of `shape` takes here, for turning `--minutes` into steps.
-pub fn seconds_per_step(spec: &DemoSpec, shape: Shape, with_teacher: Option<Shape>, matmul: MatmulKind) -> Result<f64> {
+/// Seconds one optimiser step of `shape` takes on `device`, for turning `--minutes` into
+/// steps (each step ends by reading its loss back, so a GPU step is timed to its end).
+pub fn seconds_per_step(
+    spec: &DemoSpec,
+    shape: Shape,
+    with_teacher: Option<Shape>,
+    matmul: MatmulKind,
+    device: DeviceSpec,
+) -> Result<f64> {
+    let device = device.to_device()?;
     let compute = matmul.kind();
     let stream: Vec<u32> = (0..(spec.context * 4) as u32).map(|i| i % spec.vocab_size as u32).collect();
-    let vs = VarStore::new(Device::Cpu);
+    let vs = VarStore::new(device);
     let model = TrainableLlama::new(&vs.root(), &spec.llama_config(shape))?;
-    let teacher_vs = VarStore::new(Device::Cpu);
+    let teacher_vs = VarStore::new(device);
     let teacher = with_teacher.map(|s| TrainableLlama::new(&teacher_vs.root(), &spec.llama_config(s))).transpose()?;
     let t = spec.context as i64;
     let mut windows = Windows::new(&stream, spec.context, spec.batch, 0);
@@ -225,4 +264,19 @@ pub fn seconds_per_step(spec: &DemoSpec, shape: Shape, with_teacher: Option<Shap
     };
     time_one()?; // warm-up: allocator and kernel selection
     time_one()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_kind_enters_a_key_off_the_cpu_and_its_index_never() {
+        let key = json!({"stage": "target", "seed": 1});
+        assert_eq!(with_device(key.clone(), DeviceSpec::Cpu), key, "CPU keys predate --device");
+        let cuda = with_device(key.clone(), DeviceSpec::Cuda(0));
+        assert_ne!(cuda, key);
+        assert_eq!(cuda["device"], "cuda");
+        assert_eq!(with_device(key, DeviceSpec::Cuda(3)), cuda);
+    }
 }
