@@ -23,7 +23,7 @@ impl Distributions {
     /// The path a node on `device` takes.
     ///
     /// On a CPU the host path stays: at V = 128 256, γ = 5 it built a verify's pieces in
-    /// about the same time or less than libtorch did on the same cores
+    /// 1/1.4 to 1/13 of the time libtorch took on the same cores
     /// (`cargo bench -p specd-device-sampling --bench host_vs_device`, BENCHMARKS.md), and the
     /// copy it saves is a memcpy there. On a GPU the copy and the host's work are what the
     /// device path removes.
