@@ -4,48 +4,31 @@
 //!   [`session::SessionActor`] per request), the OpenAI-compatible HTTP API over it, and
 //!   admission (bearer token, generations in flight, deadlines);
 //! - [`session`]: a generation's loop (rounds, stop conditions, streaming) and the drop guard
-//!   that releases both nodes' sessions on finish, error, timeout and client cancel;
-//! - [`policy`]: adaptive γ from the session's measured acceptance and costs;
-//! - [`governor`]: under load, whether a load level's sessions draft at all, from aggregate
-//!   tokens per session-second in alternating periods;
-//! - `average`: the running average both learn with;
-//! - [`round`]: one round: Propose, Verify, and the rule from `specd-sampling`;
-//! - [`logprobs`]: each emitted token's log-probability, whichever branch emitted it;
-//! - [`round_report`]: what a round leaves behind (its report, tallies, the nodes' cursors),
-//!   read by the draft's side of a round and the policy without depending on the round loop;
-//! - [`propose`]: the draft's part of a round, and the blocks it pushes ahead;
+//!   that releases both nodes' sessions on finish, error, timeout and client cancel; in it,
+//!   [`session::round`] (Propose, Verify, the rule from `specd-sampling`),
+//!   [`session::propose`] (the draft's part, and the blocks it pushes ahead),
+//!   [`session::draft_link`] (the link to the draft, lost and found again),
+//!   [`session::round_report`] (what a round leaves behind), [`session::logprobs`] and
+//!   [`session::metrics`];
+//! - [`policy`]: adaptive γ from the session's measured acceptance and costs; in it,
+//!   [`policy::governor`] (under load, whether a load level's sessions draft at all) and the
+//!   running average and re-measuring budget both use;
+//! - [`nodes`]: typed node clients, the startup compatibility check, replica choice; in it,
+//!   [`nodes::discovery`] (`dns:///` addresses, re-resolved), [`nodes::round_stream`] (a
+//!   session's long-lived round stream to one node) and which vocabularies fit together;
 //! - [`text`]: the model's tokenizer, chat template and generation defaults, fetched from the
 //!   target (`specd-text` does the text work: incremental detokenization, stop strings);
-//! - [`draft_link`]: a session's link to its draft, which may be lost (the session goes on
-//!   target-only) and found again;
-//! - [`nodes`]: typed node clients, the startup compatibility check, replica choice;
-//! - `vocab`: which vocabularies fit together (a draft may lack the target's padding rows, or
-//!   have more, which it then never draws from);
-//! - [`discovery`]: `dns:///` node addresses, re-resolved, one watcher actor per role;
-//! - [`round_stream`]: a session's long-lived round stream to one node;
 //! - [`request`]: validation of client requests;
-//! - [`metrics`]: what the session actor records into `specd-telemetry`;
 //! - [`error`]: [`CoordinatorError`] and its status codes;
 //! - [`run`] / [`serve`]: the server, with health and reflection.
 
 pub mod api;
-mod average;
-pub mod discovery;
-pub mod draft_link;
 pub mod error;
-pub mod governor;
-pub mod logprobs;
-pub mod metrics;
 pub mod nodes;
 pub mod policy;
-pub mod propose;
 pub mod request;
-pub mod round;
-pub mod round_report;
-pub mod round_stream;
 pub mod session;
 pub mod text;
-mod vocab;
 
 use std::future::Future;
 use std::time::Duration;
@@ -59,9 +42,9 @@ use tonic::service::Routes;
 pub use api::admission::Admission;
 pub use api::grpc::GenerationService;
 pub use api::http::HttpConfig;
-pub use discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
+pub use nodes::discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use request::{Defaults, GammaChoice, RuleVariant};
 use specd_proto::tls::{ClientTls, ServerTls};
 

@@ -136,7 +136,7 @@ proptest! {
         seed in any::<u64>(),
         round in any::<u32>(),
     ) {
-        // What the coordinator does with a Propose reply and a Verify reply (coordinator/src/round.rs).
+        // What the coordinator does with a Propose reply and a Verify reply (coordinator/src/session/round.rs).
         let parsed: Result<Vec<_>, _> = positions.iter().map(|p| parse_sparse_proposal(p, VOCAB)).collect();
         let Ok(parsed) = parsed else { return Ok(()) };
         for (_, q) in &parsed {

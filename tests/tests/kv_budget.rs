@@ -226,7 +226,7 @@ async fn both_nodes_reserve_a_generations_reach_and_grow_no_further() {
     let (draft_most, target_most) = watcher.await.unwrap();
     // Seen while open (the lower bound), and never grown (the upper). The draft reserves for
     // the blocks it drafts ahead too (optimistic drafting, the cluster's default).
-    let ahead_bytes = u64::from(specd_coordinator::propose::PUSH_DEPTH * (GAMMA + 1)) * BYTES_PER_TOKEN;
+    let ahead_bytes = u64::from(specd_coordinator::session::propose::PUSH_DEPTH * (GAMMA + 1)) * BYTES_PER_TOKEN;
     assert_eq!((draft_most, target_most), (reach_bytes + ahead_bytes, reach_bytes));
     cluster.shutdown().await;
 }

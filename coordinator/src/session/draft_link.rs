@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, DraftRounds};
-use crate::round_report::{Cursor, RoundReport};
+use crate::session::round_report::{Cursor, RoundReport};
 
 /// First wait before trying a lost draft again; it doubles up to [`MAX_RETRY`].
 pub const FIRST_RETRY: Duration = Duration::from_secs(1);

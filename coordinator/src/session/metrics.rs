@@ -4,7 +4,7 @@
 use specd_proto::v1::FinishReason;
 use specd_telemetry::{FinishReason as FinishLabel, RequestMetrics, RoundSample};
 
-use crate::round::RoundReport;
+use crate::session::round::RoundReport;
 
 /// Records a finished round of which `emitted` tokens go to the client now.
 pub fn round(metrics: Option<&RequestMetrics>, report: &RoundReport, emitted: usize) {

@@ -9,7 +9,7 @@ use specd_sampling::DenseDist;
 use specd_sampling::logprobs::logprob;
 
 use crate::error::CoordinatorError;
-use crate::propose::Proposals;
+use crate::session::propose::Proposals;
 
 fn protocol(message: String) -> CoordinatorError {
     CoordinatorError::Protocol(message)

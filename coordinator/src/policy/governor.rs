@@ -18,8 +18,8 @@
 //! default is to not draft.
 //! The law is untouched: a round's γ still depends only on what happened before it.
 
-use crate::average::Average;
-use crate::policy::within_budget;
+use crate::policy::average::Average;
+use crate::policy::remeasure::within_budget;
 
 /// Rounds (of all the level's sessions) in one period.
 pub const PERIOD_ROUNDS: u64 = 64;

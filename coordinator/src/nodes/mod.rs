@@ -1,6 +1,9 @@
 //! Typed clients of the draft and target nodes, and the pool the coordinator balances over.
 
-use specd_ngram::MatchSpan;
+pub mod discovery;
+pub mod round_stream;
+mod vocab;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,11 +20,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
 
+use specd_ngram::MatchSpan;
 use specd_proto::tls::ClientTls;
 
-use crate::discovery::{Discovery, NodeAddress, Reference, Replica, Replicas, Watcher};
 use crate::error::CoordinatorError;
-use crate::round_stream::{RoundStream, node_error};
+use crate::nodes::discovery::{Discovery, NodeAddress, Reference, Replica, Replicas, Watcher};
+use crate::nodes::round_stream::{RoundStream, node_error};
 use specd_telemetry::propagation::inject_into_metadata;
 use specd_text::ModelText;
 
@@ -183,7 +187,7 @@ pub struct ModelFacts {
 }
 
 /// Every node the coordinator uses; new sessions go round-robin over the replicas of each
-/// role as discovered now ([`crate::discovery`]).
+/// role as discovered now ([`crate::nodes::discovery`]).
 #[derive(Debug)]
 pub struct NodePool {
     targets: Replicas<TargetClient>,

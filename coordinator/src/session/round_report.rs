@@ -1,8 +1,8 @@
 //! What a round leaves behind: its report (outcome, costs, what proposed each candidate),
 //! the wire and batching tallies, and each node's [`Cursor`] into the committed sequence.
-//! Plain data, apart from the round itself ([`crate::round`]), so that the draft's side of a
-//! round ([`crate::propose`], [`crate::draft_link`]) and the policy read it without
-//! depending on the round loop.
+//! Plain data that depends on no other part of the session, so that the round, the draft's
+//! side of a round (propose, draft_link) and the policy all read it without depending on one
+//! another.
 
 use specd_proto::v1::OutputLogprob;
 use specd_sampling::BlockOutcome;
@@ -80,10 +80,10 @@ pub struct RoundReport {
     /// The draft was asked for this round's block (it then follows the committed sequence
     /// to this round's base, whatever it proposed).
     pub drafted: bool,
-    /// What proposed each candidate ([`crate::propose::source_name`]), in block order.
+    /// What proposed each candidate (`propose::source_name`), in block order.
     pub sources: Vec<&'static str>,
-    /// The draft was not asked because it was sure to propose nothing
-    /// ([`crate::draft_link::DraftSession::has_nothing_for`]).
+    /// The draft was not asked because it was sure to propose nothing (an n-gram draft and
+    /// no match: `DraftSession::has_nothing_for`).
     pub proposal_skipped: bool,
 }
 

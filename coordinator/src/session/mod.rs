@@ -1,6 +1,13 @@
 //! One generation: a session actor that opens both nodes' sessions, runs rounds until a stop
 //! condition, streams each round's tokens, and releases both nodes' sessions however it ends.
 
+pub mod draft_link;
+pub mod logprobs;
+pub mod metrics;
+pub mod propose;
+pub mod round;
+pub mod round_report;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,13 +24,13 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use specd_text::{ModelText, TextStream};
 
-use crate::draft_link::DraftLink;
 use crate::error::CoordinatorError;
-use crate::governor::LoadMode;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
+use crate::policy::governor::LoadMode;
 use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec};
-use crate::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
+use crate::session::draft_link::DraftLink;
+use crate::session::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
 
 /// Everything one generation needs.
 #[derive(Debug)]
@@ -260,14 +267,14 @@ impl SessionActor {
             () = deadline => {
                 tracing::info!("the client's deadline passed: generation stopped");
                 span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("deadline"));
-                crate::metrics::finished(self.metrics.as_ref(), None);
+                metrics::finished(self.metrics.as_ref(), None);
                 let _ = out.send(Err(Status::deadline_exceeded("the client's deadline passed"))).await;
                 None
             }
             () = out.closed() => {
                 tracing::info!("client went away: generation cancelled");
                 span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("cancelled"));
-                crate::metrics::finished(self.metrics.as_ref(), Some(FinishReason::Cancelled));
+                metrics::finished(self.metrics.as_ref(), Some(FinishReason::Cancelled));
                 None
             }
             result = self.generate() => match result {
@@ -276,7 +283,7 @@ impl SessionActor {
                     tracing::warn!(%err, "generation failed");
                     span.set_attribute(attributes::RESPONSE_FINISH_REASONS, attributes::finish_reasons("error"));
                     attributes::set_error(&span, err.to_string());
-                    crate::metrics::finished(self.metrics.as_ref(), None);
+                    metrics::finished(self.metrics.as_ref(), None);
                     let _ = out.send(Err(err.into())).await;
                     None
                 }
@@ -314,7 +321,7 @@ impl SessionActor {
         };
         // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
         // past the round's: it reserves for those too.
-        let ahead = if spec.optimistic { crate::propose::PUSH_DEPTH * (spec.gamma.max() + 1) } else { 0 };
+        let ahead = if spec.optimistic { propose::PUSH_DEPTH * (spec.gamma.max() + 1) } else { 0 };
         let draft_open = OpenSessionRequest { max_tokens: open.max_tokens.saturating_add(ahead), ..open.clone() };
         let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), draft_open));
         let target_rounds = async {
@@ -362,7 +369,7 @@ impl SessionActor {
             let base = spec.prompt.len() + output.len();
             let remaining = spec.max_new_tokens - output.len();
             // Under load, whether sessions draft at all is decided for the load level as a
-            // whole, from what it measured in aggregate (crate::governor). A round it makes
+            // whole, from what it measured in aggregate (crate::policy::governor). A round it makes
             // plain is not the session's policy's: the policy neither advances (an explorer
             // keeps its measuring rounds for a period that drafts) nor learns from it.
             let running = self.running.get();
@@ -478,7 +485,7 @@ impl SessionActor {
                 logprobs: delta_logprobs,
                 ..Default::default()
             };
-            crate::metrics::round(self.metrics.as_ref(), &report, message.token_ids.len());
+            metrics::round(self.metrics.as_ref(), &report, message.token_ids.len());
             if self.out.send(Ok(message)).await.is_err() {
                 break FinishReason::Cancelled;
             }
@@ -511,7 +518,7 @@ impl SessionActor {
             stats: Some(stats.to_wire()),
             ..Default::default()
         };
-        crate::metrics::finished(self.metrics.as_ref(), Some(finish));
+        metrics::finished(self.metrics.as_ref(), Some(finish));
         let _ = self.out.send(Ok(last)).await;
         Ok(PendingReleases { target: guard, draft: draft_link })
     }

@@ -181,7 +181,7 @@ impl Reference {
     pub fn check(&self, role: &str, url: &str, info: &NodeInfo) -> Result<(), CoordinatorError> {
         let (first_url, first) = self.first_target.get_or_init(|| (url.to_owned(), info.clone()));
         if !(role == "target" && first_url == url) {
-            crate::vocab::check_vocabulary(first_url, first, role, url, info)?;
+            crate::nodes::vocab::check_vocabulary(first_url, first, role, url, info)?;
         }
         let min = self.min_context.load(Ordering::Relaxed);
         if min > 0 && u64::from(info.context_length) < min {

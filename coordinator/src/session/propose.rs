@@ -23,10 +23,10 @@ use specd_proto::convert::{parse_dense_proposal, parse_sparse_proposal};
 use specd_proto::v1::{ProposalSource, ProposeRequest, ProposeResponse};
 use specd_sampling::{DenseDist, SparseDist};
 
-use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
-use crate::round_report::BatchSum;
+use crate::session::draft_link::DraftSession;
+use crate::session::round_report::BatchSum;
 
 /// Blocks the draft keeps pushed ahead of the last request (ProposeRequest.push_depth). On
 /// a hit the next round starts as soon as its verify pass can, so the draft must be this

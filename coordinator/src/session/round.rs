@@ -1,5 +1,5 @@
 //! One round of the protocol (docs/architecture.md): Propose to the draft (or a block it pushed
-//! ahead, [`crate::propose`]), Verify at the target, the exact rule here.
+//! ahead, [`crate::session::propose`]), Verify at the target, the exact rule here.
 
 use std::time::Instant;
 
@@ -14,13 +14,13 @@ use specd_telemetry::propagation::context_map;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-pub use crate::round_report::{BatchSum, Cursor, RoundReport, WireBytes};
+pub use crate::session::round_report::{BatchSum, Cursor, RoundReport, WireBytes};
 
-use crate::draft_link::DraftSession;
 use crate::error::CoordinatorError;
 use crate::nodes::TargetRounds;
-use crate::propose::{Proposals, propose};
 use crate::request::{GenerationSpec, RuleVariant, Wire};
+use crate::session::draft_link::DraftSession;
+use crate::session::propose::{Proposals, propose};
 
 /// Runs round `round` with draft length `gamma` (0 or no draft: target-only), in a span of
 /// its own that the nodes' spans of this round are children of.
@@ -143,7 +143,7 @@ async fn run_round_in(
         }
     };
     let logprobs = match spec.logprobs {
-        Some(_) => crate::logprobs::emitted(&outcome.tokens, &proposals, &reply, dense_rows.as_deref())?,
+        Some(_) => crate::session::logprobs::emitted(&outcome.tokens, &proposals, &reply, dense_rows.as_deref())?,
         None => Vec::new(),
     };
     Ok(RoundReport {

@@ -40,15 +40,20 @@
 //! stays exact whatever γ is chosen: each round's rule is exact for its γ, and γ depends only
 //! on earlier rounds.
 
+mod average;
+pub mod governor;
+mod remeasure;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use specd_sampling::cost::expected_tokens_per_round;
 
-use crate::average::Average;
-use crate::governor::{LoadLevel, LoadMode};
-use crate::round_report::RoundReport;
+use crate::policy::average::Average;
+use crate::policy::governor::{LoadLevel, LoadMode};
+use crate::policy::remeasure::within_budget;
+use crate::session::round_report::RoundReport;
 
 /// γ of the first round, before anything is measured.
 pub const START_GAMMA: u32 = 4;
@@ -377,14 +382,6 @@ fn within_spikes(x: f64, estimate: Average) -> f64 {
     }
 }
 
-/// Periods (or rounds) between two re-measurings of the side not in use, each of which loses
-/// `lost` (in the unit the budget is a share of), so that they cost at most `budget`.
-pub(crate) fn within_budget(lost: f64, budget: f64, min: u64, max: u64) -> u64 {
-    // Less a hair: a loss of exactly 25 budgets is 25 periods, not 26.
-    let every = (lost / budget - 1e-9).ceil();
-    if every.is_finite() { (every.max(0.0) as u64).clamp(min, max) } else { min }
-}
-
 /// Which nodes' times in a round are what a round at that γ costs. A node's first pass of a
 /// session also fills its cache with the prompt, and a draft's first pass after target-only
 /// rounds catches up on their tokens: taken as per-token costs, the demo's 60-token prompts
@@ -425,7 +422,7 @@ struct Memory {
     learnt: HashMap<String, Learnt>,
     /// Sessions started per key with nothing learnt for it yet.
     unlearnt_starts: HashMap<String, u64>,
-    /// Per key of a load above one: whether its sessions draft ([`crate::governor`]).
+    /// Per key of a load above one: whether its sessions draft ([`crate::policy::governor`]).
     loaded: HashMap<String, LoadLevel>,
 }
 
@@ -960,7 +957,7 @@ mod tests {
     fn load_levels_keep_their_own_periods() {
         let memory = PolicyMemory::default();
         assert_eq!(memory.load_mode("load 2^3"), LoadMode::Plain);
-        for _ in 0..crate::governor::PERIOD_ROUNDS {
+        for _ in 0..governor::PERIOD_ROUNDS {
             memory.record_loaded_round("load 2^3", LoadMode::Plain, 1, 20_000_000);
         }
         assert_eq!(memory.load_mode("load 2^3"), LoadMode::Adaptive);
