@@ -170,10 +170,21 @@ impl LookupNode {
     }
 
     /// Releases the session, its committed sequence going into the suffix index; `false`
-    /// when it was not open.
-    pub async fn release(&self, session_id: &str) -> bool {
+    /// when it was not open. `last`: the rollback point and the tokens committed since, which
+    /// complete the sequence with the output of the rounds after the last proposal.
+    pub async fn release(&self, session_id: &str, last: Option<(usize, &[u32])>) -> bool {
         let Some(session) = self.sessions.remove(session_id) else { return false };
-        remember(self.config, &self.index, &*session.lock().await);
+        let mut session = session.lock().await;
+        if let Some((rollback_to, pending)) = last {
+            match session.history.catch_up(rollback_to, pending) {
+                Ok(_) => session.committed = session.history.len(),
+                Err(err) => tracing::warn!(
+                    session = %session_id, %err,
+                    "the final sequence does not follow the session's: the index keeps what the last proposal saw"
+                ),
+            }
+        }
+        remember(self.config, &self.index, &session);
         true
     }
 }
@@ -182,5 +193,43 @@ impl LookupNode {
 fn remember(config: ProposerConfig, index: &Mutex<SuffixIndex>, session: &LookupSession) {
     if config.kind == ProposerKind::Suffix {
         index.lock().expect("suffix index lock").insert(session.seed, &session.history.tokens()[..session.committed]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use specd_proto::v1::SamplingSettings;
+
+    use super::*;
+
+    fn open(node: &LookupNode, id: &str, prompt: Vec<u32>) {
+        let sampling = SamplingSettings { top_p: 1.0, repetition_penalty: 1.0, ..Default::default() };
+        let request = OpenSessionRequest {
+            session_id: id.into(),
+            prompt_token_ids: prompt,
+            sampling: Some(sampling),
+            seed: 7,
+            ..Default::default()
+        };
+        node.open(request).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_release_with_the_final_cursor_keeps_the_whole_sequence() {
+        let node = LookupNode::new(ProposerConfig { kind: ProposerKind::Suffix, ..Default::default() }, 8);
+        open(&node, "a", vec![1, 2, 3]);
+        // No proposal ever saw the 4 tokens the last rounds committed: only the release
+        // carries them.
+        assert!(node.release("a", Some((3, &[4, 5, 6, 7]))).await);
+        assert_eq!(node.index_size().held_tokens, 7);
+        // Without a cursor (an older coordinator), what the session saw.
+        open(&node, "b", vec![1, 2, 3]);
+        assert!(node.release("b", None).await);
+        assert_eq!(node.index_size().held_tokens, 10);
+        // A cursor that does not follow the session's sequence changes nothing.
+        open(&node, "c", vec![1, 2]);
+        assert!(node.release("c", Some((5, &[9]))).await);
+        assert_eq!(node.index_size().held_tokens, 12);
+        assert!(!node.release("c", None).await, "released twice");
     }
 }

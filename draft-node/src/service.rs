@@ -115,10 +115,12 @@ impl DraftService for DraftNode {
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         let span = rpc_span("release", request.metadata());
-        let id = request.into_inner().session_id;
+        let request = request.into_inner();
+        let id = request.session_id;
+        let last = request.rollback_to.map(|valid| (valid as usize, request.pending_token_ids.as_slice()));
         let existed = match &self.proposer {
             Proposer::Model { node, .. } => node.release(&id).instrument(span).await?,
-            Proposer::Lookup(node) => node.release(&id).instrument(span).await,
+            Proposer::Lookup(node) => node.release(&id, last).instrument(span).await,
         };
         Ok(Response::new(ReleaseResponse { existed }))
     }

@@ -158,7 +158,7 @@ async fn the_budget_admits_whole_requests_and_refuses_the_next_naming_the_number
     let status = refused.downcast_ref::<tonic::Status>().expect("a gRPC status");
     assert_names_the_numbers(status, 2 * PER_SESSION, budget);
     // A released session makes room for a generation, which then runs to its end.
-    target.release(ReleaseRequest { session_id: "a".into() }).await.unwrap();
+    target.release(ReleaseRequest { session_id: "a".into(), ..Default::default() }).await.unwrap();
     let (tokens, _) = stream_to_end(&mut client, request(1)).await.unwrap();
     assert_eq!(tokens.len(), MAX_NEW as usize);
     cluster.shutdown().await;

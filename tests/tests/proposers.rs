@@ -303,7 +303,7 @@ async fn a_suffix_node_under_32_concurrent_sessions_stays_within_its_memory_boun
                     let size = lookup.index_size();
                     assert!(size.held_tokens <= size.budget_tokens && size.bytes <= size.byte_bound, "{size:?}");
                 }
-                client.release(ReleaseRequest { session_id: id }).await.unwrap();
+                client.release(ReleaseRequest { session_id: id, ..Default::default() }).await.unwrap();
             }));
         }
         for task in tasks {

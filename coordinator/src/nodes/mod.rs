@@ -124,8 +124,15 @@ impl DraftClient {
         self.open_stream(|mut client, requests| async move { client.propose_stream(requests).await }).await
     }
 
-    pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
-        let reply = self.client.clone().release(self.request(ReleaseRequest { session_id })).await;
+    /// Releases a session; `last`: where the node's copy of the committed sequence stands
+    /// (the rollback point and the tokens committed since), so that it ends complete.
+    pub async fn release(&self, session_id: String, last: Option<(usize, &[u32])>) -> Result<bool, CoordinatorError> {
+        let request = ReleaseRequest {
+            session_id,
+            rollback_to: last.map(|(valid, _)| valid as u32),
+            pending_token_ids: last.map(|(_, pending)| pending.to_vec()).unwrap_or_default(),
+        };
+        let reply = self.client.clone().release(self.request(request)).await;
         reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
     }
 }
@@ -151,7 +158,8 @@ impl TargetClient {
     }
 
     pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
-        let reply = self.client.clone().release(self.request(ReleaseRequest { session_id })).await;
+        let reply =
+            self.client.clone().release(self.request(ReleaseRequest { session_id, ..Default::default() })).await;
         reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
     }
 

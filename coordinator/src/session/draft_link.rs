@@ -219,30 +219,39 @@ impl DraftLink {
     /// node would open it afterwards and keep it): a slow draft must not hold the
     /// generation's last reply.
     pub async fn close(mut self) {
-        let (ids, in_flight) = self.take_sessions();
+        let (ids, in_flight, last) = self.take_sessions();
         if let Some((opened, id)) = in_flight {
             let later = release_when_opened(self.client.clone(), opened, id);
             tokio::spawn(later.instrument(tracing::Span::current()));
         }
-        release(self.client.clone(), ids).await;
+        release(self.client.clone(), ids, last).await;
     }
 
-    /// The ids of the sessions opened, and the one being opened with its result to come.
-    fn take_sessions(&mut self) -> (Vec<String>, Option<(oneshot::Receiver<Opened>, String)>) {
+    /// The ids of the sessions opened, the one being opened with its result to come, and the
+    /// open session's cursor (its id and where its copy of the committed sequence stands).
+    fn take_sessions(&mut self) -> Taken {
         let mut ids = std::mem::take(&mut self.opened);
         let down = State::Down { retry_at: Instant::now(), wait: MAX_RETRY };
-        let in_flight = match std::mem::replace(&mut self.state, down) {
+        let (in_flight, last) = match std::mem::replace(&mut self.state, down) {
             // The session being opened is the last one registered.
-            State::Opening { opened, .. } => ids.pop().map(|id| (opened, id)),
-            State::Up(_) | State::Down { .. } => None,
+            State::Opening { opened, .. } => (ids.pop().map(|id| (opened, id)), None),
+            State::Up(session) => (None, Some((session.session_id, session.cursor))),
+            State::Down { .. } => (None, None),
         };
-        (ids, in_flight)
+        (ids, in_flight, last)
     }
 }
 
-async fn release(client: DraftClient, ids: Vec<String>) {
+/// What [`DraftLink::take_sessions`] takes: the ids opened, the one being opened with its
+/// result to come, and the open session's id and cursor.
+type Taken = (Vec<String>, Option<(oneshot::Receiver<Opened>, String)>, Option<(String, Cursor)>);
+
+/// Releases `ids`; the one `last` names with its cursor, so that the node's copy of the
+/// committed sequence ends complete (a suffix index learns from it).
+async fn release(client: DraftClient, ids: Vec<String>, last: Option<(String, Cursor)>) {
     for id in ids {
-        if let Err(err) = client.release(id.clone()).await {
+        let cursor = last.as_ref().filter(|(last, _)| *last == id).map(|(_, c)| (c.valid, c.pending.as_slice()));
+        if let Err(err) = client.release(id.clone(), cursor).await {
             tracing::warn!(session = %id, %err, "draft release failed");
         }
     }
@@ -250,7 +259,7 @@ async fn release(client: DraftClient, ids: Vec<String>) {
 
 async fn release_when_opened(client: DraftClient, opened: oneshot::Receiver<Opened>, id: String) {
     let _ = opened.await;
-    release(client, vec![id]).await;
+    release(client, vec![id], None).await;
 }
 
 impl Drop for DraftLink {
@@ -262,13 +271,13 @@ impl Drop for DraftLink {
             tracing::warn!(sessions = ?self.opened, "no runtime to release draft sessions on");
             return;
         };
-        let (ids, in_flight) = self.take_sessions();
+        let (ids, in_flight, last) = self.take_sessions();
         let client = self.client.clone();
         let releases = async move {
             if let Some((opened, id)) = in_flight {
                 release_when_opened(client.clone(), opened, id).await;
             }
-            release(client, ids).await;
+            release(client, ids, last).await;
         };
         // Still the generation's span: the releases belong to its trace.
         runtime.spawn(releases.instrument(tracing::Span::current()));
