@@ -466,8 +466,9 @@ def stage_distributions(run):
         "requests": len(prompts),
         "device_over_host_speculative": modes["device"]["speculative_tokens_per_s"]
         / modes["host"]["speculative_tokens_per_s"],
-        # Seeded runs agree up to f32 rounding: a draw that lands within rounding of a bucket
-        # edge may differ, so a difference is reported, not failed on.
+        # Seeded runs agree up to rounding: a draw within rounding of a bucket edge may
+        # differ. Over 8 short requests that is unlikely enough that a difference fails the
+        # stage, to be read in the outputs it reports.
         "verdict": "pass" if same == len(prompts) else "fail",
     }
     return result

@@ -5,16 +5,23 @@ use tch::{Kind, Tensor};
 
 use crate::error::Result;
 
-/// For each row of `weights` (`[m, V]` f64, non-negative), the first index whose running
-/// sum exceeds the row's threshold (`[m]` f64: u × the row's total). That index always has
-/// a positive weight: the running sum rises past the threshold there. Where rounding leaves
-/// the threshold at or above the whole row's sum, the last index with a positive weight,
-/// as on the host. Returns `[m]` i64.
+/// For each row of `weights` (`[m, V]` f64, non-negative), the first index with a positive
+/// weight whose running sum exceeds the row's threshold (`[m]` f64: u × the row's total);
+/// where rounding leaves the threshold at or above the whole row's sum, the last index with
+/// a positive weight, as on the host. Returns `[m]` i64.
+///
+/// The positive weight is asked for, not implied: a GPU's cumsum is a parallel scan, whose
+/// running sums may differ in the last bit from one index to the next even where the weight
+/// between them is zero, and a draw must never land on a token without mass (in a complement
+/// row, those are the support's tokens).
 pub fn draw_rows(weights: &Tensor, thresholds: &Tensor) -> Result<Tensor> {
     let vocab = weights.size()[1];
     let running = weights.f_cumsum(1, Kind::Double)?;
-    let found = thresholds.f_unsqueeze(1)?.f_searchsorted(&running, false, true, "right", None::<Tensor>)?;
-    let found = found.f_squeeze_dim(1)?;
+    let positive = weights.f_gt(0.0)?;
+    let hit = running.f_gt_tensor(&thresholds.f_unsqueeze(1)?)?.f_logical_and(&positive)?;
+    // The first hit; argmax of an all-zero row is 0, so rows without one are told apart.
+    let first_hit = hit.f_to_kind(Kind::Int)?.f_argmax(1, false)?;
+    let any_hit = hit.f_any_dim(1, false)?;
     let last_positive = weights
         .f_gt(0.0)?
         .f_flip([1].as_slice())?
@@ -22,7 +29,7 @@ pub fn draw_rows(weights: &Tensor, thresholds: &Tensor) -> Result<Tensor> {
         .f_argmax(1, false)?
         .f_neg()?
         .f_add_scalar(vocab - 1)?;
-    Ok(last_positive.f_where_self(&found.f_ge(vocab)?, &found)?)
+    Ok(first_hit.f_where_self(&any_hit, &last_positive)?)
 }
 
 #[cfg(test)]

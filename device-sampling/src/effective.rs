@@ -40,6 +40,9 @@ pub struct EffectiveRows {
     pub flags: Tensor,
 }
 
+/// Below this, e^x is 0 on the host (`specd-sampling`'s kernels), and so here.
+const EXP_FLOOR: f64 = -708.0;
+
 /// Effective distributions of `logits` (`[n, V]`, any float kind, any device).
 pub fn effective_rows(logits: &Tensor, params: &SamplingParams, history: BlockHistory<'_>) -> Result<EffectiveRows> {
     effective_rows_seeing(logits, params, history, true)
@@ -78,8 +81,10 @@ pub(crate) fn effective_rows_seeing(
         let flags = bad.f_logical_or(&no_finite)?.f_to_kind(Kind::Double)?;
         return Ok(EffectiveRows { probs, flags });
     }
-    // Every score is at most the maximum, so each weight is e^x for an x ≤ 0.
-    let mut weights = scores.f_sub(&max)?.f_mul_scalar(1.0 / params.temperature)?.f_exp()?;
+    // Every score is at most the maximum, so each weight is e^x for an x ≤ 0; below
+    // EXP_FLOOR it is 0, as the host's kernel makes it (e^-708 is near the smallest normal).
+    let x = scores.f_sub(&max)?.f_mul_scalar(1.0 / params.temperature)?;
+    let mut weights = x.f_exp()?.f_where_self(&x.f_ge(EXP_FLOOR)?, &x.f_zeros_like()?)?;
     let top_k = params.top_k > 0 && (params.top_k as usize) < vocab;
     if top_k || params.top_p < 1.0 || params.min_p > 0.0 {
         weights = truncated(&weights, params, top_k, vocab, device)?;
@@ -215,10 +220,9 @@ pub(crate) fn host_error(
     let mut buffer = Vec::new();
     match effective_distribution(&row, params, history.row(r, &mut buffer)) {
         Err(err) => err.into(),
-        Ok(_) => SamplingError::ShapeMismatch(format!(
+        Ok(_) => DeviceSamplingError::Disagreement(format!(
             "row {r}: its weights do not form a distribution on the device, though they do on the host"
-        ))
-        .into(),
+        )),
     }
 }
 

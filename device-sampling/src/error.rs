@@ -11,6 +11,10 @@ pub enum DeviceSamplingError {
     /// libtorch failed (out of device memory, a device error).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// The device found a row it cannot use that the host finds fine: the node's fault (its
+    /// rounding at an edge), never the request's.
+    #[error("device and host disagree: {0}")]
+    Disagreement(String),
 }
 
 pub type Result<T> = std::result::Result<T, DeviceSamplingError>;

@@ -4,8 +4,7 @@
 
 use specd_device_sampling::{BlockHistory, DeviceSamplingError, draw_truncated, most_likely, score_block};
 use specd_sampling::{
-    DenseDist, RoundKey, SamplingError, SamplingParams, StreamKey, TokenHistory, Truncation, block_distributions,
-    rng::Purpose,
+    RoundKey, SamplingError, SamplingParams, StreamKey, TokenHistory, Truncation, block_distributions, rng::Purpose,
 };
 use tch::Tensor;
 
@@ -187,5 +186,52 @@ fn refusals_are_the_hosts() {
     )
     .unwrap_err();
     assert!(matches!(err, DeviceSamplingError::Sampling(SamplingError::NonFiniteLogit { index: 0, .. })), "{err}");
-    let _ = DenseDist::new(vec![1.0]).unwrap();
+}
+
+#[test]
+fn a_block_of_no_candidates_and_supports_that_repeat_a_token_agree_with_the_host() {
+    let vocab = 300;
+    let key = RoundKey { seed: 5, round: 2 };
+    let params = SamplingParams { temperature: 0.9, top_p: 0.9, presence_penalty: 0.4, ..Default::default() };
+    let cases: [(usize, Vec<Vec<u32>>); 2] = [(0, vec![]), (2, vec![vec![7, 7, 3], vec![3]])];
+    for (gamma, supports) in cases {
+        let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
+        let rows = logits(gamma + 1, vocab, 40 + gamma as u64);
+        let row_refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        let block = [7u32, 3];
+        let p = block_distributions(&row_refs, &params, &[1], &[2], &block[..gamma], 1).unwrap();
+        let host = specd_sampling::score_block(&p, &supports, key, 1).unwrap();
+        let history = BlockHistory { prompt: &[1], generated: &[2], block: &block[..gamma] };
+        let device = score_block(&tensor(&rows), &params, history, &supports, key).unwrap().block;
+        assert_eq!(device.bonus, host.bonus, "γ = {gamma}");
+        assert_eq!(device.positions.len(), host.positions.len());
+        for (d, h) in device.positions.iter().zip(&host.positions) {
+            assert_eq!(d.p_on_support.len(), h.p_on_support.len());
+            for (&dp, &hp) in d.p_on_support.iter().zip(&h.p_on_support) {
+                assert_close(dp, hp, "p on a repeating support");
+            }
+            assert_close(d.complement_mass, h.complement_mass, "mass");
+            assert_eq!(d.complement_sample, h.complement_sample);
+        }
+    }
+}
+
+#[test]
+fn weights_below_the_hosts_exp_floor_are_zero_on_both_paths() {
+    // At T = 0.02 a logit gap of 14.4 is e^-720: a subnormal number for libtorch's exp, 0 for
+    // the host's kernel, and so on the device, or the two would disagree on whether a
+    // complement exists.
+    let row = vec![20.0f32, 0.0, 0.0, 5.6];
+    let rows = vec![row.clone(), row];
+    let params = SamplingParams { temperature: 0.02, ..Default::default() };
+    let key = RoundKey { seed: 1, round: 1 };
+    let supports: [&[u32]; 1] = [&[0]];
+    let row_refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+    let p = block_distributions(&row_refs, &params, &[], &[], &[0], 1).unwrap();
+    let host = specd_sampling::score_block(&p, &supports, key, 1).unwrap();
+    let history = BlockHistory { prompt: &[], generated: &[], block: &[0] };
+    let device = score_block(&tensor(&rows), &params, history, &supports, key).unwrap().block;
+    assert_eq!(host.positions[0].complement_mass, 0.0);
+    assert_eq!(device.positions[0].complement_mass, 0.0);
+    assert_eq!(device.positions[0].complement_sample, None);
 }

@@ -12,7 +12,8 @@
 //! - tokens/s of decoding at 1 and 8 sessions, each decode step one batched pass over every
 //!   session (`SPECD_BENCH_DECODE_STEPS` steps, default 64).
 //!
-//! Every pass returns its logits on the host, as a node's does today.
+//! Every pass returns its logits on the host, as a node with `--distributions host` does (on
+//! a GPU, `auto` leaves them on the device: these ratios include a copy of the rows it avoids).
 //!
 //! `SPECD_BENCH_DEVICE=cuda:0 SPECD_BENCH_DTYPE=bf16 cargo bench -p specd-model --bench
 //! llama1b_shape`. `SPECD_BENCH_SHAPE=small` runs a model of the same head layout at a tenth
@@ -90,7 +91,7 @@ fn decode_rate(m: &mut LlamaModel, sessions: usize, context: usize, steps: usize
     let ids: Vec<SessionId> = (0..sessions)
         .map(|i| {
             let s = m.open_session(Some(context + steps + 1)).expect("session");
-            m.forward(s, &tokens(context, vocab, i)).expect("prefill");
+            m.forward_last(s, &tokens(context, vocab, i), 1).expect("prefill");
             s
         })
         .collect();
@@ -148,7 +149,7 @@ fn main() {
     let s = m.open_session(Some(reach)).expect("session");
     let reserved = m.memory_in_use().0 - before;
 
-    m.forward(s, &tokens(context, vocab, 0)).expect("prefill");
+    m.forward_last(s, &tokens(context, vocab, 0), 1).expect("prefill");
     let block = tokens(*BLOCKS.iter().max().unwrap_or(&8), vocab, 99);
     let mut ratios = serde_json::Map::new();
     let mut decode_ms = Vec::new();

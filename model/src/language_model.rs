@@ -117,17 +117,19 @@ impl Logits {
         self.host_data().get(i * self.vocab..(i + 1) * self.vocab)
     }
 
-    /// Iterates over the rows (none while the logits are in a tensor).
+    /// Iterates over the rows. Panics while the logits are in a tensor ([`Self::into_host`]
+    /// first): a caller that read no rows from them would compare or score nothing.
     pub fn iter_rows(&self) -> impl Iterator<Item = &[f32]> {
-        self.host_data().chunks_exact(self.vocab)
+        self.host_rows().chunks_exact(self.vocab)
     }
 
-    /// All logits, row-major (empty while the logits are in a tensor).
+    /// All logits, row-major. Panics while the logits are in a tensor, as [`Self::iter_rows`].
     pub fn as_slice(&self) -> &[f32] {
-        self.host_data()
+        self.host_rows()
     }
 
-    /// The rows as separate vectors (for JSON output; none while the logits are in a tensor).
+    /// The rows as separate vectors (for JSON output). Panics while the logits are in a
+    /// tensor, as [`Self::iter_rows`].
     pub fn to_rows(&self) -> Vec<Vec<f32>> {
         self.iter_rows().map(<[f32]>::to_vec).collect()
     }
@@ -151,6 +153,11 @@ impl Logits {
             Storage::Host(data) => data,
             Storage::Tensor(_) => &[],
         }
+    }
+
+    fn host_rows(&self) -> &[f32] {
+        assert!(self.on_host(), "logits in a tensor are read on the host after into_host()");
+        self.host_data()
     }
 }
 

@@ -23,6 +23,9 @@ pub enum NodeError {
     Proto(#[from] ProtoError),
     #[error("model loading task failed: {0}")]
     Join(String),
+    /// The node's own fault, not the request's.
+    #[error("internal: {0}")]
+    Internal(String),
 }
 
 /// The device path's errors are the host's sampling errors or libtorch's, which are the
@@ -32,6 +35,7 @@ impl From<DeviceSamplingError> for NodeError {
         match err {
             DeviceSamplingError::Sampling(err) => Self::Sampling(err),
             DeviceSamplingError::Torch(err) => Self::Model(ModelError::from(err).classify_allocation()),
+            DeviceSamplingError::Disagreement(why) => Self::Internal(why),
         }
     }
 }
@@ -49,7 +53,7 @@ impl NodeError {
             // The model produced NaN or +inf: the node's fault, not the request's.
             Self::Sampling(SamplingError::NonFiniteLogit { .. } | SamplingError::NoFiniteLogit) => Code::Internal,
             Self::Sampling(_) => Code::InvalidArgument,
-            Self::Join(_) => Code::Internal,
+            Self::Join(_) | Self::Internal(_) => Code::Internal,
         }
     }
 }

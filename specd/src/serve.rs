@@ -653,6 +653,7 @@ impl NodeOptions {
         args.push(format!("--kv-memory-fraction={}", self.kv_memory_fraction));
         args.extend(threads.map(|t| format!("--threads={t}")));
         args.extend(self.sampling_threads.map(|t| format!("--sampling-threads={t}")));
+        args.push(format!("--distributions={}", self.distributions));
         args.push(format!("--pin-threads={}", self.pin_threads));
         args
     }
@@ -1093,5 +1094,17 @@ mod tests {
         assert_eq!(four.config("m".into()).unwrap().sampling_threads, Some(4));
         assert!(four.to_args(None, None).contains(&"--sampling-threads=4".to_owned()));
         assert_eq!(node(&[]).config("m".into()).unwrap().sampling_threads, None);
+    }
+
+    #[test]
+    fn distributions_are_parsed_and_passed_on() {
+        use specd_node::Distributions;
+        assert_eq!(node(&[]).config("m".into()).unwrap().distributions, Distributions::Auto);
+        let device = node(&["--distributions", "device"]);
+        assert_eq!(device.config("m".into()).unwrap().distributions, Distributions::Device);
+        assert!(device.to_args(None, None).contains(&"--distributions=device".to_owned()));
+        let error = Flags::try_parse_from(["node", "--distributions", "gpu"]).err().map(|e| e.to_string());
+        let error = error.expect("--distributions gpu is refused");
+        assert!(error.contains("expected auto, host or device"), "{error}");
     }
 }

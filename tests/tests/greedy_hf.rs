@@ -34,23 +34,39 @@ async fn greedy_speculation_equals_target_only_on_hf_models() {
 }
 
 /// Both nodes keep the models' logits in tensors and build their distributions with
-/// libtorch ops (`--distributions device`, on CPU tensors here).
+/// libtorch ops (`--distributions device`, on CPU tensors here). Speculation on the device
+/// path equals target-only decoding on it, and that equals target-only decoding on the host
+/// path: the device's p is the host's, not only consistent with itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_speculation_equals_target_only_on_the_device_path() {
-    greedy_identity(ClusterOptions { distributions: Distributions::Device, ..ClusterOptions::default() }, 20).await;
+    let on_device = ClusterOptions { distributions: Distributions::Device, ..ClusterOptions::default() };
+    let device_plain = greedy_identity(on_device, 20).await;
+    let on_host = ClusterOptions { dtype: DType::F64, distributions: Distributions::Host, ..ClusterOptions::default() };
+    let target = hf_fixture("llama_gqa_untied");
+    let cluster = Cluster::start(&target, &target, &on_host).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    for (prompt, device) in prompts().into_iter().zip(device_plain) {
+        let host = client.generate(request(prompt.clone(), 0)).await.unwrap().into_inner();
+        assert_eq!(host.token_ids, device, "target-only, host against device path, prompt {prompt:?}");
+    }
+    cluster.shutdown().await;
 }
 
 /// Speculative greedy output equals target-only greedy output on `prompts` prompts, with a
 /// draft equal to the target (every candidate accepted) and a different one (mostly not).
-async fn greedy_identity(options: ClusterOptions, prompts: usize) {
+/// Returns the target-only outputs.
+async fn greedy_identity(options: ClusterOptions, prompts: usize) -> Vec<Vec<u32>> {
     let options = ClusterOptions { dtype: DType::F64, ..options };
     let target = hf_fixture("llama_gqa_untied");
+    let mut plain_outputs = Vec::new();
     for (draft, every_token_accepted) in [(hf_fixture("llama_gqa_untied"), true), (hf_fixture("llama_tied"), false)] {
         let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
         let mut client = cluster.client().await.unwrap();
         let (mut drafted, mut accepted) = (0, 0);
+        plain_outputs.clear();
         for prompt in self::prompts().into_iter().take(prompts) {
             let plain = client.generate(request(prompt.clone(), 0)).await.unwrap().into_inner();
+            plain_outputs.push(plain.token_ids.clone());
             let spec = client.generate(request(prompt.clone(), 4)).await.unwrap().into_inner();
             assert_eq!(plain.token_ids.len(), 16);
             assert_eq!(spec.token_ids, plain.token_ids, "draft {}, prompt {prompt:?}", draft.display());
@@ -65,6 +81,7 @@ async fn greedy_identity(options: ClusterOptions, prompts: usize) {
         }
         cluster.shutdown().await;
     }
+    plain_outputs
 }
 
 /// The same identity under load with batching across sessions forced on (these tiny models'

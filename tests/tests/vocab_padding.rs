@@ -26,6 +26,7 @@ use std::sync::Arc;
 use specd_coordinator::RuleVariant;
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, continuation_request, scratch_dir, stream_to_end};
+use specd_node::Distributions;
 use specd_proto::v1::SamplingParams as WireSampling;
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
@@ -205,12 +206,16 @@ async fn the_check_rejects_the_naive_rule_on_the_padded_pair() {
 
 /// A draft with a padding row its target lacks draws from the target's ids only: it keeps
 /// the law, drafts, and is never dropped for proposing the padding id (which it would be,
-/// 30% of its draws, without the limit), on both wires.
+/// 30% of its draws, without the limit), on both wires, and with its q built on the device
+/// (where the row is cut to the target's ids before the distribution).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draft_with_a_padding_row_the_target_lacks_keeps_the_law() {
-    for (name, options, dense) in
-        [("larger-sparse", small_truncation(), false), ("larger-dense", ClusterOptions::default(), true)]
-    {
+    let on_the_device = ClusterOptions { distributions: Distributions::Device, ..small_truncation() };
+    for (name, options, dense) in [
+        ("larger-sparse", small_truncation(), false),
+        ("larger-dense", ClusterOptions::default(), true),
+        ("larger-sparse-device", on_the_device, false),
+    ] {
         let check = law_check_of(name, larger_draft_tables(), options, dense, samples() / 2).await;
         assert_eq!(check.fallbacks, 0, "{name}: the draft proposed an id the target lacks");
         assert!(check.accepted > 0, "{name}: the draft drafted nothing");
