@@ -97,6 +97,18 @@ impl<S> SessionTable<S> {
         }
         let capacity = needed.next_multiple_of(GROWTH_CHUNK).min(context_length);
         let bytes = (capacity - s.capacity) as u64 * bytes_per_token;
+        // A session that would outgrow the whole budget can never fit: named by its whole
+        // size, which makes it the request's fault (INVALID_ARGUMENT), not the node's load.
+        if let Some(budget) = self.budget
+            && s.bytes.saturating_add(bytes) > budget
+        {
+            return Err(ModelError::MemoryBudget {
+                requested: s.bytes.saturating_add(bytes),
+                in_use: self.in_use,
+                budget,
+                sessions: self.sessions.len(),
+            });
+        }
         self.admit(bytes)?;
         Ok(Some(Growth { capacity, bytes }))
     }
@@ -169,9 +181,17 @@ mod tests {
         assert_eq!(growth.capacity, 500);
         let err = table.growth(id, 411, 500, per_token).unwrap_err();
         assert!(matches!(err, ModelError::ContextOverflow { capacity: 500, .. }), "{err}");
-        // Past the budget: refused, and nothing recorded.
+        // Past the whole budget: refused for good, named by the whole session's size, and
+        // nothing recorded.
         let err = table.growth(id, 2000, 1 << 20, per_token).unwrap_err();
         assert!(matches!(err, ModelError::MemoryBudget { in_use, .. } if in_use == GROWTH_CHUNK as u64 * per_token));
+        assert!(matches!(err, ModelError::MemoryBudget { requested, .. } if requested == 2304 * per_token), "{err}");
+        assert_eq!(err.class(), crate::error::ErrorClass::InvalidArgument);
         assert_eq!(table.get(id).unwrap().capacity, GROWTH_CHUNK);
+        // Within the whole budget but not beside the other sessions: refused for now.
+        let other = table.insert((), 600, 600 * per_token).unwrap();
+        let err = table.growth(id, 200, 1 << 20, per_token).unwrap_err();
+        assert_eq!(err.class(), crate::error::ErrorClass::ResourceExhausted, "{err}");
+        table.remove(other).unwrap();
     }
 }
