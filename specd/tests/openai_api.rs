@@ -142,12 +142,13 @@ fn a_coordinator_without_its_target_answers_503() {
     run_client("unavailable", &["--base", &format!("http://{http}/v1"), "--model", "llama_tied"], 1);
 }
 
-/// Raw HTTP/1.1, as curl sends it: the events' order and framing, `[DONE]` last.
+/// Raw HTTP/1.1, as curl sends it: the events' order and framing, `[DONE]` last. The request
+/// ignores the end-of-sequence token: an unseeded draw from the random fixture may end early.
 #[test]
 fn server_sent_events_over_raw_http() {
     let model = hf_fixture("llama_tied");
     let (_up, http, _) = up(&model, &[]);
-    let body = r#"{"model":"llama_tied","prompt":"the quick","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let body = r#"{"model":"llama_tied","prompt":"the quick","max_tokens":6,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#;
     let mut socket = TcpStream::connect(&http).unwrap();
     write!(
         socket,
