@@ -165,7 +165,7 @@ impl DraftNode {
         let round = job.round;
         let proposal = match &self.proposer {
             Proposer::Model { node, ngram } => {
-                let job = ProposeJob { ngram: *ngram, ..job };
+                let job = ProposeJob { ngram: ngram.filter(|_| !req.model_only), ..job };
                 node.run(&req.session_id, move |m, state| propose(m, state, &job)).await?
             }
             Proposer::Lookup(node) => node.propose(&req.session_id, &job).await?,
@@ -174,7 +174,7 @@ impl DraftNode {
             // Pushing needs a stream to push on; a depth above the cap is capped, not refused.
             let push = stream.filter(|_| req.push_depth > 0).cloned();
             let depth = (req.push_depth as usize).clamp(1, MAX_PUSH_DEPTH);
-            self.draft_ahead(req.session_id, round, depth, push);
+            self.draft_ahead(req.session_id, round, depth, push, req.model_only);
         }
         let Proposal { positions, draft_ns, optimistic_hit, elided, passes, .. } = proposal;
         Ok(ProposeResponse {
@@ -192,9 +192,10 @@ impl DraftNode {
     /// pushing each on `push` when there is one. Its stop flag is registered before the reply
     /// goes out, so the next Propose of the session always finds it: that Propose waits for
     /// one forward pass at most, then takes or drops what is done.
-    fn draft_ahead(&self, session_id: String, round: u32, depth: usize, push: Option<Replies>) {
+    /// `model_only`: as the request that started it (`ProposeRequest.model_only`).
+    fn draft_ahead(&self, session_id: String, round: u32, depth: usize, push: Option<Replies>, model_only: bool) {
         let Proposer::Model { node, ngram } = &self.proposer else { return };
-        let (node, ngram) = (node.clone(), *ngram);
+        let (node, ngram) = (node.clone(), ngram.filter(|_| !model_only));
         let (purpose, interrupts) = (self.lookahead_purpose, self.interrupts.clone());
         let corrupt = self.corrupt_pushes;
         let stop = Arc::new(AtomicBool::new(false));

@@ -24,8 +24,8 @@ use specd_node::NodeConfig;
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{
-    GenerateRequest, InfoRequest, OpenSessionRequest, ProposeRequest, ReleaseRequest, SamplingParams as WireSampling,
-    SamplingSettings, Speculation, StoppingCriteria, TokenIds,
+    GenerateRequest, InfoRequest, OpenSessionRequest, ProposalSource, ProposeRequest, ReleaseRequest,
+    SamplingParams as WireSampling, SamplingSettings, Speculation, StoppingCriteria, TokenIds,
 };
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
@@ -207,6 +207,49 @@ async fn greedy_output_is_the_targets_with_each_proposer() {
         }
         cluster.shutdown().await;
     }
+}
+
+/// `ProposeRequest.model_only`, which a coordinator sends once a session's copies stopped
+/// paying: a `model+ngram` draft then draws every candidate from its model, even after a
+/// match; without it, the same request's first candidate is the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_and_ngram_draft_asked_for_its_model_only_copies_nothing() {
+    let (target, draft) = (hf_fixture("llama_gqa_untied"), hf_fixture("llama_tied"));
+    let options = ClusterOptions { proposer: proposer(ProposerKind::ModelNgram), ..ClusterOptions::default() };
+    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let mut client = DraftServiceClient::connect(cluster.draft_url.clone()).await.unwrap();
+    // Ends in a repeat of its first two tokens: the 2-gram match proposes 9 first.
+    let prompt = vec![7u32, 8, 9, 30, 7, 8];
+    for model_only in [false, true] {
+        let session_id = format!("model-only-{model_only}");
+        let open = OpenSessionRequest {
+            session_id: session_id.clone(),
+            prompt_token_ids: prompt.clone(),
+            sampling: Some(SamplingSettings::from(&SamplingParams::default())),
+            seed: 1,
+            vocab_limit: 0,
+            max_tokens: 0,
+        };
+        client.open_session(open).await.unwrap();
+        let request = ProposeRequest {
+            session_id: session_id.clone(),
+            rollback_to: prompt.len() as u32,
+            gamma: 3,
+            truncation: Some(Truncation::new(0.05, 8).unwrap().into()),
+            model_only,
+            ..Default::default()
+        };
+        let block = client.propose(request).await.unwrap().into_inner();
+        let sources: Vec<_> = block.positions.iter().map(|p| p.source()).collect();
+        assert_eq!(sources.len(), 3);
+        if model_only {
+            assert!(sources.iter().all(|s| *s == ProposalSource::Model), "{sources:?}");
+        } else {
+            assert_eq!((sources[0], block.positions[0].token_id), (ProposalSource::PromptMatch, 9), "{sources:?}");
+        }
+        client.release(ReleaseRequest { session_id, ..Default::default() }).await.unwrap();
+    }
+    cluster.shutdown().await;
 }
 
 /// A node config for a draft with no model: the path does not exist, and nothing reads it.

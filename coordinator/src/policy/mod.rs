@@ -40,7 +40,7 @@
 //! stays exact whatever γ is chosen: each round's rule is exact for its γ, and γ depends only
 //! on earlier rounds.
 
-mod average;
+pub(crate) mod average;
 pub mod governor;
 mod remeasure;
 

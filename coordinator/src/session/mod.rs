@@ -1,6 +1,7 @@
 //! One generation: a session actor that opens both nodes' sessions, runs rounds until a stop
 //! condition, streams each round's tokens, and releases both nodes' sessions however it ends.
 
+mod copies;
 pub mod draft_link;
 pub mod logprobs;
 pub mod metrics;
@@ -440,6 +441,12 @@ impl SessionActor {
                 self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
             }
             target_refills = false;
+            // The draft's model may join a session's rounds late (`model+ngram`): the round it
+            // first drafts in also runs the prompt through it.
+            let steady = SteadyCosts {
+                draft: steady.draft && !draft_link.as_mut().is_some_and(|link| link.first_model_pass(&report)),
+                ..steady
+            };
             if let Some(policy) =
                 adaptive.as_mut().filter(|_| !governed_plain && !awaiting_draft && !nothing_to_propose)
             {

@@ -89,6 +89,7 @@ pub async fn propose(
         trace_context,
         optimistic: spec.optimistic,
         push_depth: if spec.optimistic { PUSH_DEPTH } else { 0 },
+        model_only: !draft.copies.allow_copies(),
     };
     let sent = request.encoded_len() as u64;
     let mut received = 0;
