@@ -30,7 +30,7 @@ pub enum ModelsCommand {
 ///
 /// The same seed, preset and corpus give the same bytes. Every stage is cached in OUT with
 /// the key it was built from, so running again returns at once, and an interrupted build
-/// resumes at the stage it was in. The default took 16–18 minutes on 2 cores of an AMD EPYC
+/// resumes at the stage it was in. The default took 20 minutes on 2 cores of an AMD EPYC
 /// with AVX-512 BF16 and no AMX (bf16 matmuls); a CPU with AMX takes less.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {

@@ -601,23 +601,8 @@ mod tests {
             emitted_from: EmittedFrom::Bonus,
         };
         let ns = |ms: f64| (ms * 1e6) as u64;
-        RoundReport {
-            outcome,
-            logprobs: Vec::new(),
-            gamma,
-            draft_ns: ns(draft_ms),
-            verify_ns: ns(verify_ms),
-            wall_ns: ns(draft_ms + verify_ms + overhead_ms),
-            wire: Default::default(),
-            optimistic_attempt: false,
-            optimistic_hit: false,
-            target_batch: Default::default(),
-            draft_batches: Default::default(),
-            optimistic_pushed: false,
-            drafted: gamma > 0,
-            sources: vec!["model"; gamma],
-            proposal_skipped: false,
-        }
+        let times = [ns(draft_ms), ns(verify_ms), ns(draft_ms + verify_ms + overhead_ms)];
+        RoundReport::for_tests(outcome, vec!["model"; gamma], times)
     }
 
     /// Runs `rounds` rounds of a world where a draft step costs `draft_ms`, a verify pass

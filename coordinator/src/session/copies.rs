@@ -9,8 +9,9 @@
 //!
 //! The comparison: in a chain of candidates each accepted with probability a, a round yields
 //! about 1/(1 − a) tokens. With R the cost of a round besides drafting (the verify pass and the
-//! hand-offs) and d a model draw (its step, and catching up on the copies before it), a token costs (1 − a_copy)·R from copies and
-//! (1 − a_model)·R + d from model draws: copies pay while a_copy ≥ a_model − d/R.
+//! hand-offs) and d a model draw (its step, and catching up on the copies before it), a token
+//! costs (1 − a_copy)·R from copies and (1 − a_model)·R + d from model draws: copies pay
+//! while a_copy ≥ a_model − d/R.
 //!
 //! The choice depends only on rounds already committed, so each round's rule stays exact.
 //! Acceptance is a running average, so what the output does now counts: a session's first
@@ -89,23 +90,7 @@ mod tests {
             expected_acceptance: evaluated.iter().map(|(_, a)| *a).collect(),
             emitted_from: EmittedFrom::Residual,
         };
-        RoundReport {
-            outcome,
-            logprobs: Vec::new(),
-            gamma: evaluated.len(),
-            draft_ns,
-            verify_ns: 0,
-            wall_ns,
-            wire: Default::default(),
-            optimistic_attempt: false,
-            optimistic_hit: false,
-            target_batch: Default::default(),
-            draft_batches: Default::default(),
-            optimistic_pushed: false,
-            drafted: true,
-            sources: evaluated.iter().map(|(s, _)| *s).collect(),
-            proposal_skipped: false,
-        }
+        RoundReport::for_tests(outcome, evaluated.iter().map(|(s, _)| *s).collect(), [draft_ns, 0, wall_ns])
     }
 
     /// Requests, each followed by a round with these positions; what each request allowed.

@@ -88,6 +88,30 @@ pub struct RoundReport {
 }
 
 impl RoundReport {
+    /// A round of the draft's `sources` (none: target-only) that ended in `outcome`, with
+    /// these times and nothing else set: what the policy's tests feed it.
+    #[cfg(test)]
+    pub fn for_tests(outcome: BlockOutcome, sources: Vec<&'static str>, times_ns: [u64; 3]) -> Self {
+        let [draft_ns, verify_ns, wall_ns] = times_ns;
+        Self {
+            outcome,
+            logprobs: Vec::new(),
+            gamma: sources.len(),
+            draft_ns,
+            verify_ns,
+            wall_ns,
+            wire: Default::default(),
+            optimistic_attempt: false,
+            optimistic_hit: false,
+            target_batch: Default::default(),
+            draft_batches: Default::default(),
+            optimistic_pushed: false,
+            drafted: !sources.is_empty(),
+            sources,
+            proposal_skipped: false,
+        }
+    }
+
     /// The draft proposed nothing (a deterministic proposer without a match), or was sure
     /// to and was not asked: the round ran target-only.
     pub fn empty_proposal(&self) -> bool {
