@@ -69,19 +69,19 @@ impl DraftService for DraftNode {
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
-        let only_after_match = match &self.proposer {
-            Proposer::Model { node, .. } => {
+        let (only_after_match, copies_besides_model) = match &self.proposer {
+            Proposer::Model { node, ngram } => {
                 node.open(request.into_inner()).instrument(span).await?;
-                None
+                (None, ngram.is_some())
             }
             Proposer::Lookup(node) => {
                 span.in_scope(|| node.open(request.into_inner()))?;
-                node.proposes_only_after_match()
+                (node.proposes_only_after_match(), false)
             }
         };
         let proposes_only_after_match =
             only_after_match.map(|span| NgramSpan { min: span.min as u32, max: span.max as u32 });
-        Ok(Response::new(OpenSessionResponse { proposes_only_after_match }))
+        Ok(Response::new(OpenSessionResponse { proposes_only_after_match, copies_besides_model }))
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {

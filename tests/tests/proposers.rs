@@ -211,7 +211,8 @@ async fn greedy_output_is_the_targets_with_each_proposer() {
 
 /// `ProposeRequest.model_only`, which a coordinator sends once a session's copies stopped
 /// paying: a `model+ngram` draft then draws every candidate from its model, even after a
-/// match; without it, the same request's first candidate is the copy.
+/// match; without it, the same request's first candidate is the copy. And
+/// `OpenSessionResponse.copies_besides_model`, which such a draft sets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_and_ngram_draft_asked_for_its_model_only_copies_nothing() {
     let (target, draft) = (hf_fixture("llama_gqa_untied"), hf_fixture("llama_tied"));
@@ -230,7 +231,8 @@ async fn a_model_and_ngram_draft_asked_for_its_model_only_copies_nothing() {
             vocab_limit: 0,
             max_tokens: 0,
         };
-        client.open_session(open).await.unwrap();
+        // It says so as the session opens: the coordinator learns α from its model's draws.
+        assert!(client.open_session(open).await.unwrap().into_inner().copies_besides_model);
         let request = ProposeRequest {
             session_id: session_id.clone(),
             rollback_to: prompt.len() as u32,
@@ -309,7 +311,8 @@ async fn a_suffix_node_under_32_concurrent_sessions_stays_within_its_memory_boun
                     vocab_limit: 0,
                     max_tokens: 0,
                 };
-                client.open_session(open).await.unwrap();
+                let opened = client.open_session(open).await.unwrap().into_inner();
+                assert!(!opened.copies_besides_model && opened.proposes_only_after_match.is_none());
                 (id, prompt, rng)
             }));
         }

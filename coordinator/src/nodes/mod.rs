@@ -93,6 +93,17 @@ impl<C: Clone> NodeClient<C> {
 pub type DraftRounds = RoundStream<ProposeRequest, ProposeResponse>;
 pub type TargetRounds = RoundStream<VerifyRequest, VerifyResponse>;
 
+/// What a draft says of how it proposes, as it opens a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftOpened {
+    /// It proposes only after an n-gram match of these lengths
+    /// (`OpenSessionResponse.proposes_only_after_match`).
+    pub proposes_only_after_match: Option<MatchSpan>,
+    /// It draws from its model and copies n-gram matches too
+    /// (`OpenSessionResponse.copies_besides_model`).
+    pub copies_besides_model: bool,
+}
+
 impl DraftClient {
     pub async fn connect(address: &str, timeout: Duration, tls: &ClientTls) -> Result<Self, CoordinatorError> {
         let client = DraftServiceClient::new(channel("draft", address, timeout, tls).await?);
@@ -104,19 +115,20 @@ impl DraftClient {
         reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 
-    /// Opens a session; returns the match lengths of a draft that proposes only after an
-    /// n-gram match (`OpenSessionResponse.proposes_only_after_match`), when it says so.
-    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<Option<MatchSpan>, CoordinatorError> {
+    /// Opens a session; returns what the draft said of how it proposes.
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<DraftOpened, CoordinatorError> {
         let reply = self.client.clone().open_session(self.request(request)).await.map_err(|s| self.error(s))?;
-        let Some(span) = reply.into_inner().proposes_only_after_match else { return Ok(None) };
-        match MatchSpan::new(span.min as usize, span.max as usize) {
-            Ok(span) => Ok(Some(span)),
-            Err(why) => {
-                // Only a chance to skip a round is lost: ask the draft every round.
-                tracing::warn!(address = %self.address, %why, "the draft announced n-gram lengths that make no sense");
-                Ok(None)
-            }
-        }
+        let reply = reply.into_inner();
+        let copies_besides_model = reply.copies_besides_model;
+        let proposes_only_after_match = reply.proposes_only_after_match.and_then(|span| {
+            MatchSpan::new(span.min as usize, span.max as usize)
+                .inspect_err(|why| {
+                    // Only a chance to skip a round is lost: ask the draft every round.
+                    tracing::warn!(address = %self.address, %why, "the draft announced n-gram lengths that make no sense");
+                })
+                .ok()
+        });
+        Ok(DraftOpened { proposes_only_after_match, copies_besides_model })
     }
 
     /// The session's round stream.

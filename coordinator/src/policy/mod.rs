@@ -337,10 +337,11 @@ impl AdaptiveGamma {
             return;
         }
         let g = report.gamma as f64;
-        for &a in &report.outcome.expected_acceptance {
+        let acceptances = report.policy_acceptances();
+        for &a in &acceptances {
             self.alpha.add(a, ALPHA_SMOOTHING);
         }
-        self.own_positions += report.outcome.expected_acceptance.len() as u64;
+        self.own_positions += acceptances.len() as u64;
         // Per-token costs from short blocks are the least reliable: a draft call has a fixed
         // part that γ = 1 puts all on one step, and a verify pass's noise of ±2 ms divided by
         // γ = 1 is a slope of ±2 ms a token. Sessions that had stopped drafting measured only
@@ -673,6 +674,38 @@ mod tests {
         world(&mut mostly_empty, 10, 300);
         assert!(mostly_empty.empty_share.get().unwrap() > 0.5);
         assert_eq!(mostly_empty.best_gamma(), 0, "{}", mostly_empty.summary());
+    }
+
+    #[test]
+    fn a_model_and_ngram_draft_s_rejected_copies_do_not_stop_its_model() {
+        // A grounded prompt at T = 0.8 on the demo pair: a `model+ngram` draft's first blocks
+        // are copies of matches in the prompt, accepted at a few percent; its model's draws
+        // are accepted at 0.7 and pay (a 0.4 ms step against a 2.5 ms target pass).
+        let copying_then_drawing = |copies_apart: bool, copy_rounds: usize, rounds: usize| {
+            let mut policy = AdaptiveGamma::new(6);
+            for round in 0..rounds {
+                let gamma = policy.next_gamma() as usize;
+                let copying = round < copy_rounds;
+                let (alpha, accepted) = if copying { (0.05, 0) } else { (0.7, (0.7 * gamma as f64) as usize) };
+                let g = gamma as f64;
+                let mut round = report(gamma, accepted, alpha, 0.4 * g, 2.5 + 0.1 * g, 0.3);
+                if copying {
+                    round.sources = vec!["prompt_match"; gamma];
+                }
+                round.copies_apart = copies_apart;
+                policy.observe(&round, SteadyCosts::BOTH);
+            }
+            policy
+        };
+        let apart = copying_then_drawing(true, 40, 40);
+        assert!(apart.best_gamma() > 0, "{}", apart.summary());
+        assert_eq!(apart.own_positions, 0, "copies taught α");
+        let apart = copying_then_drawing(true, 40, 120);
+        assert!(apart.best_gamma() > 0 && (apart.alpha() - 0.7).abs() < 0.05, "{}", apart.summary());
+        // Learnt together, as before, the copies pull α below break-even: the session drafts
+        // no more but for a probe now and then, and the sessions after it start from there.
+        let together = copying_then_drawing(false, 40, 40);
+        assert_eq!(together.best_gamma(), 0, "{}", together.summary());
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct DraftSession {
     /// A draft that proposes only after an n-gram match of these lengths
     /// ([`Self::has_nothing_for`]).
     pub proposes_only_after_match: Option<MatchSpan>,
+    /// A `model+ngram` draft: the policy learns α from its model's draws alone
+    /// ([`RoundReport::policy_acceptances`]), and [`Self::copies`] weighs the copies.
+    pub copies_besides_model: bool,
 }
 
 impl DraftSession {
@@ -328,7 +331,7 @@ fn open_in_background(
     let open = async move {
         let valid = request.prompt_token_ids.len();
         let result = async {
-            let proposes_only_after_match = client.open_session(request).await?;
+            let opened = client.open_session(request).await?;
             let rounds = client.open_rounds().await?;
             Ok(DraftSession {
                 session_id,
@@ -340,7 +343,8 @@ fn open_in_background(
                 cache_filled: false,
                 model_ran: false,
                 copies: CopyChoice::default(),
-                proposes_only_after_match,
+                proposes_only_after_match: opened.proposes_only_after_match,
+                copies_besides_model: opened.copies_besides_model,
             })
         };
         // A link dropped meanwhile releases the session once this has ended.

@@ -451,7 +451,7 @@ impl SessionActor {
                 adaptive.as_mut().filter(|_| !governed_plain && !awaiting_draft && !nothing_to_propose)
             {
                 policy.observe(&report, steady);
-                self.policy_memory.remember(&settings, policy, &report.outcome.expected_acceptance);
+                self.policy_memory.remember(&settings, policy, &report.policy_acceptances());
             }
             target_cursor.advance(base, &report.outcome);
             if let Some(link) = draft_link.as_mut() {

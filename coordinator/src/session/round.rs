@@ -72,7 +72,7 @@ async fn run_round_in(
     let mut wire = WireBytes::default();
     let (mut optimistic_attempt, mut optimistic_hit, mut optimistic_pushed) = (false, false, false);
     let mut draft_batches = BatchSum::default();
-    let (mut drafted, mut sources) = (false, Vec::new());
+    let (mut drafted, mut sources, mut copies_apart) = (false, Vec::new(), false);
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -89,7 +89,7 @@ async fn run_round_in(
         draft_ns = proposed.draft_ns;
         draft_batches = proposed.batches;
         proposals = proposed.proposals;
-        (drafted, sources) = (true, proposed.sources);
+        (drafted, sources, copies_apart) = (true, proposed.sources, draft.copies_besides_model);
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -163,5 +163,6 @@ async fn run_round_in(
         drafted,
         sources,
         proposal_skipped: false,
+        copies_apart,
     })
 }

@@ -85,6 +85,9 @@ pub struct RoundReport {
     /// The draft was not asked because it was sure to propose nothing (an n-gram draft and
     /// no match: `DraftSession::has_nothing_for`).
     pub proposal_skipped: bool,
+    /// The draft draws from a model and copies n-gram matches too
+    /// (`DraftSession::copies_besides_model`): [`Self::policy_acceptances`].
+    pub copies_apart: bool,
 }
 
 impl RoundReport {
@@ -109,7 +112,23 @@ impl RoundReport {
             drafted: !sources.is_empty(),
             sources,
             proposal_skipped: false,
+            copies_apart: false,
         }
+    }
+
+    /// Σ min(p, q) of the evaluated positions the adaptive policy learns α from: all of them,
+    /// but the model's draws alone where the draft also copies (`model+ngram`). A copy is
+    /// accepted with the target's p of its one token, which says nothing of what the model's
+    /// draws are worth, and whether copies pay is weighed apart (`session/copies.rs`). Learnt
+    /// together, a grounded prompt's first rounds, copies of matches in the prompt accepted
+    /// at a few percent at T = 0.8, could pull α below break-even before the copies were
+    /// stopped, and the sessions after started from it and drafted no more.
+    pub fn policy_acceptances(&self) -> Vec<f64> {
+        let evaluated = &self.outcome.expected_acceptance;
+        if !self.copies_apart {
+            return evaluated.clone();
+        }
+        evaluated.iter().zip(&self.sources).filter(|(_, source)| **source == "model").map(|(a, _)| *a).collect()
     }
 
     /// The draft proposed nothing (a deterministic proposer without a match), or was sure
