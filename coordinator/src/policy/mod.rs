@@ -350,8 +350,11 @@ impl AdaptiveGamma {
         // (5 ms RTT, α 0.6). So they count for a share that grows with γ: its square for the
         // slope, whose error shrinks as 1/γ.
         let share = (g / f64::from(START_GAMMA)).min(1.0);
-        if steady.draft {
-            self.draft_step_ms.add_share(within_spikes(draft / g, self.draft_step_ms), SMOOTHING, share);
+        // A step is what a drawn candidate costs: a round of copies alone says nothing of it.
+        let draws = report.policy_draws() as f64;
+        if steady.draft && draws > 0.0 {
+            let step_share = (draws / f64::from(START_GAMMA)).min(1.0);
+            self.draft_step_ms.add_share(within_spikes(draft / draws, self.draft_step_ms), SMOOTHING, step_share);
         }
         if steady.target {
             if let Some(plain) = self.verify_plain_ms.get() {
@@ -681,14 +684,16 @@ mod tests {
         // A grounded prompt at T = 0.8 on the demo pair: a `model+ngram` draft's first blocks
         // are copies of matches in the prompt, accepted at a few percent; its model's draws
         // are accepted at 0.7 and pay (a 0.4 ms step against a 2.5 ms target pass).
-        let copying_then_drawing = |copies_apart: bool, copy_rounds: usize, rounds: usize| {
+        // `copy_ms`: what a copy costs the draft.
+        let copying_then_drawing = |copies_apart: bool, copy_ms: f64, copy_rounds: usize, rounds: usize| {
             let mut policy = AdaptiveGamma::new(6);
             for round in 0..rounds {
                 let gamma = policy.next_gamma() as usize;
                 let copying = round < copy_rounds;
                 let (alpha, accepted) = if copying { (0.05, 0) } else { (0.7, (0.7 * gamma as f64) as usize) };
                 let g = gamma as f64;
-                let mut round = report(gamma, accepted, alpha, 0.4 * g, 2.5 + 0.1 * g, 0.3);
+                let step = if copying { copy_ms } else { 0.4 };
+                let mut round = report(gamma, accepted, alpha, step * g, 2.5 + 0.1 * g, 0.3);
                 if copying {
                     round.sources = vec!["prompt_match"; gamma];
                 }
@@ -697,15 +702,22 @@ mod tests {
             }
             policy
         };
-        let apart = copying_then_drawing(true, 40, 40);
-        assert!(apart.best_gamma() > 0, "{}", apart.summary());
+        // After the copies nothing is learnt of the model, so the next round drafts to learn it.
+        let apart = copying_then_drawing(true, 0.01, 40, 40);
         assert_eq!(apart.own_positions, 0, "copies taught α");
-        let apart = copying_then_drawing(true, 40, 120);
+        assert!(apart.draft_step_ms.get().is_none(), "copies taught the step: {}", apart.summary());
+        assert!(apart.clone().next_gamma() > 0, "{}", apart.summary());
+        let apart = copying_then_drawing(true, 0.01, 40, 120);
         assert!(apart.best_gamma() > 0 && (apart.alpha() - 0.7).abs() < 0.05, "{}", apart.summary());
-        // Learnt together, as before, the copies pull α below break-even: the session drafts
-        // no more but for a probe now and then, and the sessions after it start from there.
-        let together = copying_then_drawing(false, 40, 40);
+        let step = apart.draft_step_ms.get().unwrap();
+        assert!((step - 0.4).abs() < 1e-9, "{}", apart.summary());
+        // Learnt together, as before: copies that cost a step pull α below break-even, and the
+        // session drafts no more but for a probe now and then (the sessions after it start
+        // from there); copies that cost nothing price the model's step at next to nothing.
+        let together = copying_then_drawing(false, 0.4, 40, 40);
         assert_eq!(together.best_gamma(), 0, "{}", together.summary());
+        let together = copying_then_drawing(false, 0.01, 40, 40);
+        assert!(together.draft_step_ms.get().unwrap() < 0.1, "{}", together.summary());
     }
 
     #[test]

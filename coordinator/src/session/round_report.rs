@@ -131,6 +131,17 @@ impl RoundReport {
         evaluated.iter().zip(&self.sources).filter(|(_, source)| **source == "model").map(|(a, _)| *a).collect()
     }
 
+    /// The candidates whose drafting the adaptive policy prices as steps: all of the block,
+    /// but the model's draws alone where the draft also copies ([`Self::policy_acceptances`]).
+    /// A copy costs the draft next to nothing; a round of copies taken as steps priced the
+    /// model's next draws as nearly free.
+    pub fn policy_draws(&self) -> usize {
+        if !self.copies_apart {
+            return self.gamma;
+        }
+        self.sources.iter().filter(|source| **source == "model").count()
+    }
+
     /// The draft proposed nothing (a deterministic proposer without a match), or was sure
     /// to and was not asked: the round ran target-only.
     pub fn empty_proposal(&self) -> bool {
