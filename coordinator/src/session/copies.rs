@@ -20,7 +20,7 @@
 //! them again, to measure them.
 
 use crate::policy::average::Average;
-use crate::session::round_report::RoundReport;
+use crate::session::round_report::{MODEL_DRAW, RoundReport};
 
 /// Evaluated positions of each kind before the two are compared.
 const MIN_EVALUATED: u64 = 8;
@@ -62,12 +62,12 @@ impl CopyChoice {
     pub fn observe(&mut self, report: &RoundReport, first_model_pass: bool) {
         let evaluated = report.outcome.expected_acceptance.iter().zip(&report.sources);
         for (&acceptance, &source) in evaluated {
-            let tally = if source == "model" { &mut self.model } else { &mut self.copy };
+            let tally = if source == MODEL_DRAW { &mut self.model } else { &mut self.copy };
             tally.add(acceptance, WEIGHT);
         }
         // Copies cost the draft next to nothing; catching its model up on them is part of
         // what its draws cost in a mixed block.
-        let draws = report.sources.iter().filter(|&&s| s == "model").count();
+        let draws = report.model_draws();
         let rest_ns = report.wall_ns.saturating_sub(report.draft_ns);
         if draws > 0 && !first_model_pass && rest_ns > 0 {
             let step = report.draft_ns as f64 / draws as f64;

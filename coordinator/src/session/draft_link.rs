@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, DraftRounds};
 use crate::session::copies::CopyChoice;
-use crate::session::round_report::{Cursor, RoundReport};
+use crate::session::round_report::{Cursor, MODEL_DRAW, RoundReport};
 
 /// First wait before trying a lost draft again; it doubles up to [`MAX_RETRY`].
 pub const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -73,7 +73,7 @@ fn first_model_pass(model_ran: bool, sources: &[&str]) -> bool {
 }
 
 fn proposed_by_model(sources: &[&str]) -> bool {
-    sources.contains(&"model")
+    sources.contains(&MODEL_DRAW)
 }
 
 /// What opening a draft session gives: the session, or why there is none.

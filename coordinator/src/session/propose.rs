@@ -26,7 +26,7 @@ use specd_sampling::{DenseDist, SparseDist};
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
 use crate::session::draft_link::DraftSession;
-use crate::session::round_report::BatchSum;
+use crate::session::round_report::{BatchSum, MODEL_DRAW};
 
 /// Blocks the draft keeps pushed ahead of the last request (ProposeRequest.push_depth). On
 /// a hit the next round starts as soon as its verify pass can, so the draft must be this
@@ -164,7 +164,7 @@ pub async fn propose(
 /// (an unknown value, from a newer draft, counts as the model's).
 pub fn source_name(source: i32) -> &'static str {
     match ProposalSource::try_from(source).unwrap_or(ProposalSource::Model) {
-        ProposalSource::Model => "model",
+        ProposalSource::Model => MODEL_DRAW,
         ProposalSource::PromptMatch => "prompt_match",
         ProposalSource::OutputMatch => "output_match",
         ProposalSource::Suffix => "suffix",

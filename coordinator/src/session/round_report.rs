@@ -55,6 +55,10 @@ impl WireBytes {
     }
 }
 
+/// The source of a candidate the draft's model drew (`propose::source_name`); every other
+/// source is a copy.
+pub const MODEL_DRAW: &str = "model";
+
 /// A finished round and what it cost.
 #[derive(Debug)]
 pub struct RoundReport {
@@ -128,7 +132,7 @@ impl RoundReport {
         if !self.copies_apart {
             return evaluated.clone();
         }
-        evaluated.iter().zip(&self.sources).filter(|(_, source)| **source == "model").map(|(a, _)| *a).collect()
+        evaluated.iter().zip(&self.sources).filter(|(_, source)| **source == MODEL_DRAW).map(|(a, _)| *a).collect()
     }
 
     /// The candidates whose drafting the adaptive policy prices as steps: all of the block,
@@ -136,10 +140,12 @@ impl RoundReport {
     /// A copy costs the draft next to nothing; a round of copies taken as steps priced the
     /// model's next draws as nearly free.
     pub fn policy_draws(&self) -> usize {
-        if !self.copies_apart {
-            return self.gamma;
-        }
-        self.sources.iter().filter(|source| **source == "model").count()
+        if self.copies_apart { self.model_draws() } else { self.gamma }
+    }
+
+    /// The candidates the draft's model drew.
+    pub fn model_draws(&self) -> usize {
+        self.sources.iter().filter(|source| **source == MODEL_DRAW).count()
     }
 
     /// The draft proposed nothing (a deterministic proposer without a match), or was sure
