@@ -33,6 +33,8 @@ pub struct ModelInfo {
     /// The dtype the weights and caches are kept in (`--dtype auto` resolved; f32 for a
     /// table model, whose probabilities are exact in any case).
     pub dtype: crate::device::DType,
+    /// What computes its passes: `libtorch`, `host` ([`crate::host`]) or `table`.
+    pub engine: &'static str,
 }
 
 /// Logits for a run of positions, `rows × vocab` in `f32`: row-major on the host, or a

@@ -7,6 +7,9 @@
 //!   checkpoints without conversion; [`config`] reads `config.json` and
 //!   `generation_config.json`; `weights` reads safetensors (single or sharded); `rope` and
 //!   `kv_cache` are the pieces of the forward pass.
+//! - [`host`]: the same family (Llama, Mistral, Qwen2) computed in plain Rust `f32` on one
+//!   CPU thread, for drafts so small that libtorch's cost per operation is most of their
+//!   step; [`engine`] chooses between the two (`--engine`).
 //! - [`table`]: a model whose distributions are written out in a JSON file, used by the law
 //!   tests to drive the whole system with known p and q. The file format is documented in
 //!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
@@ -37,8 +40,10 @@ pub mod config;
 pub mod cpu_features;
 pub mod demo;
 pub mod device;
+pub mod engine;
 pub mod error;
 mod gemma3;
+pub mod host;
 pub mod injected_oom;
 pub mod kv_budget;
 mod kv_cache;
@@ -57,7 +62,9 @@ pub mod worker;
 pub use batching::{BatchPolicy, BatchTotals};
 pub use config::{Activation, ArchFeatures, Architecture, LlamaConfig, LlamaShape, RopeScaling};
 pub use device::{DType, DeviceSpec};
+pub use engine::Engine;
 pub use error::{ErrorClass, ModelError, Result};
+pub use host::HostLlama;
 pub use injected_oom::InjectedOom;
 pub use kv_budget::KvBudget;
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};

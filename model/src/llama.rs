@@ -276,6 +276,7 @@ impl LlamaModel {
                 opts.dtype.size_in_bytes(),
             ),
             dtype: opts.dtype,
+            engine: crate::engine::Engine::Libtorch.name(),
         };
         Ok(Self {
             cfg,

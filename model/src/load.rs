@@ -3,8 +3,11 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::config::LlamaConfig;
 use crate::device::{DType, DeviceSpec};
+use crate::engine::Engine;
 use crate::error::{ModelError, Result};
+use crate::host::HostLlama;
 use crate::kv_budget::KvBudget;
 use crate::language_model::LanguageModel;
 use crate::llama::LlamaModel;
@@ -33,6 +36,8 @@ pub struct LoadOptions {
     /// with libtorch on the model's device (`--distributions device`). A table model puts
     /// its rows in a CPU tensor then ([`crate::TableModel::with_logits_in_tensors`]).
     pub logits_on_device: bool,
+    /// What computes a checkpoint's passes ([`Engine::resolve`]); a table model ignores it.
+    pub engine: Engine,
 }
 
 /// A model that can move to its worker thread.
@@ -42,7 +47,10 @@ pub type BoxedModel = Box<dyn LanguageModel + Send>;
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
     set_model_thread_count(opts.threads);
     if path.is_dir() {
-        Ok(Box::new(LlamaModel::load(path, opts)?))
+        match opts.engine.resolve(&LlamaConfig::from_dir(path)?, opts)? {
+            Engine::Host => Ok(Box::new(HostLlama::load(path, opts)?)),
+            _ => Ok(Box::new(LlamaModel::load(path, opts)?)),
+        }
     } else if path.is_file() {
         let table = TableModel::load(path, opts.kv_budget.resolve(opts.device)?)?;
         Ok(Box::new(table.with_logits_in_tensors(opts.logits_on_device)))

@@ -21,8 +21,20 @@ pub(crate) struct Rope {
     device: Device,
 }
 
-impl Rope {
-    pub(crate) fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, device: Device) -> Result<Self> {
+/// RoPE's inverse frequencies for one head dimension and how positions and cos/sin are
+/// scaled: what the libtorch [`Rope`] and the host engine's pass both compute from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Frequencies {
+    /// `[head_dim / 2]`, float32 as transformers keeps them.
+    pub(crate) inv_freq: Vec<f32>,
+    /// Positions are divided by this (linear scaling), 1 otherwise.
+    pub(crate) position_scale: f64,
+    /// cos and sin are multiplied by this (YaRN's attention factor), 1 otherwise.
+    pub(crate) attention_factor: f64,
+}
+
+impl Frequencies {
+    pub(crate) fn new(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Self {
         let d = head_dim;
         let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / theta.powf((2 * i) as f64 / d as f64)).collect();
         let mut attention_factor = 1.0;
@@ -65,8 +77,19 @@ impl Rope {
                 (scaled, 1.0)
             }
         };
-        let inv: Vec<f32> = inv.into_iter().map(|x| x as f32).collect();
-        Ok(Self { inv_freq: Tensor::from_slice(&inv).f_to_device(device)?, position_scale, attention_factor, device })
+        Self { inv_freq: inv.into_iter().map(|x| x as f32).collect(), position_scale, attention_factor }
+    }
+}
+
+impl Rope {
+    pub(crate) fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, device: Device) -> Result<Self> {
+        let Frequencies { inv_freq, position_scale, attention_factor } = Frequencies::new(head_dim, theta, scaling);
+        Ok(Self {
+            inv_freq: Tensor::from_slice(&inv_freq).f_to_device(device)?,
+            position_scale,
+            attention_factor,
+            device,
+        })
     }
 
     /// `(cos, sin)`, each `[n, head_dim]` in `kind`, for positions `start..start + n`.

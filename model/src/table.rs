@@ -190,6 +190,7 @@ impl TableModel {
                 has_tokenizer: names.is_some(),
                 kv_bytes_per_token: 4,
                 dtype: crate::device::DType::F32,
+                engine: "table",
             },
             names,
             rows,

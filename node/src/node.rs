@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget, LanguageModel, LoadOptions, SessionId};
+use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget, LanguageModel, LoadOptions, SessionId};
 use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
@@ -24,6 +24,8 @@ pub struct NodeConfig {
     pub model: PathBuf,
     pub device: DeviceSpec,
     pub dtype: DType,
+    /// What computes the model's passes ([`specd_model::Engine`]).
+    pub engine: Engine,
     /// Sessions open at once; more are refused with RESOURCE_EXHAUSTED.
     pub max_sessions: usize,
     /// Bytes of KV cache all sessions may reserve together, resolved once the weights are
@@ -139,6 +141,7 @@ impl Node {
             // The node's jobs follow the logits: where they stay on the device, the
             // distributions are built there (target-node `verify`, draft-node `propose`).
             logits_on_device: distributions.on_device(),
+            engine: config.engine,
         };
         let thread = format!("specd-{role}-model");
         let stand_in = StandIn { forward_delay: config.forward_delay, oom_at_pass: config.oom_at_pass };
@@ -151,6 +154,8 @@ impl Node {
             config.batch,
             config.pin_threads,
         )?;
+        let info = model.handle().info();
+        tracing::info!(engine = info.engine, dtype = %info.dtype, configured = %config.engine, "{} model loaded", info.name);
         let (_, budget) = model.handle().call_blocking(|m| Ok(m.memory_in_use()))?;
         match budget {
             Some(bytes) => tracing::info!(kv_budget_bytes = bytes, configured = %config.kv_budget, "KV cache budget"),

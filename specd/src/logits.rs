@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use std::io::Write;
 
-use specd_model::{DType, DeviceSpec, LoadOptions, Logits, ModelError, ModelInfo, ModelWorker, load_model};
+use specd_model::{DType, DeviceSpec, Engine, LoadOptions, Logits, ModelError, ModelInfo, ModelWorker, load_model};
 
 use crate::cli_error::invalid;
-use crate::serve::{parse_device, parse_dtype};
+use crate::serve::{parse_device, parse_dtype, parse_engine};
 
 /// Score a run of tokens with a model: logits for every position, in one forward pass.
 #[derive(Debug, clap::Args)]
@@ -44,6 +44,10 @@ pub struct LogitsArgs {
     #[arg(long, env = "SPECD_DTYPE", default_value = "f32", value_parser = parse_dtype)]
     pub dtype: DType,
 
+    /// What computes the pass: auto, libtorch or host (see `specd target --help`).
+    #[arg(long, env = "SPECD_ENGINE", default_value = "auto", value_parser = parse_engine)]
+    pub engine: Engine,
+
     /// Print `{"tokens": [...], "logits": [[...], ...]}` instead of a summary.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
@@ -51,7 +55,7 @@ pub struct LogitsArgs {
 
 /// Runs the subcommand.
 pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
-    let opts = LoadOptions { device: args.device, dtype: args.dtype, ..LoadOptions::default() };
+    let opts = LoadOptions { device: args.device, dtype: args.dtype, engine: args.engine, ..LoadOptions::default() };
     let path = args.model.clone();
     let handle = ModelWorker::spawn("specd-logits", 1, move || load_model(&path, &opts))
         .map_err(|e| user_error(e, "cannot load the model"))?;
@@ -91,13 +95,14 @@ fn summary(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} ({}), vocab {}, {} positions on {} {}",
+        "{} ({}), vocab {}, {} positions on {} {} ({} engine)",
         info.name,
         info.architecture,
         info.vocab_size,
         logits.rows(),
         args.device,
-        args.dtype
+        info.dtype,
+        info.engine
     )?;
     for (i, row) in logits.iter_rows().enumerate() {
         let mut top: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();

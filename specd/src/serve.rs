@@ -16,7 +16,7 @@ use specd_coordinator::{
 };
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget, LlamaConfig, ModelError, TableModel};
+use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget, LlamaConfig, ModelError, TableModel};
 use specd_node::{Distributions, NodeConfig};
 use specd_proto::tls::{ClientTls, ServerTls};
 use specd_sampling::{MAX_GAMMA, Truncation};
@@ -31,6 +31,10 @@ pub(crate) fn parse_device(s: &str) -> Result<DeviceSpec, String> {
 }
 
 pub(crate) fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+pub(crate) fn parse_engine(s: &str) -> Result<Engine, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
 }
 
@@ -59,6 +63,13 @@ pub struct NodeOptions {
     /// f32 elsewhere.
     #[arg(long, env = "SPECD_DTYPE", default_value = "auto", value_parser = parse_dtype)]
     dtype: DType,
+    /// What computes the model's passes: libtorch (every family, CPU or GPU), host (plain
+    /// Rust f32 on one CPU thread, for Llama, Mistral and Qwen2 checkpoints: much faster
+    /// for a tiny draft, whose libtorch pass is mostly the cost of each operation), or auto
+    /// (host for a CPU model of at most 4 M parameters in f32 that it can run, libtorch
+    /// otherwise).
+    #[arg(long, env = "SPECD_ENGINE", default_value = "auto", value_parser = parse_engine)]
+    engine: Engine,
     /// Load a checkpoint even when it holds tensors the model does not use (a bias its
     /// config.json does not declare, a layer past num_hidden_layers); refused by default,
     /// naming them, since the model would compute something else than the checkpoint.
@@ -140,6 +151,9 @@ pub struct DraftOptions {
     /// overhead, which f32 has least of on a CPU, even beside a bf16 target.
     #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
     pub(crate) draft_dtype: Option<DType>,
+    /// What computes the draft's passes (default: --engine); see --engine.
+    #[arg(long, env = "SPECD_DRAFT_ENGINE", value_parser = parse_engine)]
+    pub(crate) draft_engine: Option<Engine>,
 }
 
 impl DraftOptions {
@@ -147,6 +161,7 @@ impl DraftOptions {
     pub(crate) fn apply(&self, mut config: NodeConfig) -> NodeConfig {
         config.threads = Some(self.draft_threads);
         config.dtype = self.draft_dtype.unwrap_or(config.dtype);
+        config.engine = self.draft_engine.unwrap_or(config.engine);
         config
     }
 }
@@ -702,6 +717,7 @@ impl NodeOptions {
             sampling_threads: self.sampling_threads,
             pin_threads: self.pin_threads,
             allow_unused_weights: self.allow_unused_weights,
+            engine: self.engine,
             distributions: self.distributions,
             device_rule: Default::default(),
             batch,

@@ -14,7 +14,7 @@ use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_device_sampling::DeviceRule;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
-use specd_model::{BatchPolicy, DType, DeviceSpec, KvBudget};
+use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget};
 use specd_node::{Distributions, NodeConfig};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
@@ -73,6 +73,8 @@ pub struct ClusterOptions {
     pub truncation: Truncation,
     pub rule: RuleVariant,
     pub dtype: DType,
+    /// What computes both nodes' passes (default: auto, as the nodes' flag).
+    pub engine: Engine,
     /// Record every role's metrics here and serve them at [`Cluster::metrics_url`].
     pub metrics: Option<Metrics>,
     /// The nodes release sessions unused this long.
@@ -113,6 +115,7 @@ impl Default for ClusterOptions {
             truncation: Truncation::new(1e-4, 64).unwrap(),
             rule: RuleVariant::Exact,
             dtype: DType::F32,
+            engine: Engine::Auto,
             metrics: None,
             session_ttl: None,
             draft_chaos: None,
@@ -158,6 +161,7 @@ impl Cluster {
             model: model.to_owned(),
             device: DeviceSpec::Cpu,
             dtype: options.dtype,
+            engine: options.engine,
             max_sessions: 1024,
             kv_budget: KvBudget::Unbounded,
             forward_delay,

@@ -56,6 +56,7 @@ impl Node {
             model: model.to_owned(),
             device: DeviceSpec::Cpu,
             dtype: DType::F32,
+            engine: Default::default(),
             max_sessions: 64,
             kv_budget: specd_model::KvBudget::Unbounded,
             oom_at_pass: None,

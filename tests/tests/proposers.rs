@@ -260,6 +260,7 @@ fn modelless_config() -> NodeConfig {
         model: scratch_dir("no-model").join("absent.json"),
         device: DeviceSpec::Cpu,
         dtype: DType::F32,
+        engine: Default::default(),
         max_sessions: 64,
         kv_budget: specd_model::KvBudget::Unbounded,
         oom_at_pass: None,

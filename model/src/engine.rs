@@ -1,0 +1,73 @@
+//! `--engine auto|libtorch|host`: what computes a checkpoint's forward passes.
+//!
+//! libtorch runs every family on a CPU or a GPU, and its matmuls win as soon as a model is
+//! large enough to fill them. The host engine ([`crate::host`]) runs the plain Llama family
+//! in `f32` on one CPU thread without libtorch's cost per operation, which is most of a
+//! tiny draft's step. `auto` picks the host engine for a CPU model of at most
+//! [`HOST_ENGINE_MAX_PARAMETERS`] that it can run in `f32`, libtorch otherwise.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::load::LoadOptions;
+
+/// The largest model `--engine auto` runs on the host engine. Measured on a 2-vCPU AMD EPYC
+/// without AMX (BENCHMARKS.md): the 0.95 M demo draft's one-token pass takes a fraction
+/// of libtorch's, the 12 M demo target's does not.
+pub const HOST_ENGINE_MAX_PARAMETERS: u64 = 4_000_000;
+
+/// What computes a model's passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// The host engine for a small CPU model it can run, libtorch otherwise.
+    #[default]
+    Auto,
+    Libtorch,
+    Host,
+}
+
+impl Engine {
+    /// The engine `auto` resolves to for `cfg` loaded with `opts`; a concrete choice stays,
+    /// and `host` for a model it cannot run is an error that says why.
+    pub fn resolve(self, cfg: &LlamaConfig, opts: &LoadOptions) -> Result<Self> {
+        let refusal = crate::host::host_refuses(cfg, opts);
+        match self {
+            Self::Libtorch => Ok(Self::Libtorch),
+            Self::Host => match refusal {
+                None => Ok(Self::Host),
+                Some(why) => Err(ModelError::InvalidInput(format!("--engine host: {why}; use --engine libtorch"))),
+            },
+            Self::Auto if refusal.is_none() && cfg.num_parameters() <= HOST_ENGINE_MAX_PARAMETERS => Ok(Self::Host),
+            Self::Auto => Ok(Self::Libtorch),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Libtorch => "libtorch",
+            Self::Host => "host",
+        }
+    }
+}
+
+impl FromStr for Engine {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "libtorch" => Ok(Self::Libtorch),
+            "host" => Ok(Self::Host),
+            _ => Err(ModelError::InvalidInput(format!("unknown engine {s:?} (expected auto, libtorch or host)"))),
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
