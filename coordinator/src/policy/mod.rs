@@ -41,6 +41,7 @@
 //! on earlier rounds.
 
 pub(crate) mod average;
+pub mod copies;
 pub mod governor;
 mod remeasure;
 
@@ -51,6 +52,7 @@ use std::time::Duration;
 use specd_sampling::cost::expected_tokens_per_round;
 
 use crate::policy::average::Average;
+use crate::policy::copies::CopyChoice;
 use crate::policy::governor::{LoadLevel, LoadMode};
 use crate::policy::remeasure::within_budget;
 use crate::session::round_report::RoundReport;
@@ -428,6 +430,8 @@ struct Memory {
     unlearnt_starts: HashMap<String, u64>,
     /// Per key of a load above one: whether its sessions draft ([`crate::policy::governor`]).
     loaded: HashMap<String, LoadLevel>,
+    /// Per key, where the last `model+ngram` session left its choice of copies.
+    copies: HashMap<String, CopyChoice>,
 }
 
 /// One key's latest cost estimates, the acceptance of all its sessions, and how many
@@ -527,6 +531,21 @@ impl PolicyMemory {
         };
         let alpha = Average { count: start.alpha.count.min(ALPHA_PRIOR_WEIGHT + prior_positions), ..start.alpha };
         AdaptiveGamma { alpha, own_positions: 0, ..start }
+    }
+
+    /// Where the last session with these settings left its choice of copies (`model+ngram`
+    /// drafts; `policy/copies.rs`), for a new session to start from; a fresh choice for
+    /// settings not seen yet.
+    pub fn copy_choice(&self, settings: &str) -> CopyChoice {
+        let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        memory.copies.get(settings).cloned().unwrap_or_default()
+    }
+
+    /// Keeps a session's choice of copies for the sessions that start after it.
+    pub fn remember_copies(&self, settings: &str, choice: &CopyChoice) {
+        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        make_room(&mut memory.copies, settings);
+        memory.copies.insert(settings.to_owned(), choice.clone());
     }
 
     /// What the sessions of a load level above one do now.

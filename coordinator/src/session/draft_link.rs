@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, DraftRounds};
-use crate::session::copies::CopyChoice;
+use crate::policy::copies::CopyChoice;
 use crate::session::round_report::{Cursor, MODEL_DRAW, RoundReport};
 
 /// First wait before trying a lost draft again; it doubles up to [`MAX_RETRY`].
@@ -111,15 +111,23 @@ pub struct DraftLink {
     was_up: bool,
     /// Times the draft was lost.
     pub fallbacks: u64,
+    /// The choice of copies a draft session starts with: where earlier sessions left it.
+    copies: CopyChoice,
 }
 
 impl DraftLink {
     /// Starts opening the draft's session and round stream in the background; a draft that
     /// fails to open is only logged.
-    pub fn start(client: DraftClient, template: OpenSessionRequest) -> Self {
+    pub fn start(client: DraftClient, template: OpenSessionRequest, copies: CopyChoice) -> Self {
         let (session_id, prompt) = (template.session_id.clone(), template.prompt_token_ids.clone());
-        let state = open_in_background(&client, &template, session_id.clone(), prompt, FIRST_RETRY / 2);
-        Self { client, template, state, opened: vec![session_id], was_up: false, fallbacks: 0 }
+        let state = open_in_background(&client, &template, session_id.clone(), prompt, FIRST_RETRY / 2, &copies);
+        Self { client, template, state, opened: vec![session_id], was_up: false, fallbacks: 0, copies }
+    }
+
+    /// The open draft session's choice of copies, where it has one to make (a `model+ngram`
+    /// draft).
+    pub fn copy_choice(&mut self) -> Option<&CopyChoice> {
+        self.session().filter(|d| d.copies_besides_model).map(|d| &d.copies)
     }
 
     /// Waits for a draft session being opened, at most `grace` (`None`: until it is open or
@@ -197,7 +205,8 @@ impl DraftLink {
         // Registered before the call: a session the node opened just as the call timed out
         // is released with the rest.
         self.opened.push(session_id.clone());
-        self.state = open_in_background(&self.client, &self.template, session_id, committed.to_vec(), wait);
+        self.state =
+            open_in_background(&self.client, &self.template, session_id, committed.to_vec(), wait, &self.copies);
     }
 
     fn settle_if_done(&mut self) {
@@ -324,9 +333,10 @@ fn open_in_background(
     session_id: String,
     prompt: Vec<u32>,
     wait: Duration,
+    copies: &CopyChoice,
 ) -> State {
     let request = OpenSessionRequest { session_id: session_id.clone(), prompt_token_ids: prompt, ..template.clone() };
-    let client = client.clone();
+    let (client, copies) = (client.clone(), copies.clone());
     let (send, opened) = oneshot::channel();
     let open = async move {
         let valid = request.prompt_token_ids.len();
@@ -342,7 +352,7 @@ fn open_in_background(
                 unanswered: VecDeque::new(),
                 cache_filled: false,
                 model_ran: false,
-                copies: CopyChoice::default(),
+                copies,
                 proposes_only_after_match: opened.proposes_only_after_match,
                 copies_besides_model: opened.copies_besides_model,
             })

@@ -1,7 +1,6 @@
 //! One generation: a session actor that opens both nodes' sessions, runs rounds until a stop
 //! condition, streams each round's tokens, and releases both nodes' sessions however it ends.
 
-mod copies;
 pub mod draft_link;
 pub mod logprobs;
 pub mod metrics;
@@ -324,7 +323,8 @@ impl SessionActor {
         // past the round's: it reserves for those too.
         let ahead = if spec.optimistic { propose::PUSH_DEPTH * (spec.gamma.max() + 1) } else { 0 };
         let draft_open = OpenSessionRequest { max_tokens: open.max_tokens.saturating_add(ahead), ..open.clone() };
-        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), draft_open));
+        let copies = self.policy_memory.copy_choice(&settings);
+        let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), draft_open, copies));
         let target_rounds = async {
             self.target.open_session(open.clone()).await?;
             self.target.open_rounds().await
@@ -456,6 +456,9 @@ impl SessionActor {
             target_cursor.advance(base, &report.outcome);
             if let Some(link) = draft_link.as_mut() {
                 link.after_round(base, &report);
+                if let Some(copies) = link.copy_choice() {
+                    self.policy_memory.remember_copies(&settings, copies);
+                }
             }
             let before = output.len();
             let mut finish = None;

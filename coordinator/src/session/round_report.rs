@@ -123,7 +123,7 @@ impl RoundReport {
     /// Σ min(p, q) of the evaluated positions the adaptive policy learns α from: all of them,
     /// but the model's draws alone where the draft also copies (`model+ngram`). A copy is
     /// accepted with the target's p of its one token, which says nothing of what the model's
-    /// draws are worth, and whether copies pay is weighed apart (`session/copies.rs`). Learnt
+    /// draws are worth, and whether copies pay is weighed apart (`policy/copies.rs`). Learnt
     /// together, a grounded prompt's first rounds, copies of matches in the prompt accepted
     /// at a few percent at T = 0.8, could pull α below break-even before the copies were
     /// stopped, and the sessions after started from it and drafted no more.
