@@ -14,7 +14,8 @@ mkdir -p "$work"
 # SPECD_DRAFT_DTYPE override.
 if [ -z "${SPECD_DTYPE:-}" ]; then
   if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then export SPECD_DTYPE=bf16; else export SPECD_DTYPE=f32; fi
-  # The draft stays in f32: its steps are per-operation overhead, which bf16 has more of.
+  # The draft stays in f32, which the host engine runs (`--engine auto`: plain Rust, without
+  # libtorch's cost per operation, which is most of a tiny draft's step).
   export SPECD_DRAFT_DTYPE=${SPECD_DRAFT_DTYPE:-f32}
 fi
 

@@ -11,8 +11,9 @@
 //!   [`session::round_report`] (what a round leaves behind), [`session::logprobs`] and
 //!   [`session::metrics`];
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs; in it,
-//!   [`policy::governor`] (under load, whether a load level's sessions draft at all) and the
-//!   running average and re-measuring budget both use;
+//!   [`policy::governor`] (under load, whether a load level's sessions draft at all),
+//!   [`policy::copies`] (whether a `model+ngram` draft's copies pay) and the running average
+//!   and re-measuring budget they use;
 //! - [`nodes`]: typed node clients, the startup compatibility check, replica choice; in it,
 //!   [`nodes::discovery`] (`dns:///` addresses, re-resolved), [`nodes::round_stream`] (a
 //!   session's long-lived round stream to one node) and which vocabularies fit together;

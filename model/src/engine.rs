@@ -4,7 +4,9 @@
 //! large enough to fill them. The host engine ([`crate::host`]) runs the plain Llama family
 //! in `f32` on one CPU thread without libtorch's cost per operation, which is most of a
 //! tiny draft's step. `auto` picks the host engine for a CPU model of at most
-//! [`HOST_ENGINE_MAX_PARAMETERS`] that it can run in `f32`, libtorch otherwise.
+//! [`HOST_ENGINE_MAX_PARAMETERS`] that it can run, loaded with `--dtype f32` or `auto`,
+//! libtorch otherwise. (`auto` on a CPU with AMX means bf16 on libtorch; a small draft's
+//! steps measured faster in f32 than in bf16 there, as they are per-operation overhead.)
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,8 +16,10 @@ use crate::error::{ModelError, Result};
 use crate::load::LoadOptions;
 
 /// The largest model `--engine auto` runs on the host engine. Measured on a 2-vCPU AMD EPYC
-/// without AMX (BENCHMARKS.md): the 0.95 M demo draft's one-token pass takes a fraction
-/// of libtorch's, the 12 M demo target's does not.
+/// without AMX (BENCHMARKS.md): the 0.95 M demo draft's one-token pass takes 0.3 of
+/// libtorch's (f32, one thread); the 12 M demo target's one-token pass equals libtorch's in
+/// bf16 on two threads (2.16 against 2.17 ms) and its block passes take twice as long (one
+/// thread, linear in the tokens), so a model of that size stays on libtorch.
 pub const HOST_ENGINE_MAX_PARAMETERS: u64 = 4_000_000;
 
 /// What computes a model's passes.

@@ -15,7 +15,8 @@
 //!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
 //!   0.1], "rules": [{"prefix": [0], "probs": [...]}, {"suffix": [1], "probs": [...]}]}`,
 //!   and its logits are `ln p` with [`table::ZERO_PROB_LOGIT`] for `p = 0`.
-//! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint.
+//! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint; `checkpoint_text`: a
+//!   checkpoint's name and optional tokenizer, as both engines read and use them.
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`];
 //!   [`batching`]: how that thread runs concurrent sessions' forward passes as one.
 //! - [`device`]: `--device` and `--dtype` (`auto` resolved at load); [`cpu_features`]: what
@@ -36,6 +37,7 @@
 //! [`ModelError::OutOfMemory`]: that pass fails, the model serves on.
 
 pub mod batching;
+mod checkpoint_text;
 pub mod config;
 pub mod cpu_features;
 pub mod demo;

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::checkpoint_text::CheckpointText;
 use crate::config::{Activation, LlamaConfig};
 use crate::device::DType;
 use crate::error::{ModelError, Result};
@@ -15,7 +16,6 @@ use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, Sessi
 use crate::load::LoadOptions;
 use crate::rope::{Rope, apply_rope};
 use crate::sessions::{SessionTable, resolve_capacity};
-use crate::tokenizer::TextTokenizer;
 use crate::weights::WeightStore;
 
 /// One decoder layer. q/k/v and gate/up are fused at load time (one matmul each instead of
@@ -55,7 +55,7 @@ fn stack(parts: &[Tensor]) -> Result<Tensor> {
 pub struct LlamaModel {
     cfg: LlamaConfig,
     info: ModelInfo,
-    tokenizer: Option<TextTokenizer>,
+    text: CheckpointText,
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Norm,
@@ -128,8 +128,7 @@ impl LlamaModel {
         let cfg = LlamaConfig::from_dir(dir)?;
         let opts = LoadOptions { dtype: opts.dtype.resolve(opts.device, cfg.checkpoint_dtype), ..opts.clone() };
         let device = opts.device.to_device()?;
-        let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.is_file() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
+        let text = CheckpointText::read(dir)?;
         let mut store = WeightStore::open(dir, device, opts.dtype.kind())?;
         if cfg.features.multimodal_wrapper {
             store.rename_and_skip(
@@ -141,8 +140,7 @@ impl LlamaModel {
                 &["model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector."],
             );
         }
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let model = Self::build(cfg, name, tokenizer, &mut store, &opts)?;
+        let model = Self::build(cfg, text, &mut store, &opts)?;
         store.finish(opts.allow_unused_weights)?;
         Ok(model)
     }
@@ -153,16 +151,10 @@ impl LlamaModel {
         tch::manual_seed(seed);
         let opts = LoadOptions { dtype: opts.dtype.resolve(opts.device, cfg.checkpoint_dtype), ..opts.clone() };
         let mut source = RandomWeights { device: opts.device.to_device()?, kind: opts.dtype.kind() };
-        Self::build(cfg, "random".into(), None, &mut source, &opts)
+        Self::build(cfg, CheckpointText { name: "random".into(), tokenizer: None }, &mut source, &opts)
     }
 
-    fn build(
-        cfg: LlamaConfig,
-        name: String,
-        tokenizer: Option<TextTokenizer>,
-        w: &mut dyn WeightSource,
-        opts: &LoadOptions,
-    ) -> Result<Self> {
+    fn build(cfg: LlamaConfig, text: CheckpointText, w: &mut dyn WeightSource, opts: &LoadOptions) -> Result<Self> {
         let device = opts.device.to_device()?;
         let kind = opts.dtype.kind();
         let h = cfg.hidden_size as i64;
@@ -256,32 +248,11 @@ impl LlamaModel {
         } else {
             None
         };
-        let tokenizer_fingerprint = tokenizer
-            .as_ref()
-            .map_or_else(|| format!("untokenized:vocab_size={}", cfg.vocab_size), |t| t.fingerprint().to_owned());
-        let info = ModelInfo {
-            name,
-            architecture: cfg.architecture.class_name().to_owned(),
-            vocab_size: cfg.vocab_size,
-            eos_token_ids: cfg.eos_token_ids.clone(),
-            bos_token_id: cfg.bos_token_id,
-            context_length: cfg.max_position_embeddings,
-            tokenizer_fingerprint,
-            has_tokenizer: tokenizer.is_some(),
-            kv_bytes_per_token: KvCache::bytes(
-                cfg.num_hidden_layers,
-                cfg.num_key_value_heads,
-                1,
-                cfg.head_dim,
-                opts.dtype.size_in_bytes(),
-            ),
-            dtype: opts.dtype,
-            engine: crate::engine::Engine::Libtorch.name(),
-        };
+        let info = text.info(&cfg, opts.dtype, crate::engine::Engine::Libtorch.name());
         Ok(Self {
             cfg,
             info,
-            tokenizer,
+            text,
             embed,
             layers,
             norm,
@@ -718,16 +689,10 @@ impl LanguageModel for LlamaModel {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        match &self.tokenizer {
-            Some(t) => t.encode(text),
-            None => Err(ModelError::InvalidInput(format!("{} has no tokenizer.json; pass token ids", self.info.name))),
-        }
+        self.text.encode(text)
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        match &self.tokenizer {
-            Some(t) => t.decode(ids),
-            None => Err(ModelError::InvalidInput(format!("{} has no tokenizer.json to decode with", self.info.name))),
-        }
+        self.text.decode(ids)
     }
 }

@@ -66,8 +66,8 @@ pub struct NodeOptions {
     /// What computes the model's passes: libtorch (every family, CPU or GPU), host (plain
     /// Rust f32 on one CPU thread, for Llama, Mistral and Qwen2 checkpoints: much faster
     /// for a tiny draft, whose libtorch pass is mostly the cost of each operation), or auto
-    /// (host for a CPU model of at most 4 M parameters in f32 that it can run, libtorch
-    /// otherwise).
+    /// (host for a CPU model of at most 4 M parameters that it can run, with --dtype f32 or
+    /// auto; libtorch otherwise).
     #[arg(long, env = "SPECD_ENGINE", default_value = "auto", value_parser = parse_engine)]
     engine: Engine,
     /// Load a checkpoint even when it holds tensors the model does not use (a bias its

@@ -40,66 +40,75 @@ fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buffer
 }
 
-/// Appends `tokens` at positions `past..` to `cache` and returns the logits of the last
-/// `rows` of them, row-major. `windows[l]` is layer `l`'s sliding window, if any.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pass(
-    w: &HostWeights,
-    d: Dims,
-    rope: &Frequencies,
-    windows: &[Option<usize>],
-    cache: &mut HostCache,
-    past: usize,
-    tokens: &[u32],
-    rows: usize,
-    s: &mut Scratch,
-) -> Vec<f32> {
-    let n = tokens.len();
-    let h = d.hidden;
-    let (qd, kvd) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-    let x = sized(&mut s.x, n * h);
-    for (dst, &t) in x.chunks_exact_mut(h).zip(tokens) {
-        dst.copy_from_slice(&w.embed[t as usize * h..(t as usize + 1) * h]);
-    }
-    rotary_tables(rope, d.head_dim, past, n, &mut s.cos, &mut s.sin);
-    for (l, layer) in w.layers.iter().enumerate() {
-        let normed = sized(&mut s.normed, n * h);
-        rms_norm(&s.x, &layer.attn_norm, d.eps, normed);
-        let qkv = sized(&mut s.qkv, n * (qd + 2 * kvd));
-        linear(normed, n, &layer.qkv, layer.qkv_bias.as_deref(), qkv);
-        for (t, row) in qkv.chunks_exact_mut(qd + 2 * kvd).enumerate() {
-            let (cos, sin) = (&s.cos[t * d.head_dim..][..d.head_dim], &s.sin[t * d.head_dim..][..d.head_dim]);
-            for head in row[..qd + kvd].chunks_exact_mut(d.head_dim) {
-                rotate(head, cos, sin);
+/// What a pass computes with: the weights and the shape, RoPE and window of each layer.
+#[derive(Debug)]
+pub(crate) struct Net {
+    pub(crate) weights: HostWeights,
+    pub(crate) dims: Dims,
+    pub(crate) rope: Frequencies,
+    /// Each layer's sliding window, if any.
+    pub(crate) windows: Vec<Option<usize>>,
+}
+
+impl Net {
+    /// Appends `tokens` at positions `past..` to `cache` and returns the logits of the last
+    /// `rows` of them, row-major.
+    pub(crate) fn pass(
+        &self,
+        cache: &mut HostCache,
+        past: usize,
+        tokens: &[u32],
+        rows: usize,
+        s: &mut Scratch,
+    ) -> Vec<f32> {
+        let (w, d, rope, windows) = (&self.weights, self.dims, &self.rope, &self.windows);
+        let n = tokens.len();
+        let h = d.hidden;
+        let (qd, kvd) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        let x = sized(&mut s.x, n * h);
+        for (dst, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            dst.copy_from_slice(&w.embed[t as usize * h..(t as usize + 1) * h]);
+        }
+        rotary_tables(rope, d.head_dim, past, n, &mut s.cos, &mut s.sin);
+        for (l, layer) in w.layers.iter().enumerate() {
+            let normed = sized(&mut s.normed, n * h);
+            rms_norm(&s.x, &layer.attn_norm, d.eps, normed);
+            let qkv = sized(&mut s.qkv, n * (qd + 2 * kvd));
+            linear(normed, n, &layer.qkv, layer.qkv_bias.as_deref(), qkv);
+            for (t, row) in qkv.chunks_exact_mut(qd + 2 * kvd).enumerate() {
+                let (cos, sin) = (&s.cos[t * d.head_dim..][..d.head_dim], &s.sin[t * d.head_dim..][..d.head_dim]);
+                for head in row[..qd + kvd].chunks_exact_mut(d.head_dim) {
+                    rotate(head, cos, sin);
+                }
+                cache.write(l, past + t, &row[qd..qd + kvd], &row[qd + kvd..]);
             }
-            cache.write(l, past + t, &row[qd..qd + kvd], &row[qd + kvd..]);
+            let attn = sized(&mut s.attn, n * qd);
+            attend(d, &s.qkv, cache, l, past, n, windows[l], &mut s.scores, attn);
+            let projected = sized(&mut s.projected, n * h);
+            linear(attn, n, &layer.o, layer.o_bias.as_deref(), projected);
+            axpy(&mut s.x, 1.0, projected);
+            let normed = sized(&mut s.normed, n * h);
+            rms_norm(&s.x, &layer.mlp_norm, d.eps, normed);
+            let i = d.intermediate;
+            let gate_up = sized(&mut s.gate_up, n * 2 * i);
+            linear(normed, n, &layer.gate_up, layer.gate_up_bias.as_deref(), gate_up);
+            let gate = sized(&mut s.gate, n * i);
+            for (g, both) in gate.chunks_exact_mut(i).zip(gate_up.chunks_exact(2 * i)) {
+                g.copy_from_slice(&both[..i]);
+                silu_mul(g, &both[i..]);
+            }
+            let projected = sized(&mut s.projected, n * h);
+            linear(gate, n, &layer.down, layer.down_bias.as_deref(), projected);
+            axpy(&mut s.x, 1.0, projected);
         }
-        let attn = sized(&mut s.attn, n * qd);
-        attend(d, &s.qkv, cache, l, past, n, windows[l], &mut s.scores, attn);
-        let projected = sized(&mut s.projected, n * h);
-        linear(attn, n, &layer.o, layer.o_bias.as_deref(), projected);
-        axpy(&mut s.x, 1.0, projected);
-        let normed = sized(&mut s.normed, n * h);
-        rms_norm(&s.x, &layer.mlp_norm, d.eps, normed);
-        let i = d.intermediate;
-        let gate_up = sized(&mut s.gate_up, n * 2 * i);
-        linear(normed, n, &layer.gate_up, layer.gate_up_bias.as_deref(), gate_up);
-        let gate = sized(&mut s.gate, n * i);
-        for (g, both) in gate.chunks_exact_mut(i).zip(gate_up.chunks_exact(2 * i)) {
-            g.copy_from_slice(&both[..i]);
-            silu_mul(g, &both[i..]);
-        }
-        let projected = sized(&mut s.projected, n * h);
-        linear(gate, n, &layer.down, layer.down_bias.as_deref(), projected);
-        axpy(&mut s.x, 1.0, projected);
+        let rows = rows.clamp(1, n);
+        let last = &s.x[(n - rows) * h..];
+        let normed = sized(&mut s.normed, rows * h);
+        rms_norm(last, &w.norm, d.eps, normed);
+        let mut logits = vec![0f32; rows * d.vocab];
+        linear(normed, rows, &w.lm_head, None, &mut logits);
+        logits
     }
-    let rows = rows.clamp(1, n);
-    let last = &s.x[(n - rows) * h..];
-    let normed = sized(&mut s.normed, rows * h);
-    rms_norm(last, &w.norm, d.eps, normed);
-    let mut logits = vec![0f32; rows * d.vocab];
-    linear(normed, rows, &w.lm_head, None, &mut logits);
-    logits
 }
 
 /// cos and sin of positions `past..past + n`, `head_dim` each (the halves repeated, as

@@ -16,17 +16,16 @@ mod weights;
 
 use std::path::Path;
 
+use crate::checkpoint_text::CheckpointText;
 use crate::config::LlamaConfig;
 use crate::device::DType;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
 use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
 use crate::load::LoadOptions;
 use crate::rope::Frequencies;
 use crate::sessions::{SessionTable, resolve_capacity};
-use crate::tokenizer::TextTokenizer;
 use cache::HostCache;
-use forward::{Dims, Scratch, pass};
+use forward::{Dims, Net, Scratch};
 use weights::HostWeights;
 
 /// What the host engine's pass leaves out, if `cfg` needs any of it: the later families'
@@ -57,12 +56,8 @@ pub fn unsupported(cfg: &LlamaConfig) -> Option<String> {
 pub struct HostLlama {
     cfg: LlamaConfig,
     info: ModelInfo,
-    tokenizer: Option<TextTokenizer>,
-    weights: HostWeights,
-    dims: Dims,
-    rope: Frequencies,
-    /// Each layer's sliding window.
-    windows: Vec<Option<usize>>,
+    text: CheckpointText,
+    net: Net,
     sessions: SessionTable<HostCache>,
     scratch: Scratch,
 }
@@ -75,26 +70,9 @@ impl HostLlama {
         if let Some(why) = host_refuses(&cfg, opts) {
             return Err(ModelError::InvalidInput(format!("the host engine cannot run {}: {why}", dir.display())));
         }
-        let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.is_file() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
+        let text = CheckpointText::read(dir)?;
         let weights = HostWeights::load(dir, &cfg, opts.allow_unused_weights)?;
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let tokenizer_fingerprint = tokenizer
-            .as_ref()
-            .map_or_else(|| format!("untokenized:vocab_size={}", cfg.vocab_size), |t| t.fingerprint().to_owned());
-        let info = ModelInfo {
-            name,
-            architecture: cfg.architecture.class_name().to_owned(),
-            vocab_size: cfg.vocab_size,
-            eos_token_ids: cfg.eos_token_ids.clone(),
-            bos_token_id: cfg.bos_token_id,
-            context_length: cfg.max_position_embeddings,
-            tokenizer_fingerprint,
-            has_tokenizer: tokenizer.is_some(),
-            kv_bytes_per_token: KvCache::bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, 1, cfg.head_dim, 4),
-            dtype: DType::F32,
-            engine: crate::engine::Engine::Host.name(),
-        };
+        let info = text.info(&cfg, DType::F32, crate::engine::Engine::Host.name());
         let dims = Dims {
             hidden: cfg.hidden_size,
             intermediate: cfg.intermediate_size,
@@ -104,13 +82,16 @@ impl HostLlama {
             vocab: cfg.vocab_size,
             eps: cfg.rms_norm_eps as f32,
         };
-        Ok(Self {
-            rope: Frequencies::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling),
-            windows: (0..cfg.num_hidden_layers).map(|l| cfg.layer_window(l)).collect(),
-            info,
-            tokenizer,
+        let net = Net {
             weights,
             dims,
+            rope: Frequencies::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling),
+            windows: (0..cfg.num_hidden_layers).map(|l| cfg.layer_window(l)).collect(),
+        };
+        Ok(Self {
+            info,
+            text,
+            net,
             sessions: SessionTable::new(opts.kv_budget.resolve(opts.device)?),
             scratch: Scratch::default(),
             cfg,
@@ -124,7 +105,7 @@ impl HostLlama {
 
     /// Bytes held by the weights.
     pub fn weight_bytes(&self) -> u64 {
-        self.weights.floats() as u64 * 4
+        self.net.weights.floats() as u64 * 4
     }
 }
 
@@ -176,19 +157,9 @@ impl LanguageModel for HostLlama {
         let s = self.sessions.get_mut(session)?;
         let past = s.len;
         let rows = rows_returned(rows, tokens.len());
-        let logits = pass(
-            &self.weights,
-            self.dims,
-            &self.rope,
-            &self.windows,
-            &mut s.state,
-            past,
-            tokens,
-            rows,
-            &mut self.scratch,
-        );
+        let logits = self.net.pass(&mut s.state, past, tokens, rows, &mut self.scratch);
         s.len = past + tokens.len();
-        Logits::new(self.dims.vocab, logits)
+        Logits::new(self.net.dims.vocab, logits)
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
@@ -208,16 +179,10 @@ impl LanguageModel for HostLlama {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        match &self.tokenizer {
-            Some(t) => t.encode(text),
-            None => Err(ModelError::InvalidInput(format!("{} has no tokenizer.json; pass token ids", self.info.name))),
-        }
+        self.text.encode(text)
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        match &self.tokenizer {
-            Some(t) => t.decode(ids),
-            None => Err(ModelError::InvalidInput(format!("{} has no tokenizer.json to decode with", self.info.name))),
-        }
+        self.text.decode(ids)
     }
 }
