@@ -340,7 +340,7 @@ impl AdaptiveGamma {
         }
         let g = report.gamma as f64;
         let acceptances = report.policy_acceptances();
-        for &a in &acceptances {
+        for &a in acceptances.iter() {
             self.alpha.add(a, ALPHA_SMOOTHING);
         }
         self.own_positions += acceptances.len() as u64;

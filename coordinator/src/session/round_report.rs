@@ -4,6 +4,8 @@
 //! side of a round (propose, draft_link) and the policy all read it without depending on one
 //! another.
 
+use std::borrow::Cow;
+
 use specd_proto::v1::OutputLogprob;
 use specd_sampling::BlockOutcome;
 
@@ -127,10 +129,10 @@ impl RoundReport {
     /// together, a grounded prompt's first rounds, copies of matches in the prompt accepted
     /// at a few percent at T = 0.8, could pull α below break-even before the copies were
     /// stopped, and the sessions after started from it and drafted no more.
-    pub fn policy_acceptances(&self) -> Vec<f64> {
+    pub fn policy_acceptances(&self) -> Cow<'_, [f64]> {
         let evaluated = &self.outcome.expected_acceptance;
         if !self.copies_apart {
-            return evaluated.clone();
+            return Cow::Borrowed(evaluated);
         }
         evaluated.iter().zip(&self.sources).filter(|(_, source)| **source == MODEL_DRAW).map(|(a, _)| *a).collect()
     }

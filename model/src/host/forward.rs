@@ -34,8 +34,9 @@ pub(crate) struct Scratch {
     sin: Vec<f32>,
 }
 
+/// `buffer` as `len` floats, stale where it held them before: every writer of a scratch
+/// buffer writes all of it, so clearing it first would be work each pass for nothing.
 fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buffer.clear();
     buffer.resize(len, 0.0);
     buffer
 }

@@ -55,11 +55,6 @@ impl Packed {
         }
         Self { inputs, outputs, panels }
     }
-
-    /// Floats held (padding included).
-    pub(crate) fn floats(&self) -> usize {
-        self.panels.len()
-    }
 }
 
 /// `out[t][o] = Σ_k x[t][k] · w[o][k] (+ bias[o])` for the `rows` vectors of `x`. Each step

@@ -102,11 +102,6 @@ impl HostLlama {
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
-
-    /// Bytes held by the weights.
-    pub fn weight_bytes(&self) -> u64 {
-        self.net.weights.floats() as u64 * 4
-    }
 }
 
 /// Why the host engine cannot run `cfg` with `opts`, if it cannot.

@@ -39,28 +39,6 @@ pub(crate) struct HostWeights {
 }
 
 impl HostWeights {
-    /// Number of floats held.
-    pub(crate) fn floats(&self) -> usize {
-        let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, Vec::len);
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.attn_norm.len()
-                    + l.qkv.floats()
-                    + opt(&l.qkv_bias)
-                    + l.o.floats()
-                    + opt(&l.o_bias)
-                    + l.mlp_norm.len()
-                    + l.gate_up.floats()
-                    + opt(&l.gate_up_bias)
-                    + l.down.floats()
-                    + opt(&l.down_bias)
-            })
-            .sum();
-        self.embed.len() + layers + self.norm.len() + self.lm_head.floats()
-    }
-
     /// Reads the checkpoint in `dir`; a tensor it holds and the model does not use is an
     /// error unless `allow_unused`.
     pub(crate) fn load(dir: &Path, cfg: &LlamaConfig, allow_unused: bool) -> Result<Self> {
