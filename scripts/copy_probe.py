@@ -59,8 +59,10 @@ def probe(model_dir, texts):
             logits = model(torch.tensor([ids])).logits[0, :-1]
             targets = torch.tensor(ids[1:])
             loss = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
-            copy = slice(len(head) - 1, None)
-            body = slice(0, len(alone) - 1)  # the first copy's tokens after its first
+            # The same tokens of each copy: all but its first, which nothing before predicts
+            # in the first copy.
+            body = slice(0, len(alone) - 1)
+            copy = slice(len(head), None)
             first += loss[body].sum().item()
             n_first += loss[body].numel()
             second += loss[copy].sum().item()
@@ -80,7 +82,6 @@ def main():
     parser.add_argument("models", nargs="+", help="Hugging Face checkpoint directories")
     parser.add_argument("--blocks", type=int, default=40, help="functions to copy (default 40)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
     texts = blocks(args.blocks)
     for model_dir in args.models:
         print(json.dumps(probe(model_dir, texts)))
