@@ -1,26 +1,10 @@
-//! `--engine auto|libtorch|host`: what computes a checkpoint's forward passes.
-//!
-//! libtorch runs every family on a CPU or a GPU, and its matmuls win as soon as a model is
-//! large enough to fill them. The host engine ([`crate::host`]) runs the plain Llama family
-//! in `f32` on one CPU thread without libtorch's cost per operation, which is most of a
-//! tiny draft's step. `auto` picks the host engine for a CPU model of at most
-//! [`HOST_ENGINE_MAX_PARAMETERS`] that it can run, loaded with `--dtype f32` or `auto`,
-//! libtorch otherwise. (`auto` on a CPU with AMX means bf16 on libtorch; a small draft's
-//! steps measured faster in f32 than in bf16 there, as they are per-operation overhead.)
+//! `--engine auto|libtorch|host`: the names of what computes a checkpoint's forward passes.
+//! What `auto` resolves to is [`crate::engine_choice`]'s.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::load::LoadOptions;
-
-/// The largest model `--engine auto` runs on the host engine. Measured on a 2-vCPU AMD EPYC
-/// without AMX (BENCHMARKS.md): the 0.95 M demo draft's one-token pass takes 0.3 of
-/// libtorch's (f32, one thread); the 12 M demo target's one-token pass equals libtorch's in
-/// bf16 on two threads (2.16 against 2.17 ms) and its block passes take twice as long (one
-/// thread, linear in the tokens), so a model of that size stays on libtorch.
-pub const HOST_ENGINE_MAX_PARAMETERS: u64 = 4_000_000;
 
 /// What computes a model's passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -33,21 +17,6 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// The engine `auto` resolves to for `cfg` loaded with `opts`; a concrete choice stays,
-    /// and `host` for a model it cannot run is an error that says why.
-    pub fn resolve(self, cfg: &LlamaConfig, opts: &LoadOptions) -> Result<Self> {
-        let refusal = crate::host::host_refuses(cfg, opts);
-        match self {
-            Self::Libtorch => Ok(Self::Libtorch),
-            Self::Host => match refusal {
-                None => Ok(Self::Host),
-                Some(why) => Err(ModelError::InvalidInput(format!("--engine host: {why}; use --engine libtorch"))),
-            },
-            Self::Auto if refusal.is_none() && cfg.num_parameters() <= HOST_ENGINE_MAX_PARAMETERS => Ok(Self::Host),
-            Self::Auto => Ok(Self::Libtorch),
-        }
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",

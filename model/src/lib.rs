@@ -9,7 +9,7 @@
 //!   `kv_cache` are the pieces of the forward pass.
 //! - [`host`]: the same family (Llama, Mistral, Qwen2) computed in plain Rust `f32` on one
 //!   CPU thread, for drafts so small that libtorch's cost per operation is most of their
-//!   step; [`engine`] chooses between the two (`--engine`).
+//!   step; [`engine`] names the two (`--engine`) and [`engine_choice`] chooses between them.
 //! - [`table`]: a model whose distributions are written out in a JSON file, used by the law
 //!   tests to drive the whole system with known p and q. The file format is documented in
 //!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
@@ -20,7 +20,8 @@
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`];
 //!   [`batching`]: how that thread runs concurrent sessions' forward passes as one.
 //! - [`device`]: `--device` and `--dtype` (`auto` resolved at load); [`cpu_features`]: what
-//!   the CPU can do (bf16 matrix units); [`load`]: open a model from a path.
+//!   the CPU can do (bf16 matrix units); [`options`]: how to load a model ([`LoadOptions`]);
+//!   [`load`]: open a model from a path.
 //! - [`demo`]: builds the demo pair offline (tokenizer, target trained on Python sources,
 //!   draft distilled from it), written as Hugging Face directories.
 //! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one;
@@ -43,6 +44,7 @@ pub mod cpu_features;
 pub mod demo;
 pub mod device;
 pub mod engine;
+pub mod engine_choice;
 pub mod error;
 mod gemma3;
 pub mod host;
@@ -52,6 +54,7 @@ mod kv_cache;
 pub mod language_model;
 pub mod llama;
 pub mod load;
+pub mod options;
 pub mod pinning;
 mod rope;
 mod sessions;
@@ -71,7 +74,8 @@ pub use injected_oom::InjectedOom;
 pub use kv_budget::KvBudget;
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
 pub use llama::LlamaModel;
-pub use load::{BoxedModel, LoadOptions, load_model};
+pub use load::{BoxedModel, load_model};
+pub use options::LoadOptions;
 pub use pinning::{TeamPinning, pin_model_team};
 pub use slowed::Slowed;
 pub use table::TableModel;

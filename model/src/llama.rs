@@ -13,7 +13,7 @@ use crate::device::DType;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
-use crate::load::LoadOptions;
+use crate::options::LoadOptions;
 use crate::rope::{Rope, apply_rope};
 use crate::sessions::{SessionTable, resolve_capacity};
 use crate::weights::WeightStore;

@@ -1,44 +1,17 @@
-//! Opening a model from a path: a checkpoint directory or a table file.
+//! Opening a model from a path: a table file, or a checkpoint directory on the engine
+//! [`crate::engine_choice`] picks for it.
 
 use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::config::LlamaConfig;
-use crate::device::{DType, DeviceSpec};
 use crate::engine::Engine;
 use crate::error::{ModelError, Result};
 use crate::host::HostLlama;
-use crate::kv_budget::KvBudget;
 use crate::language_model::LanguageModel;
 use crate::llama::LlamaModel;
+use crate::options::LoadOptions;
 use crate::table::TableModel;
-
-/// How to load a model.
-#[derive(Debug, Clone, Default)]
-pub struct LoadOptions {
-    /// Device for weights and caches.
-    pub device: DeviceSpec,
-    /// Dtype for weights and caches ([`DType::Auto`]: see [`DType::resolve`]).
-    pub dtype: DType,
-    /// Upper bound on the bytes of KV cache held by all open sessions, resolved once the
-    /// weights are loaded.
-    pub kv_budget: KvBudget,
-    /// libtorch intra-op threads of the thread that loads and runs the model (`None`:
-    /// libtorch's default, one per core). Small models run faster on one: their operations
-    /// are too short to split, and on a busy machine waiting for a second thread costs more
-    /// than it saves.
-    pub threads: Option<usize>,
-    /// Load a checkpoint even when it holds tensors the model does not use (by default an
-    /// error naming them: [`ModelError::UnusedTensors`]).
-    pub allow_unused_weights: bool,
-    /// Forward passes return their logits where they were computed
-    /// instead of copying every row to the host ([`crate::Logits::from_tensor`]): for a node that builds its distributions
-    /// with libtorch on the model's device (`--distributions device`). A table model puts
-    /// its rows in a CPU tensor then ([`crate::TableModel::with_logits_in_tensors`]).
-    pub logits_on_device: bool,
-    /// What computes a checkpoint's passes ([`Engine::resolve`]); a table model ignores it.
-    pub engine: Engine,
-}
 
 /// A model that can move to its worker thread.
 pub type BoxedModel = Box<dyn LanguageModel + Send>;

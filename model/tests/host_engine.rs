@@ -96,7 +96,7 @@ fn auto_takes_the_host_engine_for_a_small_cpu_f32_model_only() -> Result<()> {
     };
     let draft = LlamaConfig::llama(shape(128, 2));
     let target = LlamaConfig::llama(shape(384, 6));
-    assert!(draft.num_parameters() < specd_model::engine::HOST_ENGINE_MAX_PARAMETERS);
+    assert!(draft.num_parameters() < specd_model::engine_choice::HOST_ENGINE_MAX_PARAMETERS);
     let cpu = |dtype| LoadOptions { dtype, ..LoadOptions::default() };
     assert_eq!(Engine::Auto.resolve(&draft, &cpu(DType::F32))?, Engine::Host);
     assert_eq!(Engine::Auto.resolve(&draft, &cpu(DType::Auto))?, Engine::Host);

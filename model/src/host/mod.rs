@@ -7,7 +7,7 @@
 //! - `forward`: one pass over a session's run of tokens; `kernels`: its arithmetic.
 //! - `cache`: a session's keys and values.
 //!
-//! Which checkpoints it runs, and when `--engine auto` picks it: [`crate::engine`].
+//! Which checkpoints it runs, and when `--engine auto` picks it: [`crate::engine_choice`].
 
 mod cache;
 mod forward;
@@ -21,7 +21,7 @@ use crate::config::LlamaConfig;
 use crate::device::DType;
 use crate::error::{ModelError, Result};
 use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
-use crate::load::LoadOptions;
+use crate::options::LoadOptions;
 use crate::rope::Frequencies;
 use crate::sessions::{SessionTable, resolve_capacity};
 use cache::HostCache;
