@@ -117,7 +117,7 @@ impl CopyChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use specd_sampling::{BlockOutcome, EmittedFrom};
+    use specd_sampling::{BlockOutcome, EmittedFrom, SamplingParams};
 
     /// A round whose evaluated positions (all of its block) had these sources and Σ min(p, q).
     fn round(evaluated: &[(&'static str, f64)], draft_ns: u64, wall_ns: u64) -> RoundReport {
@@ -203,18 +203,21 @@ mod tests {
 
     #[test]
     fn a_session_starts_from_where_the_last_one_with_its_settings_left_its_copies() {
+        let key = |temperature: f64| {
+            crate::policy::key::PolicyKey::of(&SamplingParams { temperature, ..SamplingParams::default() }, 1)
+        };
         let memory = crate::policy::PolicyMemory::default();
-        let mut first = memory.copy_choice("T=0.8");
+        let mut first = memory.copy_choice(key(0.8));
         run(&mut first, 40, 0.05, 0.7);
-        memory.remember_copies("T=0.8", &first);
+        memory.remember_copies(key(0.8), &first);
         // The next session with these settings asks for its model's draws from its first
         // request (the probe's wait goes on where the last one stopped)…
-        let mut next = memory.copy_choice("T=0.8");
+        let mut next = memory.copy_choice(key(0.8));
         let allowed = run(&mut next, 8, 0.05, 0.7);
         assert!(allowed.iter().filter(|a| **a).count() <= 1, "{allowed:?}");
         assert!(!allowed[0], "{allowed:?}");
         // …and other settings learn for themselves.
-        let mut greedy = memory.copy_choice("greedy");
+        let mut greedy = memory.copy_choice(key(0.0));
         assert!(run(&mut greedy, 8, 0.05, 0.7).iter().all(|a| *a));
     }
 }

@@ -51,7 +51,7 @@ pub enum LoadMode {
 
 /// One load level's periods.
 #[derive(Debug, Clone)]
-pub struct LoadLevel {
+pub struct LoadPeriods {
     mode: LoadMode,
     rounds: u64,
     tokens: u64,
@@ -64,7 +64,7 @@ pub struct LoadLevel {
     adaptive: Average,
 }
 
-impl Default for LoadLevel {
+impl Default for LoadPeriods {
     fn default() -> Self {
         Self {
             mode: LoadMode::Plain,
@@ -79,7 +79,7 @@ impl Default for LoadLevel {
     }
 }
 
-impl LoadLevel {
+impl LoadPeriods {
     /// What the level's sessions do now.
     pub fn mode(&self) -> LoadMode {
         self.mode
@@ -149,7 +149,7 @@ mod tests {
 
     /// Runs `periods` periods of a world where plain rounds commit 1 token in 20 ms and
     /// adaptive ones `tokens` in `ms`; returns the mode of each period.
-    fn run(level: &mut LoadLevel, periods: u64, (tokens, ms): (usize, f64)) -> Vec<LoadMode> {
+    fn run(level: &mut LoadPeriods, periods: u64, (tokens, ms): (usize, f64)) -> Vec<LoadMode> {
         (0..periods)
             .map(|_| {
                 let mode = level.mode();
@@ -167,14 +167,14 @@ mod tests {
     #[test]
     fn a_level_measures_plain_then_adaptive_then_runs_the_better_one() {
         // Drafting loses 10% in aggregate (3 tokens in 66 ms: it splits the batches).
-        let mut losing = LoadLevel::default();
+        let mut losing = LoadPeriods::default();
         let modes = run(&mut losing, 40, (3, 66.0));
         assert_eq!(&modes[..2], [LoadMode::Plain, LoadMode::Adaptive]);
         let adaptive = modes[2..].iter().filter(|m| **m == LoadMode::Adaptive).count();
         assert!(adaptive <= 38 / remeasure_every(60.0 / 66.0) as usize + 1, "{modes:?}");
         assert!(adaptive >= 1, "the other mode is re-measured: {modes:?}");
         // Drafting wins 10% (3 tokens in 54 ms).
-        let mut winning = LoadLevel::default();
+        let mut winning = LoadPeriods::default();
         let modes = run(&mut winning, 40, (3, 54.0));
         let plain = modes[2..].iter().filter(|m| **m == LoadMode::Plain).count();
         assert!(plain <= 38 / remeasure_every(54.0 / 60.0) as usize + 1, "{modes:?}");
@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn a_level_follows_when_drafting_starts_paying() {
-        let mut level = LoadLevel::default();
+        let mut level = LoadPeriods::default();
         run(&mut level, 17, (3, 66.0));
         assert_eq!(level.mode(), LoadMode::Plain);
         // The re-measuring periods see the change, and the level switches within a few.
@@ -196,7 +196,7 @@ mod tests {
         // Re-measuring costs (1 - ratio) of a period's rate after every N of the better mode: at
         // most 1%.
         for (tokens, ms, every) in [(1, 21.0, 8), (3, 80.0, 25), (1, 200.0, 64)] {
-            let mut level = LoadLevel::default();
+            let mut level = LoadPeriods::default();
             let modes = run(&mut level, 2 + 4 * (every + 1), (tokens, ms));
             let adaptive = modes[2..].iter().filter(|m| **m == LoadMode::Adaptive).count() as u64;
             assert_eq!(adaptive, 4, "one in {every}: {modes:?}");
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_re_measured_mode_that_now_wins_runs_its_periods() {
-        let mut level = LoadLevel::default();
+        let mut level = LoadPeriods::default();
         // Drafting loses 25%: it is re-measured after 25 periods of plain, and not before.
         let modes = run(&mut level, 2 + 25, (3, 80.0));
         let adaptive: Vec<usize> =
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn rounds_without_time_are_ignored() {
-        let mut level = LoadLevel::default();
+        let mut level = LoadPeriods::default();
         for _ in 0..2 * PERIOD_ROUNDS {
             level.record(LoadMode::Plain, 5, 0.0);
             level.record(LoadMode::Plain, 5, f64::NAN);
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn rounds_of_the_previous_period_are_left_out() {
-        let mut level = LoadLevel::default();
+        let mut level = LoadPeriods::default();
         for _ in 0..PERIOD_ROUNDS {
             level.record(LoadMode::Plain, 1, 20.0);
         }

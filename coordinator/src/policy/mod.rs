@@ -43,6 +43,7 @@
 pub(crate) mod average;
 pub mod copies;
 pub mod governor;
+pub mod key;
 mod remeasure;
 
 use std::collections::HashMap;
@@ -53,7 +54,8 @@ use specd_sampling::cost::expected_tokens_per_round;
 
 use crate::policy::average::Average;
 use crate::policy::copies::CopyChoice;
-use crate::policy::governor::{LoadLevel, LoadMode};
+use crate::policy::governor::{LoadMode, LoadPeriods};
+use crate::policy::key::PolicyKey;
 use crate::policy::remeasure::within_budget;
 use crate::session::round_report::RoundReport;
 
@@ -425,13 +427,13 @@ pub struct PolicyMemory(Arc<Mutex<Memory>>);
 
 #[derive(Debug, Default)]
 struct Memory {
-    learnt: HashMap<String, Learnt>,
+    learnt: HashMap<PolicyKey, Learnt>,
     /// Sessions started per key with nothing learnt for it yet.
-    unlearnt_starts: HashMap<String, u64>,
+    unlearnt_starts: HashMap<PolicyKey, u64>,
     /// Per key of a load above one: whether its sessions draft ([`crate::policy::governor`]).
-    loaded: HashMap<String, LoadLevel>,
+    loaded: HashMap<PolicyKey, LoadPeriods>,
     /// Per key, where the last `model+ngram` session left its choice of copies.
-    copies: HashMap<String, CopyChoice>,
+    copies: HashMap<PolicyKey, CopyChoice>,
 }
 
 /// One key's latest cost estimates, the acceptance of all its sessions, and how many
@@ -479,8 +481,8 @@ const REMEMBERED_SETTINGS: usize = 256;
 
 /// Clears `map` when `key` would be one key past [`REMEMBERED_SETTINGS`]: the keys hold
 /// clients' sampling settings, so nothing else bounds them.
-fn make_room<V>(map: &mut HashMap<String, V>, key: &str) {
-    if !map.contains_key(key) && map.len() >= REMEMBERED_SETTINGS {
+fn make_room<V>(map: &mut HashMap<PolicyKey, V>, key: PolicyKey) {
+    if !map.contains_key(&key) && map.len() >= REMEMBERED_SETTINGS {
         map.clear();
     }
 }
@@ -498,14 +500,14 @@ pub const CONFIDENT_POSITIONS: u64 = 32;
 impl PolicyMemory {
     /// The policy a new session with these settings starts with, `running` generations
     /// (this one included) running now.
-    pub fn start(&self, settings: &str, max: u32, running: usize) -> AdaptiveGamma {
+    pub fn start(&self, key: PolicyKey, max: u32, running: usize) -> AdaptiveGamma {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(learnt) = memory.learnt.get_mut(settings) else {
+        let Some(learnt) = memory.learnt.get_mut(&key) else {
             // A new load level starts with all its sessions at once (8 clients: the whole
             // first pass of the demo pair drafted its first rounds, at 0.86× target-only).
             // One measures; the rest decode plainly until it has.
-            make_room(&mut memory.unlearnt_starts, settings);
-            let starts = memory.unlearnt_starts.entry(settings.to_owned()).or_default();
+            make_room(&mut memory.unlearnt_starts, key);
+            let starts = memory.unlearnt_starts.entry(key).or_default();
             *starts += 1;
             let explores = running <= 1 || *starts % EXPLORE_EVERY == 1;
             return AdaptiveGamma::new(if explores { max } else { 0 });
@@ -536,42 +538,42 @@ impl PolicyMemory {
     /// Where the last session with these settings left its choice of copies (`model+ngram`
     /// drafts; `policy/copies.rs`), for a new session to start from; a fresh choice for
     /// settings not seen yet.
-    pub fn copy_choice(&self, settings: &str) -> CopyChoice {
+    pub fn copy_choice(&self, key: PolicyKey) -> CopyChoice {
         let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        memory.copies.get(settings).cloned().unwrap_or_default()
+        memory.copies.get(&key).cloned().unwrap_or_default()
     }
 
     /// Keeps a session's choice of copies for the sessions that start after it.
-    pub fn remember_copies(&self, settings: &str, choice: &CopyChoice) {
+    pub fn remember_copies(&self, key: PolicyKey, choice: &CopyChoice) {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        make_room(&mut memory.copies, settings);
-        memory.copies.insert(settings.to_owned(), choice.clone());
+        make_room(&mut memory.copies, key);
+        memory.copies.insert(key, choice.clone());
     }
 
     /// What the sessions of a load level above one do now.
-    pub fn load_mode(&self, level: &str) -> LoadMode {
+    pub fn load_mode(&self, key: PolicyKey) -> LoadMode {
         let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        memory.loaded.get(level).map_or(LoadMode::Plain, LoadLevel::mode)
+        memory.loaded.get(&key).map_or(LoadMode::Plain, LoadPeriods::mode)
     }
 
     /// Adds a finished round of a session at a load level above one, run in `mode`, to that
     /// level's period.
-    pub fn record_loaded_round(&self, level: &str, mode: LoadMode, tokens: usize, wall_ns: u64) {
+    pub fn record_loaded_round(&self, key: PolicyKey, mode: LoadMode, tokens: usize, wall_ns: u64) {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        make_room(&mut memory.loaded, level);
-        let loaded = memory.loaded.entry(level.to_owned()).or_default();
+        make_room(&mut memory.loaded, key);
+        let loaded = memory.loaded.entry(key).or_default();
         let before = loaded.mode();
         loaded.record(mode, tokens, wall_ns as f64 * MS);
         if loaded.mode() != before {
-            tracing::info!(level, state = %loaded.summary(), "load level changes mode");
+            tracing::info!(level = %key, state = %loaded.summary(), "load level changes mode");
         }
     }
 
     /// Keeps a session's cost estimates for the sessions that start after it, and adds the
     /// Σ min(p, q) of the positions its last round evaluated to the population's α.
-    pub fn remember(&self, settings: &str, policy: &AdaptiveGamma, positions: &[f64]) {
+    pub fn remember(&self, key: PolicyKey, policy: &AdaptiveGamma, positions: &[f64]) {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(learnt) = memory.learnt.get_mut(settings) {
+        if let Some(learnt) = memory.learnt.get_mut(&key) {
             for &a in positions {
                 learnt.population_alpha.add(a, POPULATION_ALPHA_SMOOTHING);
             }
@@ -591,20 +593,35 @@ impl PolicyMemory {
         if !policy.measured() {
             return;
         }
-        make_room(&mut memory.learnt, settings);
-        memory.unlearnt_starts.remove(settings);
+        make_room(&mut memory.learnt, key);
+        memory.unlearnt_starts.remove(&key);
         // The first session of its kind: its own α so far is all there is.
         let alpha_sessions = u64::from(policy.own_positions > 0);
         let learnt = Learnt { policy: policy.clone(), population_alpha: policy.alpha, alpha_sessions, starts: 0 };
-        memory.learnt.insert(settings.to_owned(), learnt);
+        memory.learnt.insert(key, learnt);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use specd_sampling::{BlockOutcome, EmittedFrom};
+    use specd_sampling::{BlockOutcome, EmittedFrom, SamplingParams};
 
     use super::*;
+
+    /// Greedy sampling, one session running: the key most tests learn under.
+    fn greedy() -> PolicyKey {
+        PolicyKey::of(&SamplingParams::greedy(), 1)
+    }
+
+    /// Sampling at T = 1, one session running: other settings than [`greedy`].
+    fn t1() -> PolicyKey {
+        PolicyKey::of(&SamplingParams::default(), 1)
+    }
+
+    /// Greedy sampling at load level `running`.
+    fn greedy_at(running: usize) -> PolicyKey {
+        PolicyKey::of(&SamplingParams::greedy(), running)
+    }
 
     /// A round with these costs in ms, and `accepted` of γ accepted with Σ min(p, q) = `alpha`.
     fn report(
@@ -655,7 +672,7 @@ mod tests {
     /// `world` answers each γ with a round's report.
     fn play(
         memory: &PolicyMemory,
-        settings: &str,
+        key: PolicyKey,
         session: &mut AdaptiveGamma,
         rounds: usize,
         world: impl Fn(u32) -> RoundReport,
@@ -663,7 +680,7 @@ mod tests {
         for _ in 0..rounds {
             let round = world(session.next_gamma());
             session.observe(&round, SteadyCosts::BOTH);
-            memory.remember(settings, session, &round.outcome.expected_acceptance);
+            memory.remember(key, session, &round.outcome.expected_acceptance);
         }
     }
 
@@ -847,8 +864,8 @@ mod tests {
         // A session started from these estimates: its first round fills both caches, and its
         // costs stay where they were.
         let memory = PolicyMemory::default();
-        memory.remember("greedy", &policy, &[]);
-        let mut warm = memory.start("greedy", 8, 1);
+        memory.remember(greedy(), &policy, &[]);
+        let mut warm = memory.start(greedy(), 8, 1);
         let gamma = warm.next_gamma();
         assert!(gamma >= 2, "{warm:?}");
         let g = f64::from(gamma);
@@ -894,27 +911,27 @@ mod tests {
         // A first session whose prompt drafts badly: few positions say drafting does not pay.
         // α = 0.3 with these costs loses a little (γ = 1: 0.93×); α = 0.5 would win.
         let memory = PolicyMemory::default();
-        let mut first = memory.start("greedy", 8, 1);
+        let mut first = memory.start(greedy(), 8, 1);
         run(&mut first, 20, 0.3, 20.0, 50.0, 0.0);
-        memory.remember("greedy", &first, &[]);
+        memory.remember(greedy(), &first, &[]);
         assert_eq!(first.best_gamma(), 0);
         assert!(first.own_positions < CONFIDENT_POSITIONS);
         assert!(first.could_pay(first.own_positions));
         // Every next session still drafts from its first round until the evidence suffices.
         for _ in 0..EXPLORE_EVERY {
-            let mut next = memory.start("greedy", 8, 1);
+            let mut next = memory.start(greedy(), 8, 1);
             assert_eq!((next.max(), next.next_gamma()), (8, START_GAMMA));
         }
         // Under load only one in EXPLORE_EVERY does: the others' batches stay in step.
-        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("greedy", 8, 8).max() > 0).count();
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start(greedy(), 8, 8).max() > 0).count();
         assert_eq!(explorers, 1);
         // Not so where drafting would lose even with a higher α: a draft step dearer than
         // a target pass loses at any α.
-        let mut hopeless = memory.start("T=1", 8, 1);
+        let mut hopeless = memory.start(t1(), 8, 1);
         run(&mut hopeless, 20, 0.5, 120.0, 100.0, 0.0);
-        memory.remember("T=1", &hopeless, &[]);
+        memory.remember(t1(), &hopeless, &[]);
         assert!(hopeless.own_positions < CONFIDENT_POSITIONS && !hopeless.could_pay(hopeless.own_positions));
-        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("T=1", 8, 1).max() > 0).count();
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start(t1(), 8, 1).max() > 0).count();
         assert_eq!(explorers, 1);
     }
 
@@ -931,32 +948,32 @@ mod tests {
             }
         };
         let memory = PolicyMemory::default();
-        let mut first = memory.start("greedy", 8, 1);
-        play(&memory, "greedy", &mut first, 2, link_5ms(0.25));
+        let mut first = memory.start(greedy(), 8, 1);
+        play(&memory, greedy(), &mut first, 2, link_5ms(0.25));
         while first.own_positions < 2 * CONFIDENT_POSITIONS {
-            play(&memory, "greedy", &mut first, 16, link_5ms(0.25));
+            play(&memory, greedy(), &mut first, 16, link_5ms(0.25));
         }
         assert_eq!(first.best_gamma(), 0, "{}", first.summary());
         // Its positions are many, but they are one prompt's: the next session explores, its
         // own α decides whether it goes on drafting, and the sessions after it draft too.
-        let mut second = memory.start("greedy", 8, 1);
+        let mut second = memory.start(greedy(), 8, 1);
         assert_eq!((second.max(), second.next_gamma()), (8, START_GAMMA), "{}", second.summary());
-        play(&memory, "greedy", &mut second, 40, link_5ms(0.78));
+        play(&memory, greedy(), &mut second, 40, link_5ms(0.78));
         assert!(second.best_gamma() >= 3, "{}", second.summary());
-        let mut third = memory.start("greedy", 8, 1);
+        let mut third = memory.start(greedy(), 8, 1);
         assert!(third.next_gamma() >= 3, "{}", third.summary());
         // Under load an explorer measures costs, and its α starts from the population's.
         let memory = PolicyMemory::default();
-        let mut first = memory.start("load 8", 8, 1);
-        play(&memory, "load 8", &mut first, 20, link_5ms(0.25));
+        let mut first = memory.start(greedy_at(8), 8, 1);
+        play(&memory, greedy_at(8), &mut first, 20, link_5ms(0.25));
         let weights: Vec<u64> = (0..EXPLORE_EVERY)
-            .map(|_| memory.start("load 8", 8, 8))
+            .map(|_| memory.start(greedy_at(8), 8, 8))
             .filter(|p| p.max() > 0)
             .map(|p| p.alpha.count)
             .collect();
         assert_eq!(weights.len(), 1);
         assert!(weights[0] > ALPHA_PRIOR_WEIGHT, "{weights:?}");
-        let alone = memory.start("load 8", 8, 1);
+        let alone = memory.start(greedy_at(8), 8, 1);
         assert_eq!((alone.max(), alone.alpha.count), (8, ALPHA_PRIOR_WEIGHT));
     }
 
@@ -964,20 +981,20 @@ mod tests {
     fn under_load_one_session_of_a_new_kind_measures_drafting_and_the_rest_decode_plainly() {
         let memory = PolicyMemory::default();
         // Eight clients start at once at a load nothing was learnt at.
-        let mut wave: Vec<AdaptiveGamma> = (0..8).map(|_| memory.start("load 8", 8, 8)).collect();
+        let mut wave: Vec<AdaptiveGamma> = (0..8).map(|_| memory.start(greedy_at(8), 8, 8)).collect();
         let explorers: Vec<usize> = (0..8).filter(|&i| wave[i].max() > 0).collect();
         assert_eq!(explorers.len(), 1);
         let mut explorer = wave.remove(explorers[0]);
         assert_eq!(explorer.next_gamma(), START_GAMMA);
         // A session that runs alone measures whatever the others do.
-        assert_eq!(memory.start("load 8", 8, 1).next_gamma(), START_GAMMA);
+        assert_eq!(memory.start(greedy_at(8), 8, 1).next_gamma(), START_GAMMA);
         // Once the explorer has measured, new sessions start from what it learnt: drafting
         // pays here, so they draft.
-        play(&memory, "load 8", &mut explorer, 20, |gamma| {
+        play(&memory, greedy_at(8), &mut explorer, 20, |gamma| {
             let g = f64::from(gamma);
             report(gamma as usize, (0.8 * g).round() as usize, 0.8, g, 30.0, 0.3)
         });
-        let next: Vec<AdaptiveGamma> = (0..8).map(|_| memory.start("load 8", 8, 8)).collect();
+        let next: Vec<AdaptiveGamma> = (0..8).map(|_| memory.start(greedy_at(8), 8, 8)).collect();
         assert!(next.iter().all(|p| p.max() == 8 && p.best_gamma() > 0), "{}", next[0].summary());
     }
 
@@ -991,32 +1008,37 @@ mod tests {
             report(gamma as usize, (0.45 * g).round() as usize, 0.45, 1.7 * g, 11.0 + 0.3 * g, overhead)
         };
         let memory = PolicyMemory::default();
-        let evidence = || memory.0.lock().unwrap().learnt.get("greedy").map_or(0, Learnt::alpha_evidence);
+        let evidence = || memory.0.lock().unwrap().learnt.get(&greedy()).map_or(0, Learnt::alpha_evidence);
         while evidence() < CONFIDENT_POSITIONS {
-            let mut session = memory.start("greedy", 8, 1);
-            play(&memory, "greedy", &mut session, 100, link_5ms);
+            let mut session = memory.start(greedy(), 8, 1);
+            play(&memory, greedy(), &mut session, 100, link_5ms);
         }
-        let shared = memory.0.lock().unwrap().learnt["greedy"].shared();
+        let shared = memory.0.lock().unwrap().learnt[&greedy()].shared();
         assert!(shared.best_gamma() == 0 && shared.could_pay(CONFIDENT_POSITIONS), "{}", shared.summary());
-        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start("greedy", 8, 1).max() > 0).count();
+        let explorers = (0..EXPLORE_EVERY).filter(|_| memory.start(greedy(), 8, 1).max() > 0).count();
         assert_eq!(explorers, 1);
     }
 
     #[test]
     fn load_levels_keep_their_own_periods() {
         let memory = PolicyMemory::default();
-        assert_eq!(memory.load_mode("load 2^3"), LoadMode::Plain);
+        assert_eq!(memory.load_mode(greedy_at(8)), LoadMode::Plain);
         for _ in 0..governor::PERIOD_ROUNDS {
-            memory.record_loaded_round("load 2^3", LoadMode::Plain, 1, 20_000_000);
+            memory.record_loaded_round(greedy_at(8), LoadMode::Plain, 1, 20_000_000);
         }
-        assert_eq!(memory.load_mode("load 2^3"), LoadMode::Adaptive);
-        assert_eq!(memory.load_mode("load 2^2"), LoadMode::Plain);
+        assert_eq!(memory.load_mode(greedy_at(8)), LoadMode::Adaptive);
+        assert_eq!(memory.load_mode(greedy_at(4)), LoadMode::Plain);
         // Past REMEMBERED_SETTINGS levels the memory starts again.
         for i in 0..REMEMBERED_SETTINGS {
-            memory.record_loaded_round(&format!("T={i} load 2^1"), LoadMode::Plain, 1, 20_000_000);
+            memory.record_loaded_round(
+                PolicyKey::of(&SamplingParams { temperature: i as f64, ..SamplingParams::default() }, 2),
+                LoadMode::Plain,
+                1,
+                20_000_000,
+            );
         }
         assert!(memory.0.lock().unwrap().loaded.len() <= REMEMBERED_SETTINGS);
-        assert_eq!(memory.load_mode("load 2^3"), LoadMode::Plain);
+        assert_eq!(memory.load_mode(greedy_at(8)), LoadMode::Plain);
     }
 
     #[test]
@@ -1089,21 +1111,21 @@ mod tests {
         let memory = PolicyMemory::default();
         // Sessions at α = 0.8 in a world where that pays (draft 8 ms, pass 40 ms)…
         for _ in 0..4 {
-            let mut session = memory.start("greedy", 8, 1);
-            play(&memory, "greedy", &mut session, 40, |gamma| {
+            let mut session = memory.start(greedy(), 8, 1);
+            play(&memory, greedy(), &mut session, 40, |gamma| {
                 let accepted = (0.8 * f64::from(gamma)).round() as usize;
                 report(gamma as usize, accepted, 0.8, 8.0 * f64::from(gamma), 40.0, 0.3)
             });
         }
-        assert!(memory.start("greedy", 8, 1).best_gamma() > 0);
+        assert!(memory.start(greedy(), 8, 1).best_gamma() > 0);
         // …then one whose prompt the draft gets wrong (α = 0.1): it stops drafting itself…
-        let mut poor = memory.start("greedy", 8, 1);
-        play(&memory, "greedy", &mut poor, 60, |gamma| {
+        let mut poor = memory.start(greedy(), 8, 1);
+        play(&memory, greedy(), &mut poor, 60, |gamma| {
             report(gamma as usize, 0, 0.1, 8.0 * f64::from(gamma), 40.0, 0.3)
         });
         assert_eq!(poor.best_gamma(), 0, "{}", poor.summary());
         // …but the next session still starts drafting.
-        let mut next = memory.start("greedy", 8, 1);
+        let mut next = memory.start(greedy(), 8, 1);
         assert_eq!(next.max(), 8);
         assert!(next.next_gamma() > 0, "{}", next.summary());
     }
@@ -1112,16 +1134,16 @@ mod tests {
     fn sessions_that_may_not_draft_do_not_overwrite_what_an_explorer_learnt() {
         let memory = PolicyMemory::default();
         // Drafting does not pay (α = 0.05), confidently.
-        let mut first = memory.start("greedy", 8, 1);
+        let mut first = memory.start(greedy(), 8, 1);
         while first.own_positions < CONFIDENT_POSITIONS {
             run(&mut first, 64, 0.05, 20.0, 50.0, 0.0);
         }
-        memory.remember("greedy", &first, &[]);
-        let mut starts: Vec<AdaptiveGamma> = (0..EXPLORE_EVERY).map(|_| memory.start("greedy", 8, 1)).collect();
+        memory.remember(greedy(), &first, &[]);
+        let mut starts: Vec<AdaptiveGamma> = (0..EXPLORE_EVERY).map(|_| memory.start(greedy(), 8, 1)).collect();
         let explorer = starts.iter().position(|p| p.max() == 8).expect("one explores");
         let mut explorer = starts.remove(explorer);
         // The draft has become cheap and good: the explorer learns it.
-        play(&memory, "greedy", &mut explorer, 100, |gamma| {
+        play(&memory, greedy(), &mut explorer, 100, |gamma| {
             let accepted = (0.9 * f64::from(gamma)).round() as usize;
             report(gamma as usize, accepted, 0.9, f64::from(gamma), 50.0, 0.0)
         });
@@ -1130,8 +1152,8 @@ mod tests {
         let mut plain = starts.pop().expect("a session that may not draft");
         assert_eq!(plain.max(), 0);
         run(&mut plain, 10, 0.0, 0.0, 50.0, 0.0);
-        memory.remember("greedy", &plain, &[]);
-        let mut next = memory.start("greedy", 8, 1);
+        memory.remember(greedy(), &plain, &[]);
+        let mut next = memory.start(greedy(), 8, 1);
         assert!(next.next_gamma() > 0, "the explorer's estimates were kept");
     }
 
@@ -1145,7 +1167,7 @@ mod tests {
     fn a_new_session_starts_from_what_earlier_sessions_learnt() {
         let memory = PolicyMemory::default();
         // A first session of its kind measures both sides: γ = START_GAMMA, then 0.
-        let mut first = memory.start("greedy", 8, 1);
+        let mut first = memory.start(greedy(), 8, 1);
         let chosen = run(&mut first, 2, 0.05, 20.0, 50.0, 0.0);
         assert_eq!(chosen, [START_GAMMA, 0]);
         // γ = 1 probes (the best drafting γ here), one position each: enough of them to trust
@@ -1156,27 +1178,27 @@ mod tests {
             }
             run(&mut first, 64, 0.05, 20.0, 50.0, 0.0);
         }
-        memory.remember("greedy", &first, &[]);
+        memory.remember(greedy(), &first, &[]);
         assert!(first.own_positions >= CONFIDENT_POSITIONS);
         assert_eq!(first.best_gamma(), 0);
         // The next ones with the same settings do not draft at all, but one in EXPLORE_EVERY
         // starts from the same estimates and measures drafting again from its first round…
-        let starts: Vec<AdaptiveGamma> = (0..2 * EXPLORE_EVERY).map(|_| memory.start("greedy", 8, 1)).collect();
+        let starts: Vec<AdaptiveGamma> = (0..2 * EXPLORE_EVERY).map(|_| memory.start(greedy(), 8, 1)).collect();
         let exploring: Vec<_> = starts.into_iter().filter(|p| p.max() == 8).collect();
         assert_eq!(exploring.len(), 2);
         for mut explorer in exploring {
             assert_eq!(explorer.next_gamma(), START_GAMMA);
         }
-        let mut next = memory.start("greedy", 8, 1);
+        let mut next = memory.start(greedy(), 8, 1);
         assert_eq!(next.max(), 0);
         assert_eq!(next.next_gamma(), 0);
         // …and others still start by measuring.
-        assert_eq!(memory.start("T=1", 8, 1).next_gamma(), START_GAMMA);
+        assert_eq!(memory.start(t1(), 8, 1).next_gamma(), START_GAMMA);
         // A session that has measured nothing yet leaves the memory as it was.
-        memory.remember("greedy", &AdaptiveGamma::new(8), &[]);
-        assert_eq!(memory.start("greedy", 8, 1).next_gamma(), 0);
+        memory.remember(greedy(), &AdaptiveGamma::new(8), &[]);
+        assert_eq!(memory.start(greedy(), 8, 1).next_gamma(), 0);
         // The memory keeps its own maximum per session.
-        let mut capped = memory.start("greedy", 0, 1);
+        let mut capped = memory.start(greedy(), 0, 1);
         assert!(run(&mut capped, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
     }
 }

@@ -27,6 +27,7 @@ use specd_text::{ModelText, TextStream};
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient, TargetRounds};
 use crate::policy::governor::LoadMode;
+use crate::policy::key::{LoadLevel, PolicyKey};
 use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::session::draft_link::DraftLink;
@@ -68,11 +69,6 @@ impl std::fmt::Debug for RunningCount {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RunningCount({})", self.get())
     }
-}
-
-/// The load level a policy is learnt for: running generations, rounded up to a power of two.
-fn load_level(running: usize) -> u32 {
-    running.max(1).next_power_of_two().ilog2()
 }
 
 /// Releases the target's session when the generation ends, whichever way: finish, error,
@@ -243,11 +239,11 @@ impl Stats {
 }
 
 impl SessionActor {
-    /// The mode the governor has set for the sessions at load level `level` (the settings
-    /// key at `running` sessions), or `None` where a session decides alone: it runs alone,
-    /// or its γ is fixed (`adaptive` false).
-    fn governed_mode(&self, adaptive: bool, running: usize, level: &str) -> Option<LoadMode> {
-        (adaptive && running > 1).then(|| self.policy_memory.load_mode(level))
+    /// The mode the governor has set for the sessions of `key` (the settings at `running`
+    /// sessions' load level), or `None` where a session decides alone: it runs alone, or its
+    /// γ is fixed (`adaptive` false).
+    fn governed_mode(&self, adaptive: bool, running: usize, key: PolicyKey) -> Option<LoadMode> {
+        (adaptive && running > 1).then(|| self.policy_memory.load_mode(key))
     }
 
     /// Runs the generation to its end, streaming into `out`. Stops early, releasing
@@ -296,11 +292,10 @@ impl SessionActor {
         // What pays depends on the sampling settings (α) and on the load: with many sessions
         // the nodes' passes are shared and the machine's compute is the limit, alone the
         // latency of a pass is. Sessions learn from those of the same settings and load.
-        let settings_at = |running: usize| format!("{:?} load 2^{}", spec.params, load_level(running));
         let running = self.running.get();
-        let settings = settings_at(running);
+        let settings = PolicyKey::of(&spec.params, running);
         let mut adaptive = match spec.gamma {
-            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(&settings, max, running)),
+            GammaChoice::Adaptive { max } => Some(self.policy_memory.start(settings, max, running)),
             GammaChoice::Fixed(_) => None,
         };
         // No draft session for a generation that will not draft.
@@ -323,7 +318,7 @@ impl SessionActor {
         // past the round's: it reserves for those too.
         let ahead = if spec.optimistic { propose::PUSH_DEPTH * (spec.gamma.max() + 1) } else { 0 };
         let draft_open = OpenSessionRequest { max_tokens: open.max_tokens.saturating_add(ahead), ..open.clone() };
-        let copies = self.policy_memory.copy_choice(&settings);
+        let copies = self.policy_memory.copy_choice(settings);
         let mut draft_link = draft.map(|d| DraftLink::start(d.clone(), draft_open, copies));
         let target_rounds = async {
             self.target.open_session(open.clone()).await?;
@@ -343,7 +338,7 @@ impl SessionActor {
         if let Some(link) = draft_link.as_mut() {
             // A fixed γ asked for every round to draft; the adaptive policy weighs waiting,
             // and a load level whose sessions decode plainly has nothing to wait for.
-            let governed_plain = self.governed_mode(adaptive.is_some(), running, &settings) == Some(LoadMode::Plain);
+            let governed_plain = self.governed_mode(adaptive.is_some(), running, settings) == Some(LoadMode::Plain);
             let grace = match &adaptive {
                 Some(_) if governed_plain => Some(Duration::ZERO),
                 Some(policy) => policy.draft_open_grace(),
@@ -361,8 +356,6 @@ impl SessionActor {
             .filter(|_| spec.detokenize)
             .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
         let mut round = 0u32;
-        // The load level this session last ran at, and its memory key.
-        let mut level_key = (u32::MAX, String::new());
         // Whether the next round's target pass also fills the cache with everything committed
         // (the first round, and the first on a replica failed over to).
         let mut target_refills = true;
@@ -374,12 +367,9 @@ impl SessionActor {
             // plain is not the session's policy's: the policy neither advances (an explorer
             // keeps its measuring rounds for a period that drafts) nor learns from it.
             let running = self.running.get();
-            if level_key.0 != load_level(running) {
-                // The key is formatted only when the level changes, not every round.
-                level_key = (load_level(running), settings_at(running));
-            }
-            let load_mode = self.governed_mode(adaptive.is_some(), running, &level_key.1);
-            let loaded_level = load_mode.map(|_| level_key.1.as_str());
+            let level_key = PolicyKey { load: LoadLevel::of(running), ..settings };
+            let load_mode = self.governed_mode(adaptive.is_some(), running, level_key);
+            let loaded_level = load_mode.map(|_| level_key);
             let governed_plain = load_mode == Some(LoadMode::Plain);
             // A round commits up to γ+1 tokens: never draft past what is still wanted.
             let wanted = match (&mut adaptive, spec.gamma) {
@@ -451,13 +441,13 @@ impl SessionActor {
                 adaptive.as_mut().filter(|_| !governed_plain && !awaiting_draft && !nothing_to_propose)
             {
                 policy.observe(&report, steady);
-                self.policy_memory.remember(&settings, policy, &report.policy_acceptances());
+                self.policy_memory.remember(settings, policy, &report.policy_acceptances());
             }
             target_cursor.advance(base, &report.outcome);
             if let Some(link) = draft_link.as_mut() {
                 link.after_round(base, &report);
                 if let Some(copies) = link.copy_choice() {
-                    self.policy_memory.remember_copies(&settings, copies);
+                    self.policy_memory.remember_copies(settings, copies);
                 }
             }
             let before = output.len();
