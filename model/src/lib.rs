@@ -3,7 +3,7 @@
 //! - [`language_model`]: the [`LanguageModel`] trait (sessions, forward with logits for every
 //!   position or for the last few a node reads, O(1) truncate, release) and [`ModelInfo`]
 //!   (vocab size, EOS ids, context length, tokenizer fingerprint).
-//! - [`llama`]: Llama / Mistral / Qwen2 on libtorch (`tch`), loaded from Hugging Face
+//! - [`libtorch`]: Llama / Mistral / Qwen2 on libtorch (`tch`), loaded from Hugging Face
 //!   checkpoints without conversion; [`config`] reads `config.json` and
 //!   `generation_config.json`; `weights` reads safetensors (single or sharded); `rope` and
 //!   `kv_cache` are the pieces of the forward pass.
@@ -52,7 +52,7 @@ pub mod injected_oom;
 pub mod kv_budget;
 mod kv_cache;
 pub mod language_model;
-pub mod llama;
+pub mod libtorch;
 pub mod load;
 pub mod options;
 pub mod pinning;
@@ -73,7 +73,7 @@ pub use host::HostLlama;
 pub use injected_oom::InjectedOom;
 pub use kv_budget::KvBudget;
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
-pub use llama::LlamaModel;
+pub use libtorch::LlamaModel;
 pub use load::{BoxedModel, load_model};
 pub use options::LoadOptions;
 pub use pinning::{TeamPinning, pin_model_team};

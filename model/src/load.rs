@@ -9,7 +9,7 @@ use crate::engine::Engine;
 use crate::error::{ModelError, Result};
 use crate::host::HostLlama;
 use crate::language_model::LanguageModel;
-use crate::llama::LlamaModel;
+use crate::libtorch::LlamaModel;
 use crate::options::LoadOptions;
 use crate::table::TableModel;
 

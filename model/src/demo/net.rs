@@ -1,4 +1,4 @@
-//! A Llama with trainable weights: the same forward pass as [`crate::llama`] over whole
+//! A Llama with trainable weights: the same forward pass as [`crate::libtorch`] over whole
 //! windows `[batch, time]`, with Hugging Face parameter names so the weights export as they
 //! are. Matmuls may run in bfloat16 (the CPU's AMX units make training several times
 //! faster); weights, norms and the residual stream stay in float32.
@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 
 use crate::config::LlamaConfig;
 use crate::error::Result;
-use crate::llama::rms_norm;
+use crate::libtorch::rms_norm;
 use crate::rope::{Rope, apply_rope};
 
 #[derive(Debug)]
