@@ -26,8 +26,10 @@
 //! model alone at T = 0.8 on the grounded prompts (1.67× against 1.97×, BENCHMARKS.md) once
 //! the model's step was cheap (the host engine).
 
+use specd_proto::v1::ProposalSource;
+
 use crate::policy::average::Average;
-use crate::session::round_report::{MODEL_DRAW, RoundReport};
+use crate::session::round_report::RoundReport;
 
 /// Evaluated positions of each kind before the two are compared.
 const MIN_EVALUATED: u64 = 8;
@@ -84,7 +86,7 @@ impl CopyChoice {
         let evaluated = report.outcome.expected_acceptance.iter().zip(&report.sources);
         let (mut copied, mut copies_sum) = (0u32, 0.0);
         for (&acceptance, &source) in evaluated {
-            if source == MODEL_DRAW {
+            if source == ProposalSource::Model {
                 self.model.add(acceptance, WEIGHT);
             } else if self.probing {
                 (copied, copies_sum) = (copied + 1, copies_sum + acceptance);
@@ -115,12 +117,13 @@ impl CopyChoice {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use specd_sampling::{BlockOutcome, EmittedFrom, SamplingParams};
+    use specd_proto::v1::ProposalSource::{Model, OutputMatch, Suffix};
+    use specd_sampling::{BlockOutcome, EmittedFrom};
 
     /// A round whose evaluated positions (all of its block) had these sources and Σ min(p, q).
-    fn round(evaluated: &[(&'static str, f64)], draft_ns: u64, wall_ns: u64) -> RoundReport {
+    fn round(evaluated: &[(ProposalSource, f64)], draft_ns: u64, wall_ns: u64) -> RoundReport {
         let outcome = BlockOutcome {
             accepted: 0,
             tokens: vec![0],
@@ -137,9 +140,9 @@ mod tests {
         (0..rounds)
             .map(|_| {
                 let allowed = choice.allow_copies();
-                let first = if allowed { ("output_match", copy) } else { ("model", model) };
+                let first = if allowed { (OutputMatch, copy) } else { (Model, model) };
                 let mut positions = vec![first; copies];
-                positions.push(("model", model));
+                positions.push((Model, model));
                 choice.observe(&round(&positions, 800_000, 3_800_000), false);
                 allowed
             })
@@ -147,7 +150,7 @@ mod tests {
     }
 
     /// [`run_blocks`] with one copy a block.
-    fn run(choice: &mut CopyChoice, rounds: usize, copy: f64, model: f64) -> Vec<bool> {
+    pub(crate) fn run(choice: &mut CopyChoice, rounds: usize, copy: f64, model: f64) -> Vec<bool> {
         run_blocks(choice, rounds, 1, copy, model)
     }
 
@@ -184,8 +187,8 @@ mod tests {
         // Without the saving counted (every model round a first pass), the same rates stop copies.
         let mut blind = CopyChoice::default();
         for _ in 0..20 {
-            blind.observe(&round(&[("output_match", 0.5), ("model", 0.6)], 800_000, 3_800_000), true);
-            blind.observe(&round(&[("model", 0.6), ("model", 0.6)], 800_000, 3_800_000), true);
+            blind.observe(&round(&[(OutputMatch, 0.5), (Model, 0.6)], 800_000, 3_800_000), true);
+            blind.observe(&round(&[(Model, 0.6), (Model, 0.6)], 800_000, 3_800_000), true);
         }
         assert!(!blind.copies_pay());
     }
@@ -196,28 +199,8 @@ mod tests {
         let mut copies_only = CopyChoice::default();
         for _ in 0..20 {
             assert!(model_only.allow_copies() && copies_only.allow_copies());
-            model_only.observe(&round(&[("model", 0.9)], 500_000, 3_500_000), false);
-            copies_only.observe(&round(&[("suffix", 0.05)], 1_000, 3_000_000), false);
+            model_only.observe(&round(&[(Model, 0.9)], 500_000, 3_500_000), false);
+            copies_only.observe(&round(&[(Suffix, 0.05)], 1_000, 3_000_000), false);
         }
-    }
-
-    #[test]
-    fn a_session_starts_from_where_the_last_one_with_its_settings_left_its_copies() {
-        let key = |temperature: f64| {
-            crate::policy::key::PolicyKey::of(&SamplingParams { temperature, ..SamplingParams::default() }, 1)
-        };
-        let memory = crate::policy::PolicyMemory::default();
-        let mut first = memory.copy_choice(key(0.8));
-        run(&mut first, 40, 0.05, 0.7);
-        memory.remember_copies(key(0.8), &first);
-        // The next session with these settings asks for its model's draws from its first
-        // request (the probe's wait goes on where the last one stopped)…
-        let mut next = memory.copy_choice(key(0.8));
-        let allowed = run(&mut next, 8, 0.05, 0.7);
-        assert!(allowed.iter().filter(|a| **a).count() <= 1, "{allowed:?}");
-        assert!(!allowed[0], "{allowed:?}");
-        // …and other settings learn for themselves.
-        let mut greedy = memory.copy_choice(key(0.0));
-        assert!(run(&mut greedy, 8, 0.05, 0.7).iter().all(|a| *a));
     }
 }

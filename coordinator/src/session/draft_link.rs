@@ -7,14 +7,14 @@ use specd_ngram::MatchSpan;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use specd_proto::v1::{OpenSessionRequest, ProposeResponse};
+use specd_proto::v1::{OpenSessionRequest, ProposalSource, ProposeResponse};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, DraftRounds};
 use crate::policy::copies::CopyChoice;
-use crate::session::round_report::{Cursor, MODEL_DRAW, RoundReport};
+use crate::session::round_report::{Cursor, RoundReport};
 
 /// First wait before trying a lost draft again; it doubles up to [`MAX_RETRY`].
 pub const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -68,12 +68,12 @@ impl DraftSession {
 /// `model+ngram` draft's first blocks were copies; its model's first pass then ran 260 prompt
 /// tokens in one round, which priced a draft step at 4.4 ms against a target pass of 2.9, and
 /// the policy, remembering it for the sessions after, stopped drafting for all of them.
-fn first_model_pass(model_ran: bool, sources: &[&str]) -> bool {
+fn first_model_pass(model_ran: bool, sources: &[ProposalSource]) -> bool {
     !model_ran && proposed_by_model(sources)
 }
 
-fn proposed_by_model(sources: &[&str]) -> bool {
-    sources.contains(&MODEL_DRAW)
+fn proposed_by_model(sources: &[ProposalSource]) -> bool {
+    sources.contains(&ProposalSource::Model)
 }
 
 /// What opening a draft session gives: the session, or why there is none.
@@ -368,17 +368,18 @@ fn open_in_background(
 #[cfg(test)]
 mod tests {
     use super::first_model_pass;
+    use specd_proto::v1::ProposalSource::{Model, OutputMatch, PromptMatch, Suffix};
 
     #[test]
     fn the_model_s_first_block_is_its_first_pass_whenever_it_comes() {
         // A model draft: its first block.
-        assert!(first_model_pass(false, &["model", "model"]));
+        assert!(first_model_pass(false, &[Model, Model]));
         // model+ngram: copies first, then the model's first candidate, then later ones.
-        assert!(!first_model_pass(false, &["prompt_match", "prompt_match"]));
-        assert!(first_model_pass(false, &["output_match", "model"]));
-        assert!(!first_model_pass(true, &["model", "output_match"]));
+        assert!(!first_model_pass(false, &[PromptMatch, PromptMatch]));
+        assert!(first_model_pass(false, &[OutputMatch, Model]));
+        assert!(!first_model_pass(true, &[Model, OutputMatch]));
         // Drafts without a model, and rounds that drafted nothing, never.
-        assert!(!first_model_pass(false, &["suffix", "suffix"]));
+        assert!(!first_model_pass(false, &[Suffix, Suffix]));
         assert!(!first_model_pass(false, &[]));
     }
 }

@@ -5,6 +5,7 @@ use specd_proto::v1::FinishReason;
 use specd_telemetry::{FinishReason as FinishLabel, RequestMetrics, RoundSample};
 
 use crate::session::round::RoundReport;
+use crate::session::round_report::source_name;
 
 /// Records a finished round of which `emitted` tokens go to the client now.
 pub fn round(metrics: Option<&RequestMetrics>, report: &RoundReport, emitted: usize) {
@@ -17,7 +18,7 @@ pub fn round(metrics: Option<&RequestMetrics>, report: &RoundReport, emitted: us
             wall_ns: report.wall_ns,
             optimistic_attempt: report.optimistic_attempt,
             optimistic_hit: report.optimistic_hit,
-            sources: report.sources.clone(),
+            sources: report.sources.iter().map(|&source| source_name(source)).collect(),
             empty_proposal: report.empty_proposal(),
         };
         metrics.round(&sample, emitted);

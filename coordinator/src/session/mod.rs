@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_proto::v1::{
-    FinishReason, GenerateResponse, OpenSessionRequest, ProposerTally, SamplingSettings, SpeculationStats, Usage,
+    FinishReason, GenerateResponse, OpenSessionRequest, ProposalSource, ProposerTally, SamplingSettings,
+    SpeculationStats, Usage,
 };
 use specd_telemetry::RequestMetrics;
 use tokio::sync::mpsc;
@@ -32,6 +33,7 @@ use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::session::draft_link::DraftLink;
 use crate::session::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
+use crate::session::round_report::source_name;
 
 /// Everything one generation needs.
 #[derive(Debug)]
@@ -167,7 +169,7 @@ struct Stats {
     draft_batches: BatchSum,
     optimistic_pushed: u64,
     /// Candidates proposed and accepted, by what proposed them.
-    by_proposer: std::collections::BTreeMap<&'static str, ProposerTally>,
+    by_proposer: std::collections::BTreeMap<ProposalSource, ProposerTally>,
     empty_proposals: u64,
     proposals_skipped: u64,
 }
@@ -231,7 +233,7 @@ impl Stats {
             wire_bytes_sent_to_target: self.wire.to_target,
             wire_bytes_received_from_target: self.wire.from_target,
             optimistic_pushed: self.optimistic_pushed,
-            by_proposer: self.by_proposer.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            by_proposer: self.by_proposer.iter().map(|(&k, v)| (source_name(k).to_owned(), *v)).collect(),
             empty_proposals: self.empty_proposals,
             proposals_skipped: self.proposals_skipped,
         }

@@ -26,7 +26,7 @@ use specd_sampling::{DenseDist, SparseDist};
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
 use crate::session::draft_link::DraftSession;
-use crate::session::round_report::{BatchSum, MODEL_DRAW};
+use crate::session::round_report::BatchSum;
 
 /// Blocks the draft keeps pushed ahead of the last request (ProposeRequest.push_depth). On
 /// a hit the next round starts as soon as its verify pass can, so the draft must be this
@@ -48,8 +48,8 @@ pub enum Proposals {
 #[derive(Debug)]
 pub struct Proposed {
     pub proposals: Proposals,
-    /// What drew each candidate, by its [`source_name`].
-    pub sources: Vec<&'static str>,
+    /// What drew each candidate.
+    pub sources: Vec<ProposalSource>,
     /// Encoded bytes sent to the draft and received from it (pushes and late replies read
     /// during this round included).
     pub sent: u64,
@@ -160,19 +160,10 @@ pub async fn propose(
     }
 }
 
-/// The name a candidate's [`ProposalSource`] is counted under in the stats and `/metrics`
-/// (an unknown value, from a newer draft, counts as the model's).
-pub fn source_name(source: i32) -> &'static str {
-    match ProposalSource::try_from(source).unwrap_or(ProposalSource::Model) {
-        ProposalSource::Model => MODEL_DRAW,
-        ProposalSource::PromptMatch => "prompt_match",
-        ProposalSource::OutputMatch => "output_match",
-        ProposalSource::Suffix => "suffix",
-    }
-}
-
-fn sources_of(message: &ProposeResponse) -> Vec<&'static str> {
-    message.positions.iter().map(|p| source_name(p.source)).collect()
+/// What drew each candidate of `message`; an unknown value, from a newer draft, counts as
+/// the model's.
+fn sources_of(message: &ProposeResponse) -> Vec<ProposalSource> {
+    message.positions.iter().map(|p| ProposalSource::try_from(p.source).unwrap_or(ProposalSource::Model)).collect()
 }
 
 fn batches_of(message: &ProposeResponse) -> BatchSum {

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use specd_proto::v1::OutputLogprob;
+use specd_proto::v1::{OutputLogprob, ProposalSource};
 use specd_sampling::BlockOutcome;
 
 /// What a node holds of the committed sequence C: its first `valid` tokens, and `pending`
@@ -57,9 +57,16 @@ impl WireBytes {
     }
 }
 
-/// The source of a candidate the draft's model drew (`propose::source_name`); every other
-/// source is a copy.
-pub const MODEL_DRAW: &str = "model";
+/// The name a candidate's source is counted under in the stats (`by_proposer`) and
+/// `/metrics`: the same names the draft's proposers are configured by.
+pub fn source_name(source: ProposalSource) -> &'static str {
+    match source {
+        ProposalSource::Model => "model",
+        ProposalSource::PromptMatch => "prompt_match",
+        ProposalSource::OutputMatch => "output_match",
+        ProposalSource::Suffix => "suffix",
+    }
+}
 
 /// A finished round and what it cost.
 #[derive(Debug)]
@@ -86,8 +93,9 @@ pub struct RoundReport {
     /// The draft was asked for this round's block (it then follows the committed sequence
     /// to this round's base, whatever it proposed).
     pub drafted: bool,
-    /// What proposed each candidate (`propose::source_name`), in block order.
-    pub sources: Vec<&'static str>,
+    /// What proposed each candidate, in block order: [`ProposalSource::Model`] for a draw
+    /// from the draft's model, a copy otherwise.
+    pub sources: Vec<ProposalSource>,
     /// The draft was not asked because it was sure to propose nothing (an n-gram draft and
     /// no match: `DraftSession::has_nothing_for`).
     pub proposal_skipped: bool,
@@ -100,7 +108,7 @@ impl RoundReport {
     /// A round of the draft's `sources` (none: target-only) that ended in `outcome`, with
     /// these times and nothing else set: what the policy's tests feed it.
     #[cfg(test)]
-    pub fn for_tests(outcome: BlockOutcome, sources: Vec<&'static str>, times_ns: [u64; 3]) -> Self {
+    pub fn for_tests(outcome: BlockOutcome, sources: Vec<ProposalSource>, times_ns: [u64; 3]) -> Self {
         let [draft_ns, verify_ns, wall_ns] = times_ns;
         Self {
             outcome,
@@ -134,7 +142,12 @@ impl RoundReport {
         if !self.copies_apart {
             return Cow::Borrowed(evaluated);
         }
-        evaluated.iter().zip(&self.sources).filter(|(_, source)| **source == MODEL_DRAW).map(|(a, _)| *a).collect()
+        evaluated
+            .iter()
+            .zip(&self.sources)
+            .filter(|(_, source)| matches!(source, ProposalSource::Model))
+            .map(|(a, _)| *a)
+            .collect()
     }
 
     /// The candidates whose drafting the adaptive policy prices as steps: all of the block,
@@ -147,7 +160,7 @@ impl RoundReport {
 
     /// The candidates the draft's model drew.
     pub fn model_draws(&self) -> usize {
-        self.sources.iter().filter(|source| **source == MODEL_DRAW).count()
+        self.sources.iter().filter(|source| matches!(source, ProposalSource::Model)).count()
     }
 
     /// The draft proposed nothing (a deterministic proposer without a match), or was sure
