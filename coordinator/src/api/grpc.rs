@@ -120,15 +120,11 @@ impl GenerationService {
     }
 
     /// A chat rendered by the model's template, with the assistant's turn opened, as ids.
-    pub(crate) async fn chat_prompt(
-        &self,
-        turns: Vec<crate::api::http::ChatTurn>,
-    ) -> Result<Vec<u32>, CoordinatorError> {
+    pub(crate) async fn chat_prompt(&self, messages: Vec<ChatMessage>) -> Result<Vec<u32>, CoordinatorError> {
         let text = self.pool.facts.text.as_ref().ok_or_else(|| {
             CoordinatorError::InvalidRequest("the target model has no tokenizer, so no chat template".into())
         })?;
-        let bytes = turns.iter().map(|t| t.content.len()).sum();
-        let messages: Vec<ChatMessage> = turns.into_iter().map(|t| ChatMessage::new(t.role, t.content)).collect();
+        let bytes = messages.iter().map(|m| m.content.len()).sum();
         off_the_runtime(text, bytes, move |text| Ok(text.chat_prompt_ids(&messages, true)?)).await
     }
 

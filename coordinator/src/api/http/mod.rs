@@ -40,7 +40,6 @@ use body::Body;
 pub use body::Endpoint;
 pub use error::{ApiError, http_status};
 use respond::{LogprobFormat, Shape};
-pub use translate::ChatTurn;
 use translate::{HttpRequest, PromptSource, translate};
 
 /// How the HTTP API presents itself.
@@ -167,7 +166,9 @@ impl Api {
         generate.request_id = request_id.and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         generate.prompt = Some(match prompt {
             PromptSource::Completion(prompt) => prompt,
-            PromptSource::Chat(turns) => Prompt::TokenIds(TokenIds { ids: self.service.chat_prompt(turns).await? }),
+            PromptSource::Chat(messages) => {
+                Prompt::TokenIds(TokenIds { ids: self.service.chat_prompt(messages).await? })
+            }
         });
         Ok(generate)
     }

@@ -3,6 +3,7 @@
 
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
+use specd_text::ChatMessage;
 
 use super::body::{Body, Endpoint, MessageField, PromptField, SpeculationField, StopField, StreamOptions};
 use super::error::ApiError;
@@ -12,18 +13,11 @@ use super::error::ApiError;
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
 
-/// One chat message, its content as text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatTurn {
-    pub role: String,
-    pub content: String,
-}
-
 /// What the prompt is before the coordinator turns it into tokens.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptSource {
     Completion(Prompt),
-    Chat(Vec<ChatTurn>),
+    Chat(Vec<ChatMessage>),
 }
 
 /// A request to either endpoint, checked and translated.
@@ -43,7 +37,7 @@ pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiErro
     let model: String = body.require("model")?;
     let prompt = match endpoint {
         Endpoint::Completions => PromptSource::Completion(completion_prompt(body.require("prompt")?)?),
-        Endpoint::Chat => PromptSource::Chat(chat_turns(body.require("messages")?)?),
+        Endpoint::Chat => PromptSource::Chat(chat_messages(body.require("messages")?)?),
     };
     if let Some(n) = body.get::<u32>("n")?
         && n != 1
@@ -109,7 +103,7 @@ fn completion_prompt(field: PromptField) -> Result<Prompt, ApiError> {
     }
 }
 
-fn chat_turns(messages: Vec<MessageField>) -> Result<Vec<ChatTurn>, ApiError> {
+fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages is empty", Some("messages")));
     }
@@ -121,7 +115,7 @@ fn chat_turns(messages: Vec<MessageField>) -> Result<Vec<ChatTurn>, ApiError> {
         .into_iter()
         .map(|m| {
             let content = m.content.map(|c| c.into_text()).transpose()?.unwrap_or_default();
-            Ok(ChatTurn { role: m.role, content })
+            Ok(ChatMessage { role: m.role, content })
         })
         .collect()
 }
@@ -209,7 +203,7 @@ mod tests {
         assert_eq!(r.generate.sampling.unwrap().temperature, None, "unset stays unset: the model's defaults apply");
         let chat = request(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Endpoint::Chat).unwrap();
         assert_eq!(chat.generate.stopping.unwrap().max_new_tokens, None);
-        assert_eq!(chat.prompt, PromptSource::Chat(vec![ChatTurn { role: "user".into(), content: "x".into() }]));
+        assert_eq!(chat.prompt, PromptSource::Chat(vec![ChatMessage { role: "user".into(), content: "x".into() }]));
         let refused = [
             (r#"{"model":"m","prompt":"x","n":2}"#, "n"),
             (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
