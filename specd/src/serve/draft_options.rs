@@ -1,0 +1,107 @@
+//! The flags only a draft node has: how its model runs where one process starts both nodes,
+//! and what it proposes with.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
+use specd_model::{DType, Engine};
+use specd_node::NodeConfig;
+
+use super::flag_values::{parse_dtype, parse_engine};
+use crate::cli_error::invalid;
+
+/// How the draft model runs where one process starts both nodes (`specd up`, `specd bench
+/// --embedded` and `--netns`); the other node flags apply to both.
+#[derive(Debug, Clone, Args)]
+pub struct DraftOptions {
+    /// libtorch threads of the draft model (its steps are too short to split; --threads
+    /// then applies to the target only).
+    #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
+    pub(crate) draft_threads: usize,
+    /// dtype of the draft model (default: --dtype). A small draft's steps are per-operation
+    /// overhead, which f32 has least of on a CPU, even beside a bf16 target.
+    #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
+    pub(crate) draft_dtype: Option<DType>,
+    /// What computes the draft's passes (default: --engine); see --engine.
+    #[arg(long, env = "SPECD_DRAFT_ENGINE", value_parser = parse_engine)]
+    pub(crate) draft_engine: Option<Engine>,
+}
+
+impl DraftOptions {
+    /// The draft node's configuration: the shared node options with the draft's own.
+    pub(crate) fn apply(&self, mut config: NodeConfig) -> NodeConfig {
+        config.threads = Some(self.draft_threads);
+        config.dtype = self.draft_dtype.unwrap_or(config.dtype);
+        config.engine = self.draft_engine.unwrap_or(config.engine);
+        config
+    }
+}
+
+/// What a draft node proposes with (`specd draft`, `specd up`, `specd bench`).
+#[derive(Debug, Clone, Args)]
+pub struct ProposerOptions {
+    /// model (the draft model samples), ngram (prompt lookup: copies what followed the
+    /// longest match of the last tokens in the prompt and output; no model), suffix (the
+    /// most frequent continuation over recent sessions and this one; no model), or
+    /// model+ngram (a match proposes; the model where there is none).
+    #[arg(long, env = "SPECD_PROPOSER", default_value = "model", value_parser = parse_proposer)]
+    pub(crate) proposer: ProposerKind,
+    /// Shortest n-gram match that proposes (ngram, suffix, model+ngram).
+    #[arg(long, env = "SPECD_NGRAM_MIN", default_value_t = 2)]
+    pub(crate) ngram_min: usize,
+    /// Longest n-gram match tried first (at most 32).
+    #[arg(long, env = "SPECD_NGRAM_MAX", default_value_t = 4)]
+    pub(crate) ngram_max: usize,
+    /// Tokens of finished sessions the suffix proposer's index holds. Its memory: up to
+    /// this × ngram-max contexts of up to ngram-max tokens each (at most about 580 bytes a
+    /// token at the default ngram-max 4, so 145 MiB at the default budget). Sessions with
+    /// the request's seed are left out of its proposals.
+    #[arg(long, env = "SPECD_SUFFIX_BUDGET_TOKENS", default_value_t = 1 << 18)]
+    pub(crate) suffix_budget_tokens: usize,
+}
+
+fn parse_proposer(s: &str) -> Result<ProposerKind, String> {
+    s.parse()
+}
+
+impl ProposerOptions {
+    pub(crate) fn config(&self) -> anyhow::Result<ProposerConfig> {
+        let span =
+            MatchSpan::new(self.ngram_min, self.ngram_max).map_err(|e| invalid(format!("--ngram-min/max: {e}")))?;
+        if self.suffix_budget_tokens == 0 {
+            return Err(invalid("--suffix-budget-tokens must be at least 1"));
+        }
+        Ok(ProposerConfig { kind: self.proposer, span, suffix_budget_tokens: self.suffix_budget_tokens })
+    }
+}
+
+/// The draft model a proposer needs: required for `model` and `model+ngram`, not read
+/// otherwise (an empty path stands for none).
+pub(super) fn draft_model_path(flag: &str, model: Option<&PathBuf>, proposer: ProposerKind) -> anyhow::Result<PathBuf> {
+    match model {
+        // A model that would never be loaded is a mistake worth saying, not ignoring.
+        Some(path) if !proposer.needs_model() => Err(invalid(format!(
+            "--proposer {proposer} drafts without a model, so {flag} {} would be ignored: remove it, or use \
+             --proposer model+ngram to draft with both",
+            path.display()
+        ))),
+        Some(path) => Ok(path.clone()),
+        None if proposer.needs_model() => Err(invalid(format!("{flag} is required with --proposer {proposer}"))),
+        None => Ok(PathBuf::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_draft_model_a_model_less_proposer_would_ignore_is_refused() {
+        use specd_draft_node::proposer::ProposerKind;
+        let model = std::path::PathBuf::from("m");
+        let err = super::draft_model_path("--model", Some(&model), ProposerKind::Ngram).unwrap_err().to_string();
+        assert!(err.contains("--proposer ngram drafts without a model") && err.contains("--model m"), "{err}");
+        assert_eq!(super::draft_model_path("--model", Some(&model), ProposerKind::ModelNgram).unwrap(), model);
+        assert!(super::draft_model_path("--model", None, ProposerKind::Model).is_err());
+        assert_eq!(super::draft_model_path("--model", None, ProposerKind::Suffix).unwrap(), std::path::PathBuf::new());
+    }
+}

@@ -1,0 +1,39 @@
+//! Parsers of flag values that the roles share with other subcommands (`bench`, `logits`,
+//! `models`): a device, a dtype, an engine, a draft length, on or off.
+
+use specd_model::{DType, DeviceSpec, Engine, ModelError};
+
+pub(crate) fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+pub(crate) fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+pub(crate) fn parse_engine(s: &str) -> Result<Engine, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+/// `--gamma`: `auto` or a number.
+#[derive(Debug, Clone, Copy)]
+pub enum GammaFlag {
+    Auto,
+    Fixed(u32),
+}
+
+pub(crate) fn parse_gamma(s: &str) -> Result<GammaFlag, String> {
+    if s == "auto" {
+        return Ok(GammaFlag::Auto);
+    }
+    s.parse().map(GammaFlag::Fixed).map_err(|_| format!("{s:?} is neither `auto` nor a whole number"))
+}
+
+/// `on` or `off`.
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        other => Err(format!("{other:?}: expected on or off")),
+    }
+}
