@@ -46,7 +46,6 @@ pub mod device;
 pub mod engine;
 pub mod engine_choice;
 pub mod error;
-mod gemma3;
 pub mod host;
 pub mod injected_oom;
 pub mod kv_budget;

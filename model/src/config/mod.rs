@@ -1,5 +1,15 @@
 //! `config.json` and `generation_config.json` of a Llama-family checkpoint (Llama, Mistral,
-//! Qwen2, Qwen3, Gemma 3 text); what sets Gemma 3 apart is read in [`crate::gemma3`].
+//! Qwen2, Qwen3, Gemma 3 text), parsed into a [`LlamaConfig`].
+//!
+//! - `architecture`: the families, and which one a config names;
+//! - `features`: what sets a family's forward pass apart from Llama's;
+//! - `rope_scaling`: how the rotary frequencies are scaled;
+//! - `gemma3`: what Gemma 3 adds, read from its config.
+
+mod architecture;
+mod features;
+mod gemma3;
+mod rope_scaling;
 
 use std::path::{Path, PathBuf};
 
@@ -8,99 +18,11 @@ use serde_json::Value;
 
 use crate::device::DType;
 use crate::error::{ModelError, Result};
-
-/// The families this crate runs; they share one forward pass, which [`ArchFeatures`] varies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    /// `LlamaForCausalLM` (`model_type: llama`).
-    Llama,
-    /// `MistralForCausalLM` (`model_type: mistral`), optional sliding window.
-    Mistral,
-    /// `Qwen2ForCausalLM` (`model_type: qwen2`): biases on q/k/v.
-    Qwen2,
-    /// `Qwen3ForCausalLM` (`model_type: qwen3`): RMS norms on each head's q and k.
-    Qwen3,
-    /// `Gemma3ForCausalLM` (`model_type: gemma3_text`): see [`crate::gemma3`].
-    Gemma3,
-}
-
-impl Architecture {
-    /// The Hugging Face class name.
-    pub fn class_name(self) -> &'static str {
-        match self {
-            Self::Llama => "LlamaForCausalLM",
-            Self::Mistral => "MistralForCausalLM",
-            Self::Qwen2 => "Qwen2ForCausalLM",
-            Self::Qwen3 => "Qwen3ForCausalLM",
-            Self::Gemma3 => "Gemma3ForCausalLM",
-        }
-    }
-}
-
-/// How rotary position frequencies are scaled.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE.
-    None,
-    /// Positions divided by `factor`.
-    Linear { factor: f64 },
-    /// Llama 3.x frequency-dependent scaling.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
-    /// YaRN (Qwen3's long context): frequencies blended between interpolated and
-    /// extrapolated by a linear ramp over the dimensions, and cos/sin scaled by
-    /// `attention_factor`; defaults resolved as transformers resolves them.
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: f64,
-        beta_fast: f64,
-        beta_slow: f64,
-        attention_factor: f64,
-        truncate: bool,
-    },
-}
-
-/// The MLP's activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Activation {
-    /// SiLU (Llama, Mistral, Qwen).
-    #[default]
-    Silu,
-    /// GELU with the tanh approximation (`gelu_pytorch_tanh`, Gemma).
-    GeluTanh,
-    /// Exact GELU (`gelu`).
-    Gelu,
-}
-
-/// What sets an architecture's forward pass apart from Llama's; the default is Llama's.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ArchFeatures {
-    /// RMS norms over each head's q and k, after the projection and before RoPE (Qwen3,
-    /// Gemma 3).
-    pub qk_norm: bool,
-    /// RMS norms scale by `1 + w`, computed in float32 (Gemma).
-    pub norm_plus_one: bool,
-    /// Norms after attention and around the MLP as well as before (Gemma's
-    /// `post_attention_layernorm`, `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
-    pub sandwich_norms: bool,
-    /// Embeddings multiplied by √hidden, cast to the run's dtype (Gemma).
-    pub scale_embeddings: bool,
-    pub activation: Activation,
-    /// Attention scores scaled by `query_pre_attn_scalar^-1/2` instead of `head_dim^-1/2`.
-    pub query_pre_attn_scalar: Option<f64>,
-    /// Logits become `c * tanh(logits / c)`.
-    pub final_logit_softcapping: Option<f64>,
-    /// Per layer, whether [`LlamaConfig::sliding_window`] applies to it; empty: it applies to
-    /// every layer (Mistral). Gemma 3 interleaves windowed ("sliding_attention") layers with
-    /// global ones.
-    pub sliding_layers: Vec<bool>,
-    /// RoPE base and scaling of the windowed layers where they differ from the global
-    /// layers' (Gemma 3's `rope_local_base_freq`).
-    pub local_rope: Option<(f64, RopeScaling)>,
-    /// The text model of a `Gemma3ForConditionalGeneration` checkpoint: its weights are
-    /// named under `model.language_model.` or `language_model.model.`, and its vision
-    /// tower's are not used.
-    pub multimodal_wrapper: bool,
-}
+pub use architecture::Architecture;
+use architecture::architecture_of;
+pub use features::{Activation, ArchFeatures};
+pub use rope_scaling::RopeScaling;
+use rope_scaling::parse_rope_scaling;
 
 /// The parts of `config.json` the forward pass needs, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -245,10 +167,10 @@ impl LlamaConfig {
     /// Parses and validates a `config.json` value; `path` is for error messages.
     pub fn from_value(path: &Path, value: &Value) -> Result<Self> {
         let invalid = |message: String| ModelError::InvalidFile { path: path.to_owned(), message };
-        let multimodal = crate::gemma3::is_multimodal(value);
+        let multimodal = gemma3::is_multimodal(value);
         let text;
         let value = if multimodal {
-            text = crate::gemma3::text_config(value).map_err(invalid)?;
+            text = gemma3::text_config(value).map_err(invalid)?;
             &text
         } else {
             value
@@ -256,7 +178,7 @@ impl LlamaConfig {
         let architecture = architecture_of(path, value)?;
         let filled;
         let value = if architecture == Architecture::Gemma3 {
-            filled = crate::gemma3::with_size_defaults(value);
+            filled = gemma3::with_size_defaults(value);
             &filled
         } else {
             value
@@ -331,7 +253,7 @@ impl LlamaConfig {
             return Err(invalid("rms_norm_eps must be finite and non-negative".into()));
         }
         let (rope_theta, rope_scaling, mut features) = if architecture == Architecture::Gemma3 {
-            crate::gemma3::features(value, raw.num_hidden_layers, max_position_embeddings).map_err(invalid)?
+            gemma3::features(value, raw.num_hidden_layers, max_position_embeddings).map_err(invalid)?
         } else {
             // transformers 5 writes `rope_parameters` (theta inside); 4.x writes `rope_theta`
             // and `rope_scaling`.
@@ -443,95 +365,6 @@ impl LlamaConfig {
         let layer = attn + 3 * h * i + norms + qk_norms;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + head + h + self.num_hidden_layers as u64 * layer
-    }
-}
-
-fn architecture_of(path: &Path, value: &Value) -> Result<Architecture> {
-    let unsupported = |found: String| ModelError::UnsupportedArchitecture { path: path.to_owned(), found };
-    let model_type = value.get("model_type").and_then(Value::as_str);
-    let class = value.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
-    let by_type = match model_type {
-        Some("llama") => Some(Architecture::Llama),
-        Some("mistral") => Some(Architecture::Mistral),
-        Some("qwen2") => Some(Architecture::Qwen2),
-        Some("qwen3") => Some(Architecture::Qwen3),
-        Some("gemma3_text") => Some(Architecture::Gemma3),
-        Some(other) => return Err(unsupported(format!("model_type {other:?}"))),
-        None => None,
-    };
-    let by_class = match class {
-        Some("LlamaForCausalLM") => Some(Architecture::Llama),
-        Some("MistralForCausalLM") => Some(Architecture::Mistral),
-        Some("Qwen2ForCausalLM") => Some(Architecture::Qwen2),
-        Some("Qwen3ForCausalLM") => Some(Architecture::Qwen3),
-        Some("Gemma3ForCausalLM") => Some(Architecture::Gemma3),
-        Some(other) => return Err(unsupported(format!("architectures[0] {other:?}"))),
-        None => None,
-    };
-    match (by_type, by_class) {
-        (Some(a), Some(b)) if a != b => Err(unsupported(format!(
-            "model_type {:?} disagrees with architectures[0] {:?}",
-            model_type.unwrap_or_default(),
-            class.unwrap_or_default()
-        ))),
-        (Some(a), _) | (None, Some(a)) => Ok(a),
-        (None, None) => Err(unsupported("neither model_type nor architectures".into())),
-    }
-}
-
-/// One RoPE parameter dict's scaling (`rope_type` or `type`); `max_position_embeddings` is
-/// YaRN's default `original_max_position_embeddings`, as transformers sets it.
-pub(crate) fn parse_rope_scaling(
-    r: &Value,
-    max_position_embeddings: usize,
-) -> std::result::Result<RopeScaling, String> {
-    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("default");
-    let num = |key: &str| -> std::result::Result<f64, String> {
-        r.get(key)
-            .and_then(Value::as_f64)
-            .filter(|x| x.is_finite() && *x > 0.0)
-            .ok_or_else(|| format!("rope scaling {kind:?} needs a positive {key}"))
-    };
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
-        "llama3" => {
-            let s = RopeScaling::Llama3 {
-                factor: num("factor")?,
-                low_freq_factor: num("low_freq_factor")?,
-                high_freq_factor: num("high_freq_factor")?,
-                original_max_position_embeddings: num("original_max_position_embeddings")?,
-            };
-            if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = s
-                && high_freq_factor <= low_freq_factor
-            {
-                return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor".into());
-            }
-            Ok(s)
-        }
-        "yarn" => {
-            let optional = |key: &str| r.get(key).and_then(Value::as_f64).filter(|x| *x != 0.0);
-            let factor = num("factor")?;
-            let original = optional("original_max_position_embeddings").unwrap_or(max_position_embeddings as f64);
-            // transformers: `attention_factor`, else mscale / mscale_all_dim when both are
-            // set, else 0.1 ln(factor) + 1.
-            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-            let attention_factor = match (optional("attention_factor"), optional("mscale"), optional("mscale_all_dim"))
-            {
-                (Some(a), _, _) => a,
-                (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
-                _ => mscale(factor, 1.0),
-            };
-            Ok(RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: original,
-                beta_fast: optional("beta_fast").unwrap_or(32.0),
-                beta_slow: optional("beta_slow").unwrap_or(1.0),
-                attention_factor,
-                truncate: r.get("truncate").and_then(Value::as_bool).unwrap_or(true),
-            })
-        }
-        other => Err(format!("rope scaling type {other:?} is not supported")),
     }
 }
 

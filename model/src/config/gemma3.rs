@@ -24,7 +24,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{ArchFeatures, RopeScaling, parse_rope_scaling};
+use super::features::ArchFeatures;
+use super::rope_scaling::{RopeScaling, parse_rope_scaling};
 
 /// RoPE base of global layers when the config names none (`Gemma3TextConfig.default_theta`).
 const GLOBAL_THETA: f64 = 1_000_000.0;
