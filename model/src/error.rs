@@ -88,10 +88,6 @@ pub enum ModelError {
     #[error("out of memory: {0}")]
     OutOfMemory(String),
 
-    /// The training corpus for the demo pair cannot be found or is too small.
-    #[error("corpus: {0}")]
-    Corpus(String),
-
     /// libtorch reported an error.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
@@ -168,8 +164,7 @@ impl ModelError {
             | Self::TensorDtype { .. }
             | Self::UnusedTensors { .. }
             | Self::Tokenizer { .. }
-            | Self::Device(_)
-            | Self::Corpus(_) => ErrorClass::FailedPrecondition,
+            | Self::Device(_) => ErrorClass::FailedPrecondition,
             Self::WorkerGone(_) => ErrorClass::Unavailable,
             Self::Torch(_) | Self::BatchFailed(_) => ErrorClass::Internal,
         }

@@ -5,7 +5,7 @@
 //!   (vocab size, EOS ids, context length, tokenizer fingerprint).
 //! - [`libtorch`]: Llama / Mistral / Qwen2 on libtorch (`tch`), loaded from Hugging Face
 //!   checkpoints without conversion; [`config`] reads `config.json` and
-//!   `generation_config.json`; `weights` reads safetensors (single or sharded); `rope` and
+//!   `generation_config.json`; `weights` reads safetensors (single or sharded); [`rope`] and
 //!   `kv_cache` are the pieces of the forward pass.
 //! - [`host`]: the same family (Llama, Mistral, Qwen2) computed in plain Rust `f32` on one
 //!   CPU thread, for drafts so small that libtorch's cost per operation is most of their
@@ -22,8 +22,6 @@
 //! - [`device`]: `--device` and `--dtype` (`auto` resolved at load); [`cpu_features`]: what
 //!   the CPU can do (bf16 matrix units); [`options`]: how to load a model ([`LoadOptions`]);
 //!   [`load`]: open a model from a path.
-//! - [`demo`]: builds the demo pair offline (tokenizer, target trained on Python sources,
-//!   draft distilled from it), written as Hugging Face directories.
 //! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one;
 //!   [`injected_oom`]: a model whose n-th pass fails with a real allocation failure (tests).
 //! - [`kv_budget`]: the KV-cache budget, a number of bytes or a fraction of the memory free
@@ -41,7 +39,6 @@ pub mod batching;
 mod checkpoint_text;
 pub mod config;
 pub mod cpu_features;
-pub mod demo;
 pub mod device;
 pub mod engine;
 pub mod engine_choice;
@@ -55,7 +52,7 @@ pub mod libtorch;
 pub mod load;
 pub mod options;
 pub mod pinning;
-mod rope;
+pub mod rope;
 mod sessions;
 pub mod slowed;
 pub mod table;

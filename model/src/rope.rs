@@ -11,7 +11,7 @@ use crate::error::Result;
 /// Inverse frequencies for one head dimension; cos/sin are computed per call for the
 /// positions in use, so no table of the whole context is kept.
 #[derive(Debug)]
-pub(crate) struct Rope {
+pub struct Rope {
     /// `[head_dim / 2]`, float32.
     inv_freq: Tensor,
     /// Positions are divided by this (linear scaling), 1 otherwise.
@@ -82,7 +82,7 @@ impl Frequencies {
 }
 
 impl Rope {
-    pub(crate) fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, device: Device) -> Result<Self> {
+    pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, device: Device) -> Result<Self> {
         let Frequencies { inv_freq, position_scale, attention_factor } = Frequencies::new(head_dim, theta, scaling);
         Ok(Self {
             inv_freq: Tensor::from_slice(&inv_freq).f_to_device(device)?,
@@ -93,7 +93,7 @@ impl Rope {
     }
 
     /// `(cos, sin)`, each `[n, head_dim]` in `kind`, for positions `start..start + n`.
-    pub(crate) fn cos_sin(&self, start: usize, n: usize, kind: Kind) -> Result<(Tensor, Tensor)> {
+    pub fn cos_sin(&self, start: usize, n: usize, kind: Kind) -> Result<(Tensor, Tensor)> {
         let pos = Tensor::f_arange_start(start as i64, (start + n) as i64, (Kind::Float, self.device))?;
         let pos = if self.position_scale == 1.0 { pos } else { pos.f_div_scalar(self.position_scale)? };
         let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
@@ -144,7 +144,7 @@ fn yarn(
 }
 
 /// `x * cos + rotate_half(x) * sin` for `x: [1, heads, n, head_dim]`.
-pub(crate) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let d = x.size().last().copied().unwrap_or(0);
     let x1 = x.f_narrow(-1, 0, d / 2)?;
     let x2 = x.f_narrow(-1, d / 2, d / 2)?;

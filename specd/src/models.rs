@@ -1,12 +1,12 @@
-//! `specd models demo`: build the demo model pair offline (see `specd_model::demo`), with a
+//! `specd models demo`: build the demo model pair offline (see `specd_demo`), with a
 //! progress bar per training stage, then print the pair's held-out figures.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use specd_demo::{self as demo, BuildOptions, DemoSpec, MatmulKind, Preset, Progress};
 use specd_model::DeviceSpec;
-use specd_model::demo::{self, BuildOptions, DemoSpec, MatmulKind, Preset, Progress};
 
 use crate::cli_error::invalid;
 use crate::serve::parse_device;

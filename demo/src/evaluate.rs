@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::net::TrainableLlama;
-use super::train::next_token_loss;
 use crate::error::Result;
+use crate::net::TrainableLlama;
+use crate::train::next_token_loss;
 
 /// What the build prints and records.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -1,15 +1,15 @@
-//! A Llama with trainable weights: the same forward pass as [`crate::libtorch`] over whole
+//! A Llama with trainable weights: the same forward pass as [`specd_model::libtorch`] over whole
 //! windows `[batch, time]`, with Hugging Face parameter names so the weights export as they
 //! are. Matmuls may run in bfloat16 (the CPU's AMX units make training several times
 //! faster); weights, norms and the residual stream stay in float32.
 
+use specd_model::LlamaConfig;
+use specd_model::libtorch::rms_norm;
+use specd_model::rope::{Rope, apply_rope};
 use tch::nn::{self, Init};
 use tch::{Kind, Tensor};
 
-use crate::config::LlamaConfig;
 use crate::error::Result;
-use crate::libtorch::rms_norm;
-use crate::rope::{Rope, apply_rope};
 
 #[derive(Debug)]
 struct Layer {

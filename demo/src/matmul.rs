@@ -10,6 +10,7 @@
 //! are deterministic per seed and host class, not across host classes.
 
 use serde::{Deserialize, Serialize};
+use specd_model::DeviceSpec;
 use tch::Kind;
 
 /// The number format of the training's matrix products (the weights stay f32).
@@ -28,15 +29,15 @@ impl MatmulKind {
 
     /// What the CPU this process runs on should use.
     pub fn for_this_cpu() -> Self {
-        Self::for_cpu(crate::cpu_features::has_bf16_instructions())
+        Self::for_cpu(specd_model::cpu_features::has_bf16_instructions())
     }
 
     /// What a build training on `device` should use: on the CPU the rule above; on a GPU
     /// bf16, which its tensor cores run natively.
-    pub fn for_device(device: crate::DeviceSpec) -> Self {
+    pub fn for_device(device: DeviceSpec) -> Self {
         match device {
-            crate::DeviceSpec::Cpu => Self::for_this_cpu(),
-            crate::DeviceSpec::Cuda(_) => Self::Bf16,
+            DeviceSpec::Cpu => Self::for_this_cpu(),
+            DeviceSpec::Cuda(_) => Self::Bf16,
         }
     }
 
@@ -70,7 +71,7 @@ impl std::str::FromStr for MatmulKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_features::cpuinfo_has_bf16_instructions;
+    use specd_model::cpu_features::cpuinfo_has_bf16_instructions;
 
     // /proc/cpuinfo flags lines of the host classes this project meets, trimmed to the ones that
     // matter and neighbours that share their prefixes.

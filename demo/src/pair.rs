@@ -1,51 +1,20 @@
-//! Builds the demo model pair offline: a byte-level BPE tokenizer and a Llama **target**
-//! trained on Python sources, then a much smaller Llama **draft** distilled from the target's
-//! distributions (imitating p directly gives far higher acceptance than learning the data).
-//!
-//! - [`spec`]: the shapes and budgets ([`Preset::Demo`], [`Preset::Tiny`]); [`matmul`]: the
-//!   number format of the training's matrix products, chosen by the CPU;
-//! - [`corpus`]: the Python standard library's sources (or any directory of `.py` files);
-//! - [`bpe`]: the tokenizer; [`net`]: the trainable model; [`train`]: the optimiser loop;
-//! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
-//! - [`progress`]: how the build reports itself.
-//!
-//! Training runs on [`BuildOptions::device`]: the CPU by default, or a CUDA device (`specd
-//! models demo --device cuda:0`), where the initial weights come from CUDA's generator and
-//! the kernels sum in other orders, so the bytes differ from a CPU build's and, with the
-//! atomics of CUDA's embedding backward, from one CUDA build to the next. The device kind
-//! is therefore part of the target's and the draft's cache keys when it is not the CPU
-//! (CPU keys are unchanged, so existing CPU builds stay cached); the device's index is not,
-//! since it does not change what is computed.
-//!
-//! Each stage (tokenizer, target, draft) is written to its own directory with the key it
-//! was built from; a later build with the same spec, seed and corpus reuses every stage
-//! whose key matches, so an interrupted build resumes at the stage it was in.
-
-pub mod bpe;
-pub mod corpus;
-pub mod evaluate;
-pub mod export;
-pub mod matmul;
-pub mod net;
-pub mod progress;
-pub mod spec;
-pub mod train;
+//! Builds the pair stage by stage (tokenizer, target, draft), each written to its own
+//! directory with the key it was built from, and reused while that key matches.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde_json::{Value, json};
+use specd_model::DeviceSpec;
 use tch::nn::VarStore;
 
-pub use evaluate::PairReport;
-pub use matmul::MatmulKind;
-pub use progress::{Progress, Quiet};
-pub use spec::{DemoSpec, Preset, Shape};
-
-use crate::device::DeviceSpec;
-use crate::error::{ModelError, Result};
-use net::TrainableLlama;
-use train::{Windows, distillation_loss, next_token_loss, optimise};
+use crate::error::{DemoError, Result};
+use crate::evaluate::{self, PairReport};
+use crate::matmul::MatmulKind;
+use crate::net::TrainableLlama;
+use crate::progress::Progress;
+use crate::spec::DemoSpec;
+use crate::train::{Windows, distillation_loss, next_token_loss, optimise};
+use crate::{bpe, corpus, export};
 
 /// Bumped whenever a change here changes the bytes a build writes.
 const FORMAT: u32 = 1;
@@ -94,8 +63,8 @@ fn parameters(vs: &VarStore) -> u64 {
 
 /// Builds the pair into `opts.out/{target,draft}`, reusing cached stages.
 pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOutcome> {
-    opts.spec.validate().map_err(ModelError::InvalidInput)?;
-    std::fs::create_dir_all(&opts.out).map_err(|source| ModelError::Io { path: opts.out.clone(), source })?;
+    opts.spec.validate().map_err(DemoError::InvalidInput)?;
+    std::fs::create_dir_all(&opts.out).map_err(|source| DemoError::Io { path: opts.out.clone(), source })?;
     let root = match &opts.corpus {
         Some(dir) => dir.clone(),
         None => corpus::python_stdlib()?,
@@ -136,17 +105,17 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let tokenizer = if is_current(&tok_dir, &tokenizer_key) {
         progress.note("tokenizer: cached");
         tokenizers::Tokenizer::from_file(&tokenizer_json)
-            .map_err(|e| ModelError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
+            .map_err(|e| DemoError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
     } else {
         progress.stage("training tokenizer", 0);
         let tmp = export::temporary_sibling(&tok_dir);
         let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|source| ModelError::Io { path: tmp.clone(), source })?;
+        std::fs::create_dir_all(&tmp).map_err(|source| DemoError::Io { path: tmp.clone(), source })?;
         bpe::train(&corpus.train, spec.vocab_size, &tmp.join("tokenizer.json"))?;
         export::write_json(&tmp.join(export::BUILD_FILE), &json!({"key": tokenizer_key}))?;
         export::replace_dir(&tmp, &tok_dir)?;
         tokenizers::Tokenizer::from_file(&tokenizer_json)
-            .map_err(|e| ModelError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
+            .map_err(|e| DemoError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
     };
     progress.stage("tokenizing", 0);
     let train_stream = bpe::encode_stream(&tokenizer, &corpus.train)?;
@@ -224,46 +193,6 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         ),
     )?;
     Ok(outcome)
-}
-
-/// Seconds one optimiser step of `shape` takes on `device`, for turning `--minutes` into
-/// steps (each step ends by reading its loss back, so a GPU step is timed to its end).
-pub fn seconds_per_step(
-    spec: &DemoSpec,
-    shape: Shape,
-    with_teacher: Option<Shape>,
-    matmul: MatmulKind,
-    device: DeviceSpec,
-) -> Result<f64> {
-    let device = device.to_device()?;
-    let compute = matmul.kind();
-    let stream: Vec<u32> = (0..(spec.context * 4) as u32).map(|i| i % spec.vocab_size as u32).collect();
-    let vs = VarStore::new(device);
-    let model = TrainableLlama::new(&vs.root(), &spec.llama_config(shape))?;
-    let teacher_vs = VarStore::new(device);
-    let teacher = with_teacher.map(|s| TrainableLlama::new(&teacher_vs.root(), &spec.llama_config(s))).transpose()?;
-    let t = spec.context as i64;
-    let mut windows = Windows::new(&stream, spec.context, spec.batch, 0);
-    let mut time_one = || -> Result<f64> {
-        let started = Instant::now();
-        optimise(&vs, 1, 1e-4, &mut windows, &mut Quiet, |batch| {
-            let ids = batch.f_narrow(1, 0, t)?;
-            let logits = model.forward(&ids, compute)?;
-            match &teacher {
-                Some(teacher) => {
-                    let p = {
-                        let _no_grad = tch::no_grad_guard();
-                        teacher.forward(&ids, compute)?
-                    };
-                    distillation_loss(&logits, &p)
-                }
-                None => next_token_loss(&logits, &batch.f_narrow(1, 1, t)?),
-            }
-        })?;
-        Ok(started.elapsed().as_secs_f64())
-    };
-    time_one()?; // warm-up: allocator and kernel selection
-    time_one()
 }
 
 #[cfg(test)]

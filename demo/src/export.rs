@@ -1,22 +1,22 @@
 //! Writes one model of the pair as a Hugging Face checkpoint directory that transformers and
-//! [`crate::LlamaModel::load`] both read: `config.json`, `generation_config.json`,
+//! [`specd_model::LlamaModel::load`] both read: `config.json`, `generation_config.json`,
 //! `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+use specd_model::LlamaConfig;
 use tch::Tensor;
 use tch::nn::VarStore;
 
-use super::spec::END_OF_TEXT_STR;
-use crate::config::LlamaConfig;
-use crate::error::{ModelError, Result};
+use crate::error::{DemoError, Result};
+use crate::spec::END_OF_TEXT_STR;
 
 /// The file that records which build a stage directory holds.
 pub const BUILD_FILE: &str = "specd-build.json";
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
-    move |source| ModelError::Io { path: path.to_owned(), source }
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DemoError + '_ {
+    move |source| DemoError::Io { path: path.to_owned(), source }
 }
 
 pub fn write_json(path: &Path, value: &Value) -> Result<()> {

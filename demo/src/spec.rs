@@ -1,8 +1,7 @@
 //! What a demo pair is made of: the two shapes, the tokenizer size and the training budgets.
 
 use serde::{Deserialize, Serialize};
-
-use crate::config::{LlamaConfig, LlamaShape};
+use specd_model::{LlamaConfig, LlamaShape};
 
 /// The shape of one Llama model of the pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

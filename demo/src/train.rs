@@ -6,8 +6,8 @@ use std::time::Instant;
 use tch::nn::{self, OptimizerConfig};
 use tch::{Kind, Tensor};
 
-use super::progress::Progress;
 use crate::error::Result;
+use crate::progress::Progress;
 
 /// Draws training windows from one token stream with a seeded generator, so a seed fixes
 /// the data order.

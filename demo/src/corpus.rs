@@ -5,7 +5,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{ModelError, Result};
+use crate::error::{DemoError, Result};
 
 /// One file of the corpus.
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ const SKIPPED_DIRS: [&str; 6] = ["test", "tests", "site-packages", "dist-package
 pub fn python_stdlib() -> Result<PathBuf> {
     let python = std::env::var("SPECD_PYTHON").unwrap_or_else(|_| "python3".into());
     let missing = |why: String| {
-        ModelError::Corpus(format!(
+        DemoError::Corpus(format!(
             "cannot find the Python standard library to train on ({why}); pass --corpus DIR with .py files"
         ))
     };
@@ -78,7 +78,7 @@ pub fn load(root: &Path, max_bytes: usize) -> Result<Corpus> {
         if held { held_out.push(doc) } else { train.push(doc) }
     }
     if train.is_empty() || held_out.is_empty() {
-        return Err(ModelError::Corpus(format!(
+        return Err(DemoError::Corpus(format!(
             "{} has too few .py files to train on and hold some out ({} train, {} held out)",
             root.display(),
             train.len(),
@@ -90,7 +90,7 @@ pub fn load(root: &Path, max_bytes: usize) -> Result<Corpus> {
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.to_owned(), source })?;
+    let entries = std::fs::read_dir(dir).map_err(|source| DemoError::Io { path: dir.to_owned(), source })?;
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name();

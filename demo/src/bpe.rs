@@ -8,13 +8,13 @@ use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
-use super::corpus::Document;
-use super::spec::{END_OF_TEXT, END_OF_TEXT_STR};
-use crate::error::{ModelError, Result};
+use crate::corpus::Document;
+use crate::error::{DemoError, Result};
+use crate::spec::{END_OF_TEXT, END_OF_TEXT_STR};
 
 /// Trains a tokenizer of `vocab_size` ids on `docs` and saves it to `path`.
 pub fn train(docs: &[Document], vocab_size: usize, path: &Path) -> Result<Tokenizer> {
-    let fail = |message: String| ModelError::Tokenizer { path: path.to_owned(), message };
+    let fail = |message: String| DemoError::Tokenizer { path: path.to_owned(), message };
     // No prefix space: code is mostly at line starts, and a prompt must encode as written.
     let byte_level = ByteLevel::new(false, true, true);
     let mut tokenizer = Tokenizer::new(BPE::default());
@@ -41,7 +41,7 @@ pub fn encode_stream(tokenizer: &Tokenizer, docs: &[Document]) -> Result<Vec<u32
     let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
     let encodings = tokenizer
         .encode_batch(texts, false)
-        .map_err(|e| ModelError::Tokenizer { path: "tokenizer.json".into(), message: e.to_string() })?;
+        .map_err(|e| DemoError::Tokenizer { path: "tokenizer.json".into(), message: e.to_string() })?;
     let mut stream = Vec::new();
     for e in encodings {
         stream.extend_from_slice(e.get_ids());
