@@ -2,9 +2,8 @@
 
 /// An exponentially weighted running average that starts as a plain mean: the k-th
 /// observation weighs max(1/k, weight). Early estimates then rest on all the data so far,
-/// not on a prior that a small smoothing weight would keep for dozens of observations
-/// (with 0.05 per position, a first round of 4 positions at α = 0.8 left α at 0.56, and at a
-/// 5 ms RTT that was enough to turn drafting off for good).
+/// not on a prior that a small smoothing weight would keep for dozens of observations, long
+/// enough to turn drafting off for good (docs/adaptive.md).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Average {
     pub(crate) mean: Option<f64>,

@@ -10,18 +10,21 @@ use crate::policy::remeasure::within_budget;
 use crate::policy::state::{AdaptiveGamma, START_GAMMA};
 
 /// Rounds a session that starts from nothing (or explores) measures with: γ = START_GAMMA,
-/// then 0.
+/// then 0, one of each side.
 pub const MEASURING_ROUNDS: u64 = 2;
-/// While drafting, one target-only round this often refreshes its costs.
+/// While drafting, one target-only round this often refreshes its costs: rarely enough that
+/// the refresh costs at most a round in 64.
 pub const PLAIN_PROBE_EVERY: u64 = 64;
 /// While not drafting, a drafting round checks whether drafting pays again, as often as its
-/// expected loss against target-only rounds stays under this share of the session's tokens.
-/// (One γ = 1 probe in 16 to 128 rounds whatever it cost left sessions whose α had dipped
-/// below break-even at a 5 ms RTT target-only for the rest of their 48 tokens, and at 20 ms
-/// spent 4% of the rate on probes that could not pay.)
+/// expected loss against target-only rounds stays under this share of the session's tokens:
+/// often near break-even, where a probe loses little and a session whose α dipped must find
+/// its way back, rarely across a slow link, where a probe costs several target passes
+/// (docs/adaptive.md has the measurements).
 pub const DRAFT_PROBE_BUDGET: f64 = 0.01;
-/// Bounds on the target-only rounds between two probes.
+/// The fewest target-only rounds between two probes, however little a probe loses.
 pub const DRAFT_PROBE_MIN: u64 = 8;
+/// The most target-only rounds between two probes, however much a probe loses: a session
+/// must still notice a draft that has become good.
 pub const DRAFT_PROBE_MAX: u64 = 128;
 /// Relative difference in expected speed below which two γ are a tie (the smaller wins).
 const NEAR_TIE: f64 = 1e-9;
@@ -29,9 +32,8 @@ const NEAR_TIE: f64 = 1e-9;
 impl AdaptiveGamma {
     /// Whether drafting would pay were α two standard errors higher than estimated from
     /// `positions` independent positions: while the estimate is uncertain, whether exploring
-    /// is worth its cost. (One was too few: the first session's prompt drafted badly, its
-    /// costs were measured on its few rounds, and a 5 ms link where γ = 6 gives 1.26× was
-    /// left undrafted until the eighth session.)
+    /// is worth its cost. One standard error left a link where drafting paid undrafted for
+    /// several sessions after a first prompt that drafted badly (docs/adaptive.md).
     pub(super) fn could_pay(&self, positions: u64) -> bool {
         let (alpha, n) = (self.alpha(), positions.max(1) as f64);
         let optimistic = alpha + 2.0 * (alpha * (1.0 - alpha) / n).sqrt();

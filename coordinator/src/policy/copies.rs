@@ -1,11 +1,10 @@
 //! Whether a `model+ngram` draft's copies pay in this session. A copy (the token after an
 //! n-gram match, q = one-hot) costs no draft step and is accepted with the target's p of that
 //! one token; a draw from the model costs a step and is accepted with Σ min(p, q). On greedy
-//! output that repeats itself copies win. Sampled at T = 0.8 from the demo target, copies were
-//! accepted far less often than the model's draws, and mixing them in made `model+ngram`
-//! 0.93× the model alone on the grounded prompts (BENCHMARKS.md). So the coordinator measures
-//! both kinds in the session's rounds and, once copies are worse by more than they save, asks
-//! the draft for its model's candidates only (`ProposeRequest.model_only`).
+//! output that repeats itself copies win; sampled, they can be accepted so much less often
+//! than the model's draws that they cost more than they save (docs/adaptive.md). So the
+//! coordinator measures both kinds in the session's rounds and, once copies are worse by more
+//! than they save, asks the draft for its model's candidates only (`ProposeRequest.model_only`).
 //!
 //! The comparison: in a chain of candidates each accepted with probability a, a round yields
 //! about 1/(1 − a) tokens. With R the cost of a round besides drafting (the verify pass and the
@@ -21,10 +20,8 @@
 //! before the next, up to [`MAX_PROBE_EVERY`], since a probe's rejected copy costs a round.
 //!
 //! A session starts from where the last session with its sampling settings left the choice
-//! ([`crate::policy::PolicyMemory::copy_choice`]). Learnt afresh in every session, the
-//! copies' first blocks and probes cost the demo pair's `model+ngram` draft 15 % against its
-//! model alone at T = 0.8 on the grounded prompts (1.67× against 1.97×, BENCHMARKS.md) once
-//! the model's step was cheap (the host engine).
+//! ([`crate::policy::PolicyMemory::copy_choice`]): learnt afresh in every session, the
+//! copies' first blocks and probes cost more than the copies could save (docs/adaptive.md).
 
 use specd_proto::v1::ProposalSource;
 

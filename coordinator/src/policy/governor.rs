@@ -3,15 +3,15 @@
 //! Alone, a session can compare its drafting rounds with its target-only rounds: the machine
 //! does the same thing in both. Under load it cannot: its target-only rounds share passes with
 //! other sessions' long blocks, its drafting rounds with their one-token rounds, and a session
-//! that drafts while the others do not splits their batches, which its own times do not show.
-//! On the demo pair at 8 clients the drafting sessions estimated γ = 3–4 at 1.25× their
-//! target-only rounds, while drafting cost 7–20% of the aggregate (BENCHMARKS.md, #10).
+//! that drafts while the others do not splits their batches, which its own times do not show
+//! (docs/adaptive.md has what that cost the demo pair).
 //!
 //! So per load level (sampling settings and running generations, as the policy memory keys
 //! them) the coordinator alternates periods of [`PERIOD_ROUNDS`] rounds: in a `Plain` period
 //! every adaptive session of the level decodes target-only (requests with a fixed γ are not
-//! governed), in an `Adaptive` one each follows its own policy. A period's result is tokens per session-second (committed tokens ÷ the summed wall
-//! time of the rounds that committed them), which is the aggregate rate ÷ the sessions running.
+//! governed), in an `Adaptive` one each follows its own policy. A period's result is tokens
+//! per session-second (committed tokens ÷ the summed wall time of the rounds that committed
+//! them), which is the aggregate rate ÷ the sessions running.
 //! After one period of each, the better mode runs, and now and then a period re-measures the
 //! other: as often as spends at most [`REMEASURE_BUDGET`] of the level's rate on it, and at
 //! least one period in [`OTHER_MODE_EVERY_MAX`]. A level starts `Plain`: under load the safe
@@ -24,13 +24,14 @@ use crate::policy::remeasure::within_budget;
 /// Rounds (of all the level's sessions) in one period.
 pub const PERIOD_ROUNDS: u64 = 64;
 /// The share of a level's rate that re-measuring the mode that measured worse may cost: a
-/// mode at 0.75× the other runs after 25 periods of it. (One in 8 whatever the loss cost the demo
-/// pair 3% at 8 clients, where drafting runs at 0.7–0.75× plain, more than the 1–2% by which
-/// a plain configuration varies.)
+/// mode at 0.75× the other runs after 25 periods of it. It is below the 1–2% by which a plain
+/// configuration's rate varies, so that re-measuring costs less than noise (docs/adaptive.md).
 pub const REMEASURE_BUDGET: f64 = 0.01;
-/// Bounds on the periods between re-measurings: a mode within 8% of the other is re-measured
-/// one period in 8, one that loses badly still one in 64, in case the machine changed.
+/// The fewest periods between re-measurings: a mode within 8% of the other is re-measured one
+/// period in 8.
 pub const OTHER_MODE_EVERY_MIN: u64 = 8;
+/// The most periods between re-measurings: a mode that loses badly is still re-measured one
+/// period in 64, in case the machine changed.
 pub const OTHER_MODE_EVERY_MAX: u64 = 64;
 /// Weight of a period's rate once a mode has a few (the first ones are averaged plainly).
 const RATE_SMOOTHING: f64 = 0.25;
@@ -116,8 +117,8 @@ impl LoadPeriods {
                     (LoadMode::Plain, LoadMode::Adaptive, adaptive / plain)
                 };
                 // A re-measured mode that now measures better was measured later than the
-                // other's estimate, and the machine drifts (±10% over minutes here): the other
-                // is measured again at once before the level switches for long.
+                // other's estimate, and the machine drifts: the other is measured again at once
+                // before the level switches for long.
                 let flipped = self.remeasuring && self.mode == best;
                 self.since_other = if self.mode == best && !flipped { self.since_other + 1 } else { 0 };
                 self.remeasuring = flipped || self.since_other >= remeasure_every(ratio);

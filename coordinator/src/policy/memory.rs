@@ -24,9 +24,8 @@ use crate::policy::state::{ALPHA_PRIOR_WEIGHT, AdaptiveGamma, MS};
 /// would not use. Until the α estimate rests on [`CONFIDENT_POSITIONS`] positions every new
 /// session explores, but only while it runs alone: under load a session that drafts while the
 /// others do not arrives at the target out of step with them and splits their batches, which
-/// costs every session (8 clients on the demo pair: 0.89× target-only with every new session
-/// exploring, 1.00× with one in 8). The same holds before anything is learnt: under load only
-/// one session in [`EXPLORE_EVERY`] of a key not learnt yet measures drafting.
+/// costs every session (docs/adaptive.md). The same holds before anything is learnt: under
+/// load only one session in [`EXPLORE_EVERY`] of a key not learnt yet measures drafting.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyMemory(Arc<Mutex<Memory>>);
 
@@ -47,8 +46,7 @@ struct Memory {
 struct Learnt {
     policy: AdaptiveGamma,
     /// α over every position of every session, slowly smoothed: a session's own α follows
-    /// its prompt (the demo pair's greedy α is 0.24 on one prompt, 0.78 over eight) and one
-    /// poor prompt must not switch drafting off for everyone after it.
+    /// its prompt, and one poor prompt must not switch drafting off for everyone after it.
     population_alpha: Average,
     /// Sessions whose positions are in `population_alpha`.
     alpha_sessions: u64,
@@ -62,11 +60,9 @@ impl Learnt {
     }
 
     /// How many independent positions the population α is worth. Positions of one prompt
-    /// are not independent: the prompt sets the acceptance (greedy on the demo pair, 0.24
-    /// on one prompt and 0.78 over eight), so each session counts for at most
-    /// [`SESSION_ALPHA_PRIOR_WEIGHT`] positions. At a 5 ms RTT, a first prompt's 40 poor
-    /// positions were taken as certainty, and drafting (γ = 6: 1.26–1.34×) stayed off for
-    /// 7 sessions in 8 (1.16×).
+    /// are not independent, since the prompt sets the acceptance, so each session counts for
+    /// at most [`SESSION_ALPHA_PRIOR_WEIGHT`] positions: one prompt's many poor positions must
+    /// not be taken as certainty (docs/adaptive.md).
     fn alpha_evidence(&self) -> u64 {
         let positions = self.population_alpha.count.saturating_sub(ALPHA_PRIOR_WEIGHT);
         positions.min(self.alpha_sessions * SESSION_ALPHA_PRIOR_WEIGHT)
@@ -81,7 +77,8 @@ const POPULATION_ALPHA_SMOOTHING: f64 = 0.002;
 /// half its prompt's.
 pub const SESSION_ALPHA_PRIOR_WEIGHT: u64 = 8;
 
-/// Distinct sampling settings remembered; past this the memory starts again.
+/// Distinct keys (sampling settings at a load level) remembered; past this the memory starts
+/// again.
 const REMEMBERED_SETTINGS: usize = 256;
 
 /// Clears `map` when `key` would be one key past [`REMEMBERED_SETTINGS`]: the keys hold
@@ -92,14 +89,14 @@ fn make_room<V>(map: &mut HashMap<PolicyKey, V>, key: PolicyKey) {
     }
 }
 
-/// While drafting does not pay, one session in this many still drafts (and probes).
+/// While drafting does not pay, one session in this many still drafts (and probes): few enough
+/// that under load the others' batches stay in step (docs/adaptive.md).
 pub const EXPLORE_EVERY: u64 = 8;
 
 /// Below this many independent positions behind the α estimate ([`Learnt::alpha_evidence`]:
 /// at least 4 sessions' worth), "drafting does not pay" is not trusted and every new session
 /// explores, unless drafting would not pay even with α two standard errors higher: one
-/// prompt's acceptance can be far from the next one's (greedy on the demo pair: 0.24 on one
-/// prompt, 0.78 over eight).
+/// prompt's acceptance can be far from the next one's.
 pub const CONFIDENT_POSITIONS: u64 = 32;
 
 impl PolicyMemory {
@@ -108,9 +105,9 @@ impl PolicyMemory {
     pub fn start(&self, key: PolicyKey, max: u32, running: usize) -> AdaptiveGamma {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(learnt) = memory.learnt.get_mut(&key) else {
-            // A new load level starts with all its sessions at once (8 clients: the whole
-            // first pass of the demo pair drafted its first rounds, at 0.86× target-only).
-            // One measures; the rest decode plainly until it has.
+            // A new load level starts with all its sessions at once, and all of them drafting
+            // their first rounds would split each other's batches: one measures, the rest
+            // decode plainly until it has.
             make_room(&mut memory.unlearnt_starts, key);
             let starts = memory.unlearnt_starts.entry(key).or_default();
             *starts += 1;
@@ -127,11 +124,10 @@ impl PolicyMemory {
             || learnt.starts.is_multiple_of(EXPLORE_EVERY)
         {
             // A lone explorer goes against what the population's α says, so its own
-            // positions decide: with the population's α counted as 8 positions, a prompt at
-            // α = 0.78 after one at 0.25 stood at 0.40 after its first round, stopped
-            // drafting, and left the population's α where it was. Under load an explorer
-            // re-measures the costs, and a prompt the draft knows well must not keep it
-            // drafting out of step with the others.
+            // positions decide: counted as more, the population's α would stop a good prompt
+            // after its first round (docs/adaptive.md). Under load an explorer re-measures
+            // the costs, and a prompt the draft knows well must not keep it drafting out of
+            // step with the others.
             (shared.exploring_copy(max), if running <= 1 { 0 } else { SESSION_ALPHA_PRIOR_WEIGHT })
         } else {
             (shared.warm_copy(0), SESSION_ALPHA_PRIOR_WEIGHT)

@@ -5,15 +5,13 @@ use crate::policy::average::Average;
 use crate::policy::state::{AdaptiveGamma, MS, START_GAMMA};
 use crate::session::round_report::RoundReport;
 
-/// Weight of a new observation in the running averages.
+/// Weight of a new observation in the running averages (a horizon of about seven rounds).
 const SMOOTHING: f64 = 0.15;
-/// Weight of one position's Σ min(p, q) in the running α.
+/// Weight of one position's Σ min(p, q) in the running α (a horizon of about 20 positions).
 const ALPHA_SMOOTHING: f64 = 0.05;
-/// Weight of a round in the verify pass's cost per token. The slope is a property of the
-/// target and its machine, small against the pass's noise (here 0.5 ms a token against
-/// ±2 ms, spikes aside): learnt at [`SMOOTHING`], sessions at a 0 ms RTT read anything from
-/// -0.4 to 4.4 ms a token from their few rounds, and those that read high drafted γ = 2–3
-/// where γ = 5 was faster (26 rounds for 48 tokens against 19).
+/// Weight of a round in the verify pass's cost per token: lower than [`SMOOTHING`], because
+/// the slope is a property of the target and its machine, small against a pass's noise, and
+/// a few rounds' reading of it misled sessions into short blocks (docs/adaptive.md).
 const SLOPE_SMOOTHING: f64 = 0.03;
 
 impl AdaptiveGamma {
@@ -57,12 +55,9 @@ impl AdaptiveGamma {
         }
         self.own_positions += acceptances.len() as u64;
         // Per-token costs from short blocks are the least reliable: a draft call has a fixed
-        // part that γ = 1 puts all on one step, and a verify pass's noise of ±2 ms divided by
-        // γ = 1 is a slope of ±2 ms a token. Sessions that had stopped drafting measured only
-        // such γ = 1 probes, priced drafting at 1.5–2 ms a token for the verify and 2.8 ms a
-        // draft step (1.0 ms and 2.0 ms at γ ≥ 4), and stayed stopped where γ = 3 paid 1.15×
-        // (5 ms RTT, α 0.6). So they count for a share that grows with γ: its square for the
-        // slope, whose error shrinks as 1/γ.
+        // part that γ = 1 puts all on one step, and a verify pass's noise divided by γ = 1 is
+        // all slope. So they count for a share that grows with γ: its square for the slope,
+        // whose error shrinks as 1/γ (docs/adaptive.md has what γ = 1 probes alone cost).
         let share = (g / f64::from(START_GAMMA)).min(1.0);
         // A step is what a drawn candidate costs: a round of copies alone says nothing of it.
         let draws = report.policy_draws() as f64;
@@ -82,14 +77,12 @@ impl AdaptiveGamma {
     }
 }
 
-/// How far above the running estimate one pass's time counts: times on this 2-core machine
-/// have spikes of 2–4× the median (a 5 ms RTT run: target-only passes of median 18.4 ms and
-/// up to 45 ms, γ = 3 passes of median 19.6 ms and up to 78 ms). Target-only rounds are rare
-/// while drafting, so one spike taken whole stayed in that estimate for dozens of rounds: at
-/// 20 ms RTT it read 42 ms against 19, and drafting looked like it paid for every session
-/// started from it. Clipped, a spike moves an estimate a little and a lasting slow-down still
-/// moves it all the way, in about ten rounds. Spikes go up only, so times below the estimate
-/// count whole, and so do the first few, which an estimate that is still a plain mean needs.
+/// How far above the running estimate one pass's time counts. CPU passes spike to several
+/// times their median, and target-only rounds are rare while drafting, so one spike taken
+/// whole would stay in that estimate for dozens of rounds (docs/adaptive.md). Clipped, a spike
+/// moves an estimate a little and a lasting slow-down still moves it all the way, in about ten
+/// rounds. Spikes go up only, so times below the estimate count whole, and so do the first
+/// few, which an estimate that is still a plain mean needs.
 const SPIKE_RATIO: f64 = 1.5;
 
 /// `x`, at most [`SPIKE_RATIO`] × `estimate` once that rests on 1/[`SMOOTHING`] observations.
@@ -102,9 +95,9 @@ fn within_spikes(x: f64, estimate: Average) -> f64 {
 
 /// Which nodes' times in a round are what a round at that γ costs. A node's first pass of a
 /// session also fills its cache with the prompt, and a draft's first pass after target-only
-/// rounds catches up on their tokens: taken as per-token costs, the demo's 60-token prompts
-/// priced a verified token at several ms, and every session started from memory wrote that
-/// back for the next.
+/// rounds catches up on their tokens. Taken as per-token costs, those passes would price a
+/// token at many times its cost, and every session started from memory would write that back
+/// for the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SteadyCosts {
     pub target: bool,

@@ -4,7 +4,8 @@
 
 use crate::policy::average::Average;
 
-/// γ of the first round, before anything is measured.
+/// γ of the first round, before anything is measured: a block long enough that its per-token
+/// costs count whole in the estimates (`observe.rs`).
 pub const START_GAMMA: u32 = 4;
 
 /// How many observations the prior α = 0.5 counts for: a round that evaluates 3 or more
