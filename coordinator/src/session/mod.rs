@@ -32,7 +32,7 @@ use crate::policy::key::{LoadLevel, PolicyKey};
 use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec};
 use crate::session::draft_link::DraftLink;
-use crate::session::round::{BatchSum, Cursor, RoundReport, WireBytes, run_round};
+use crate::session::round::{BatchSum, Cursor, DraftStep, RoundInput, RoundReport, WireBytes, run_round};
 use crate::session::round_report::source_name;
 
 /// Everything one generation needs.
@@ -391,38 +391,46 @@ impl SessionActor {
             let steady =
                 SteadyCosts { target: !target_refills, draft: draft_link.as_mut().is_some_and(DraftLink::steady) };
             // Not a session that opened since: the policy was told this round is not its.
-            let draft_arg =
-                draft_link.as_mut().filter(|_| !awaiting_draft).and_then(DraftLink::session).map(|d| (d, gamma));
+            let draft = draft_link
+                .as_mut()
+                .filter(|_| !awaiting_draft)
+                .and_then(DraftLink::session)
+                .map(|session| DraftStep { session, gamma });
             // A draft sure to propose nothing (an n-gram draft and no match) is not asked: the
             // round runs target-only, an empty proposal without the round trip. Not the
             // policy's round either: it chose a γ the draft could not fill.
-            let nothing_to_propose =
-                gamma > 0 && draft_arg.as_ref().is_some_and(|(d, _)| d.has_nothing_for(&committed));
-            let draft_arg = draft_arg.filter(|_| !nothing_to_propose);
-            let target_arg = (&mut target_rounds, &target_cursor);
-            let mut report =
-                match run_round(spec, &self.session_id, round, self.vocab_size, target_arg, draft_arg).await {
-                    Err(CoordinatorError::TargetLost(err)) => {
-                        // Nothing of this round was committed or sent: run it again on another
-                        // replica, re-filled with everything committed so far.
-                        let (next, rounds) = self.fail_over(*err, &mut spares, &open, &committed).await?;
-                        stats.target_failovers += 1;
-                        guard.move_to(next);
-                        target_rounds = rounds;
-                        target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
-                        target_refills = true;
-                        continue;
+            let nothing_to_propose = gamma > 0 && draft.as_ref().is_some_and(|d| d.session.has_nothing_for(&committed));
+            let input = RoundInput {
+                spec,
+                session_id: &self.session_id,
+                round,
+                vocab_size: self.vocab_size,
+                target: &mut target_rounds,
+                target_cursor: &target_cursor,
+                draft: draft.filter(|_| !nothing_to_propose),
+            };
+            let mut report = match run_round(input).await {
+                Err(CoordinatorError::TargetLost(err)) => {
+                    // Nothing of this round was committed or sent: run it again on another
+                    // replica, re-filled with everything committed so far.
+                    let (next, rounds) = self.fail_over(*err, &mut spares, &open, &committed).await?;
+                    stats.target_failovers += 1;
+                    guard.move_to(next);
+                    target_rounds = rounds;
+                    target_cursor = Cursor { valid: committed.len(), pending: Vec::new() };
+                    target_refills = true;
+                    continue;
+                }
+                Err(CoordinatorError::DraftLost(err)) => {
+                    // Nothing was committed: the same round again, without the draft.
+                    if let Some(link) = draft_link.as_mut() {
+                        link.lost(&err);
+                        stats.draft_fallbacks = link.fallbacks;
                     }
-                    Err(CoordinatorError::DraftLost(err)) => {
-                        // Nothing was committed: the same round again, without the draft.
-                        if let Some(link) = draft_link.as_mut() {
-                            link.lost(&err);
-                            stats.draft_fallbacks = link.fallbacks;
-                        }
-                        continue;
-                    }
-                    result => result?,
-                };
+                    continue;
+                }
+                result => result?,
+            };
             report.proposal_skipped = nothing_to_propose;
             stats.record(&report);
             // A round that filled the cache costs the prompt's pass, whichever mode the level

@@ -22,19 +22,36 @@ use crate::request::{GenerationSpec, RuleVariant, Wire};
 use crate::session::draft_link::DraftSession;
 use crate::session::propose::{Proposals, propose};
 
-/// Runs round `round` with draft length `gamma` (0 or no draft: target-only), in a span of
-/// its own that the nodes' spans of this round are children of.
-pub async fn run_round(
-    spec: &GenerationSpec,
-    session_id: &str,
-    round: u32,
-    vocab_size: usize,
-    target: (&mut TargetRounds, &Cursor),
-    draft: Option<(&mut DraftSession, u32)>,
-) -> Result<RoundReport, CoordinatorError> {
+/// What a round takes: the generation it belongs to, the target's side and the draft's.
+#[derive(Debug)]
+pub struct RoundInput<'a> {
+    pub spec: &'a GenerationSpec,
+    /// The session's id on the target.
+    pub session_id: &'a str,
+    /// The round's index in the session (with the seed, the key of its random draws).
+    pub round: u32,
+    pub vocab_size: usize,
+    /// The target's round stream.
+    pub target: &'a mut TargetRounds,
+    /// What the target holds of the committed sequence.
+    pub target_cursor: &'a Cursor,
+    /// The draft's part; `None`: the round runs target-only.
+    pub draft: Option<DraftStep<'a>>,
+}
+
+/// The draft's part of a round: its session, and how many candidates to ask it for.
+#[derive(Debug)]
+pub struct DraftStep<'a> {
+    pub session: &'a mut DraftSession,
+    /// 0: the draft is not asked, and the round runs target-only.
+    pub gamma: u32,
+}
+
+/// Runs a round in a span of its own that the nodes' spans of this round are children of.
+pub async fn run_round(input: RoundInput<'_>) -> Result<RoundReport, CoordinatorError> {
+    let round = input.round;
     let span = tracing::info_span!("round", round);
-    let report =
-        run_round_in(spec, session_id, round, vocab_size, target, draft, &span).instrument(span.clone()).await?;
+    let report = run_round_in(input, &span).instrument(span.clone()).await?;
     record(&span, round, &report);
     Ok(report)
 }
@@ -57,15 +74,8 @@ fn record(span: &tracing::Span, round: u32, report: &RoundReport) {
     span.set_attribute(attributes::ROUND_OPTIMISTIC_HIT, report.optimistic_hit);
 }
 
-async fn run_round_in(
-    spec: &GenerationSpec,
-    session_id: &str,
-    round: u32,
-    vocab_size: usize,
-    target: (&mut TargetRounds, &Cursor),
-    draft: Option<(&mut DraftSession, u32)>,
-    span: &tracing::Span,
-) -> Result<RoundReport, CoordinatorError> {
+async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<RoundReport, CoordinatorError> {
+    let RoundInput { spec, session_id, round, vocab_size, target: target_client, target_cursor, draft } = input;
     let started = Instant::now();
     // Both nodes' spans of this round hang under the same round span.
     let trace_context = context_map(span);
@@ -77,7 +87,7 @@ async fn run_round_in(
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
     };
-    if let Some((draft, gamma)) = draft.filter(|d| d.1 > 0) {
+    if let Some(DraftStep { session: draft, gamma }) = draft.filter(|d| d.gamma > 0) {
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
@@ -96,7 +106,6 @@ async fn run_round_in(
         Proposals::Dense(p) => (p.iter().map(|(t, _)| *t).collect(), Vec::new()),
     };
     let gamma = candidates.len();
-    let (target_client, target_cursor) = target;
     let request = VerifyRequest {
         session_id: session_id.to_owned(),
         round,
