@@ -49,7 +49,7 @@ pub fn effective_rows(logits: &Tensor, params: &SamplingParams, history: BlockHi
 }
 
 /// [`effective_rows`]; `block_seen` false is wrong on purpose: penalties at every row see
-/// only the committed history ([`crate::DeviceRule::PenaltiesBlindToTheBlock`]).
+/// only the committed history (the `testing` feature's `DeviceRule::PenaltiesBlindToTheBlock`).
 pub(crate) fn effective_rows_seeing(
     logits: &Tensor,
     params: &SamplingParams,

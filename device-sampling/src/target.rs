@@ -17,15 +17,16 @@ pub struct DeviceScored {
     pub bytes_to_host: usize,
 }
 
-/// Which rule [`score_block_with`] follows. Only [`DeviceRule::Exact`] is right: the other
-/// is a bug kept on purpose, so that the law audits show they catch a device path that
-/// goes wrong in a way no reply validation sees.
+/// Which rule [`score_block_with`] follows. Only [`DeviceRule::Exact`] is right; with the
+/// `testing` feature a bug kept on purpose joins it, so that the law audits show they catch
+/// a device path that goes wrong in a way no reply validation sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceRule {
     #[default]
     Exact,
     /// Penalties at every block position see only the committed history, not the
     /// speculated tokens before the position.
+    #[cfg(feature = "testing")]
     PenaltiesBlindToTheBlock,
 }
 

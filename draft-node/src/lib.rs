@@ -102,6 +102,7 @@ impl DraftNode {
     /// Pushes every block drafted ahead with its first candidate replaced by a token outside
     /// the vocabulary (the reply to a request stays right). Wrong: it exists so that tests can
     /// show a coordinator takes such a draft for a failed one and goes on without it.
+    #[cfg(feature = "testing")]
     pub fn with_corrupt_pushes(mut self) -> Self {
         self.corrupt_pushes = true;
         self
@@ -111,6 +112,7 @@ impl DraftNode {
     /// [`Purpose::Draft`]. Wrong for anything but [`Purpose::Draft`] (with
     /// [`Purpose::Accept`] a candidate and the coordinator's uniform for accepting it are
     /// one draw): it exists so that the law tests can show they catch such a draft.
+    #[cfg(feature = "testing")]
     pub fn with_lookahead_purpose(mut self, purpose: Purpose) -> Self {
         self.lookahead_purpose = purpose;
         self
