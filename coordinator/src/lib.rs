@@ -3,13 +3,17 @@
 //! - [`api`]: what clients call: the `specd.v1.Generation` gRPC service (one
 //!   [`session::SessionActor`] per request), the OpenAI-compatible HTTP API over it, and
 //!   admission (bearer token, generations in flight, deadlines);
-//! - [`session`]: a generation's loop (rounds, stop conditions, streaming) and the drop guard
-//!   that releases both nodes' sessions on finish, error, timeout and client cancel; in it,
+//! - [`session`]: a generation's loop as named steps, and the drop guard that releases both
+//!   nodes' sessions on finish, error, timeout and client cancel; in it, [`session::open`]
+//!   (the sessions asked for), [`session::target`] and [`session::failover`] (the target's
+//!   session, moved to a spare when lost), [`session::choose`] (each round's γ),
 //!   [`session::round`] (Propose, Verify, the rule from `specd-sampling`),
 //!   [`session::propose`] (the draft's part, and the blocks it pushes ahead),
 //!   [`session::draft_link`] (the link to the draft, lost and found again),
-//!   [`session::round_report`] (what a round leaves behind), [`session::logprobs`] and
-//!   [`session::metrics`];
+//!   [`session::round_report`] (what a round leaves behind), [`session::commit`] (a round's
+//!   tokens, and the stop conditions), [`session::stream`] (the client's messages),
+//!   [`session::stats`], [`session::finish`], [`session::release`], [`session::logprobs`]
+//!   and [`session::metrics`];
 //! - [`policy`]: adaptive γ from the session's measured acceptance and costs; in it,
 //!   [`policy::governor`] (under load, whether a load level's sessions draft at all),
 //!   [`policy::copies`] (whether a `model+ngram` draft's copies pay) and the running average

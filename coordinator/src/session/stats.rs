@@ -1,0 +1,105 @@
+//! The speculation stats a generation sends with each message: rounds, drafted and accepted
+//! tokens, times, wire bytes, batching and what proposed each candidate, summed over its
+//! rounds.
+
+use std::collections::BTreeMap;
+
+use specd_proto::v1::{ProposalSource, ProposerTally, SpeculationStats};
+
+use crate::session::round_report::{BatchSum, RoundReport, WireBytes, source_name};
+
+/// What the generation's rounds add up to, as its messages report it
+/// ([`SpeculationStats`]).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub rounds: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    accepted_per_position: Vec<u64>,
+    gamma: u32,
+    pub draft_ns: u64,
+    pub verify_ns: u64,
+    wall_ns: u64,
+    wire: WireBytes,
+    pub draft_fallbacks: u64,
+    pub target_failovers: u64,
+    acceptance_sum: f64,
+    evaluated_positions: u64,
+    optimistic_attempts: u64,
+    optimistic_hits: u64,
+    target_batches: BatchSum,
+    draft_batches: BatchSum,
+    optimistic_pushed: u64,
+    /// Candidates proposed and accepted, by what proposed them.
+    by_proposer: BTreeMap<ProposalSource, ProposerTally>,
+    empty_proposals: u64,
+    proposals_skipped: u64,
+}
+
+impl Stats {
+    /// Adds a finished round.
+    pub fn record(&mut self, report: &RoundReport) {
+        self.rounds += 1;
+        self.draft_tokens += report.gamma as u64;
+        self.accepted_tokens += report.outcome.accepted as u64;
+        if self.accepted_per_position.len() < report.gamma {
+            self.accepted_per_position.resize(report.gamma, 0);
+        }
+        for slot in &mut self.accepted_per_position[..report.outcome.accepted] {
+            *slot += 1;
+        }
+        self.gamma = report.gamma as u32;
+        self.draft_ns += report.draft_ns;
+        self.verify_ns += report.verify_ns;
+        self.wall_ns += report.wall_ns;
+        self.wire.add(&report.wire);
+        self.acceptance_sum += report.outcome.expected_acceptance.iter().sum::<f64>();
+        self.evaluated_positions += report.outcome.expected_acceptance.len() as u64;
+        self.optimistic_attempts += u64::from(report.optimistic_attempt);
+        self.optimistic_hits += u64::from(report.optimistic_hit);
+        self.target_batches.add(report.target_batch);
+        self.draft_batches.add(report.draft_batches);
+        self.optimistic_pushed += u64::from(report.optimistic_pushed);
+        for (i, &source) in report.sources.iter().enumerate() {
+            let tally = self.by_proposer.entry(source).or_default();
+            tally.proposed += 1;
+            tally.accepted += u64::from(i < report.outcome.accepted);
+        }
+        self.empty_proposals += u64::from(report.empty_proposal());
+        self.proposals_skipped += u64::from(report.proposal_skipped);
+    }
+
+    /// The stats as the client is sent them.
+    pub fn to_wire(&self) -> SpeculationStats {
+        SpeculationStats {
+            rounds: self.rounds,
+            draft_tokens: self.draft_tokens,
+            accepted_tokens: self.accepted_tokens,
+            accepted_per_position: self.accepted_per_position.clone(),
+            gamma: self.gamma,
+            draft_ns: self.draft_ns,
+            verify_ns: self.verify_ns,
+            round_wall_ns: self.wall_ns,
+            wire_bytes_sent: self.wire.sent(),
+            wire_bytes_received: self.wire.received(),
+            draft_fallbacks: self.draft_fallbacks,
+            target_failovers: self.target_failovers,
+            acceptance_sum: self.acceptance_sum,
+            evaluated_positions: self.evaluated_positions,
+            optimistic_attempts: self.optimistic_attempts,
+            optimistic_hits: self.optimistic_hits,
+            target_forward_passes: self.target_batches.forward_passes,
+            target_batched_sequences: self.target_batches.batched_sequences,
+            draft_forward_passes: self.draft_batches.forward_passes,
+            draft_batched_sequences: self.draft_batches.batched_sequences,
+            wire_bytes_sent_to_draft: self.wire.to_draft,
+            wire_bytes_received_from_draft: self.wire.from_draft,
+            wire_bytes_sent_to_target: self.wire.to_target,
+            wire_bytes_received_from_target: self.wire.from_target,
+            optimistic_pushed: self.optimistic_pushed,
+            by_proposer: self.by_proposer.iter().map(|(&k, v)| (source_name(k).to_owned(), *v)).collect(),
+            empty_proposals: self.empty_proposals,
+            proposals_skipped: self.proposals_skipped,
+        }
+    }
+}

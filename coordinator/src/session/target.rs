@@ -1,0 +1,96 @@
+//! The generation's session on a target replica: its round stream, what it holds of the
+//! committed sequence, and the spares it moves to when the replica is lost
+//! ([`crate::session::failover`] decides when).
+
+use specd_proto::v1::OpenSessionRequest;
+
+use crate::error::CoordinatorError;
+use crate::nodes::{TargetClient, TargetRounds};
+use crate::session::failover::{Recovery, after_open_error, first_that_opens, no_spare_left};
+use crate::session::release::ReleaseGuard;
+use crate::session::round_report::Cursor;
+
+/// The session on the target replica serving it now.
+#[derive(Debug)]
+pub struct TargetSession<'a> {
+    pub rounds: TargetRounds,
+    pub cursor: Cursor,
+    /// Whether the next round's pass also fills the cache with everything committed (the
+    /// first round, and the first on a replica failed over to).
+    pub refills: bool,
+    release: ReleaseGuard,
+    /// The replicas not tried yet, in order.
+    spares: std::slice::Iter<'a, TargetClient>,
+    /// The session's open request (id, prompt, sampling, seed, reservation): reused, with the
+    /// committed tokens as the prompt, on a spare.
+    open: OpenSessionRequest,
+}
+
+/// Opens the session and its round stream on `target`.
+async fn open_on(target: &TargetClient, request: OpenSessionRequest) -> Result<TargetRounds, CoordinatorError> {
+    target.open_session(request).await?;
+    target.open_rounds().await
+}
+
+impl<'a> TargetSession<'a> {
+    /// Opens the session on `target`, or on the first of `spares` that opens it when `target`
+    /// went away before the session started.
+    pub async fn open(
+        target: &TargetClient,
+        spares: &'a [TargetClient],
+        open: OpenSessionRequest,
+    ) -> Result<Self, CoordinatorError> {
+        let mut release = ReleaseGuard::new(open.session_id.clone(), target.clone());
+        let mut spares = spares.iter();
+        let rounds = match open_on(target, open.clone()).await {
+            Ok(rounds) => rounds,
+            Err(err) => match after_open_error(err, spares.len() > 0) {
+                Recovery::FailOver(lost) => {
+                    let (next, rounds) = fail_over(lost, &mut spares, &open, &open.prompt_token_ids).await?;
+                    release.move_to(next.clone());
+                    rounds
+                }
+                Recovery::WithoutDraft(err) | Recovery::Fail(err) => return Err(err),
+            },
+        };
+        let cursor = Cursor { valid: open.prompt_token_ids.len(), pending: Vec::new() };
+        Ok(Self { rounds, cursor, refills: true, release, spares, open })
+    }
+
+    /// The target was lost in a round: the session moves to the next spare that opens it,
+    /// holding `committed` (the prompt and the output so far); the loss when none is left.
+    pub async fn fail_over(&mut self, lost: CoordinatorError, committed: &[u32]) -> Result<(), CoordinatorError> {
+        let (next, rounds) = fail_over(lost, &mut self.spares, &self.open, committed).await?;
+        self.release.move_to(next.clone());
+        self.rounds = rounds;
+        self.cursor = Cursor { valid: committed.len(), pending: Vec::new() };
+        self.refills = true;
+        Ok(())
+    }
+
+    /// What the generation still owes the target when it ends.
+    pub fn into_release(self) -> ReleaseGuard {
+        self.release
+    }
+}
+
+/// Opens the session, holding `committed`, on the next of `spares` that answers.
+async fn fail_over<'a>(
+    lost: CoordinatorError,
+    spares: &mut std::slice::Iter<'a, TargetClient>,
+    open: &OpenSessionRequest,
+    committed: &[u32],
+) -> Result<(&'a TargetClient, TargetRounds), CoordinatorError> {
+    tracing::warn!(%lost, "target lost");
+    let opened = first_that_opens(spares, |next: &'a TargetClient| {
+        let request = OpenSessionRequest { prompt_token_ids: committed.to_vec(), ..open.clone() };
+        async move {
+            let opened = open_on(next, request).await;
+            opened.inspect_err(|err| tracing::warn!(address = %next.address, %err, "spare target unavailable too")).ok()
+        }
+    })
+    .await;
+    let Some((next, rounds)) = opened else { return Err(no_spare_left(lost)) };
+    tracing::info!(address = %next.address, tokens = committed.len(), "moved to another target");
+    Ok((next, rounds))
+}
