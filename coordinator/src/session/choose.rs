@@ -67,3 +67,63 @@ pub fn wanted_gamma(policy: Option<&mut AdaptiveGamma>, choice: GammaChoice, gov
 pub fn round_gamma(wanted: u32, remaining: usize) -> u32 {
     wanted.min(remaining.saturating_sub(1) as u32)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specd_sampling::SamplingParams;
+
+    fn plan(load_mode: Option<LoadMode>) -> RoundPlan {
+        RoundPlan {
+            gamma: 4,
+            level: PolicyKey::of(&SamplingParams::default(), 2),
+            load_mode,
+            awaiting_draft: false,
+            nothing_to_propose: false,
+            steady: SteadyCosts { target: true, draft: true },
+        }
+    }
+
+    #[test]
+    fn a_round_never_drafts_past_the_tokens_still_wanted() {
+        assert_eq!(round_gamma(4, 10), 4);
+        assert_eq!(round_gamma(4, 5), 4);
+        assert_eq!(round_gamma(4, 3), 2);
+        // The last token wanted comes from a target-only round.
+        assert_eq!(round_gamma(4, 1), 0);
+        assert_eq!(round_gamma(4, 0), 0);
+    }
+
+    #[test]
+    fn a_fixed_gamma_is_wanted_every_round_unless_the_governor_runs_the_level_plainly() {
+        assert_eq!(wanted_gamma(None, GammaChoice::Fixed(3), false), 3);
+        assert_eq!(wanted_gamma(None, GammaChoice::Fixed(0), false), 0);
+        assert_eq!(wanted_gamma(None, GammaChoice::Fixed(3), true), 0);
+        let mut policy = AdaptiveGamma::new(4);
+        assert_eq!(wanted_gamma(Some(&mut policy), GammaChoice::Adaptive { max: 4 }, true), 0);
+        let mut asked = AdaptiveGamma::new(4);
+        let wanted = wanted_gamma(Some(&mut asked), GammaChoice::Adaptive { max: 4 }, false);
+        assert_eq!(wanted, AdaptiveGamma::new(4).next_gamma());
+        assert!(wanted <= 4);
+    }
+
+    #[test]
+    fn the_policy_learns_only_from_rounds_it_chose() {
+        assert!(plan(None).policy_owns());
+        assert!(plan(Some(LoadMode::Adaptive)).policy_owns());
+        assert!(!plan(Some(LoadMode::Plain)).policy_owns());
+        assert!(!RoundPlan { awaiting_draft: true, ..plan(None) }.policy_owns());
+        assert!(!RoundPlan { nothing_to_propose: true, ..plan(None) }.policy_owns());
+    }
+
+    #[test]
+    fn a_load_level_s_period_counts_the_rounds_the_governor_decides_once_the_cache_is_filled() {
+        let governed = plan(Some(LoadMode::Plain));
+        assert_eq!(governed.loaded_round(false), Some((governed.level, LoadMode::Plain)));
+        assert_eq!(governed.loaded_round(true), None);
+        assert_eq!(plan(None).loaded_round(false), None);
+        // A round that waited for the draft counts.
+        let waited = RoundPlan { awaiting_draft: true, ..plan(Some(LoadMode::Adaptive)) };
+        assert_eq!(waited.loaded_round(false), Some((waited.level, LoadMode::Adaptive)));
+    }
+}

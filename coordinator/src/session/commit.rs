@@ -113,3 +113,153 @@ impl Output {
         Ok(committed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+    use std::sync::Arc;
+
+    use specd_text::Tokenizer;
+
+    use super::*;
+
+    const EOS: u32 = 2;
+    const STOP: u32 = 3;
+
+    fn stops(max_new_tokens: usize) -> StopConditions<'static> {
+        StopConditions { stop_token_ids: &[STOP], eos_token_ids: &[EOS], max_new_tokens }
+    }
+
+    /// A byte-level tokenizer whose ids are the bytes of printable ASCII, so that a test's
+    /// tokens are the characters of a string.
+    fn tokenizer() -> Arc<Tokenizer> {
+        let vocab: serde_json::Map<_, _> =
+            (b'!'..=b'~').map(|b| (char::from(b).to_string(), u32::from(b).into())).collect();
+        let spec = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": vocab, "merges": []}
+        });
+        Arc::new(Tokenizer::from_str(&spec.to_string()).expect("test tokenizer"))
+    }
+
+    fn ids(text: &str) -> Vec<u32> {
+        text.bytes().map(u32::from).collect()
+    }
+
+    fn decoded(prompt: &str, stop_strings: &[&str]) -> Output {
+        let stop_strings = stop_strings.iter().map(|s| (*s).to_owned()).collect();
+        Output::new(&ids(prompt), Some(TextStream::new(tokenizer(), &ids(prompt), stop_strings)))
+    }
+
+    /// A distinct log-probability for each token, to tell them apart.
+    fn logprob(token: u32) -> OutputLogprob {
+        OutputLogprob { logprob: -f64::from(token), top: Vec::new() }
+    }
+
+    #[test]
+    fn a_round_s_tokens_are_appended_to_the_committed_sequence_with_their_logprobs() {
+        let mut output = Output::new(&[7, 8], None);
+        let first = output.commit(&[10, 11], &[logprob(10), logprob(11)], stops(10)).unwrap();
+        assert_eq!(first.token_ids, [10, 11]);
+        assert_eq!(first.logprobs, [logprob(10), logprob(11)]);
+        assert_eq!((first.text.as_str(), first.finish), ("", None));
+        // Log-probabilities only where they were asked for.
+        let second = output.commit(&[12], &[], stops(10)).unwrap();
+        assert_eq!(second, Committed { token_ids: vec![12], ..Committed::default() });
+        assert_eq!(output.committed(), [7, 8, 10, 11, 12]);
+        assert_eq!(output.generated(), 3);
+    }
+
+    #[test]
+    fn eos_ends_the_output_with_it_and_drops_the_rest_of_the_block() {
+        let mut output = Output::new(&[7], None);
+        let committed = output.commit(&[10, EOS, 11], &[logprob(10), logprob(EOS), logprob(11)], stops(10)).unwrap();
+        assert_eq!(committed.token_ids, [10, EOS]);
+        assert_eq!(committed.logprobs, [logprob(10), logprob(EOS)]);
+        assert_eq!(committed.finish, Some(FinishReason::Eos));
+        assert_eq!(output.committed(), [7, 10, EOS]);
+    }
+
+    #[test]
+    fn a_request_that_ignores_eos_goes_on_past_it() {
+        // `ignore_eos` leaves the spec without EOS ids (request::validate).
+        let ignoring = StopConditions { eos_token_ids: &[], ..stops(10) };
+        let mut output = Output::new(&[7], None);
+        let committed = output.commit(&[10, EOS, 11], &[], ignoring).unwrap();
+        assert_eq!((committed.token_ids, committed.finish), (vec![10, EOS, 11], None));
+    }
+
+    #[test]
+    fn stop_tokens_eos_and_the_length_end_the_output_in_that_order() {
+        let stops = StopConditions { stop_token_ids: &[STOP], eos_token_ids: &[EOS, STOP], max_new_tokens: 4 };
+        assert_eq!(stops.after(STOP, 1), Some(FinishReason::Stop));
+        assert_eq!(stops.after(STOP, 4), Some(FinishReason::Stop));
+        assert_eq!(stops.after(EOS, 4), Some(FinishReason::Eos));
+        assert_eq!(stops.after(10, 4), Some(FinishReason::Length));
+        assert_eq!(stops.after(10, 5), Some(FinishReason::Length));
+        assert_eq!(stops.after(10, 3), None);
+    }
+
+    #[test]
+    fn the_length_cuts_a_block_mid_way() {
+        let mut output = Output::new(&[7], None);
+        assert_eq!(output.commit(&[10, 11], &[], stops(3)).unwrap().finish, None);
+        // One token left of 3: the round's block of three commits only its first.
+        let committed = output.commit(&[12, 13, 14], &[], stops(3)).unwrap();
+        assert_eq!(committed.token_ids, [12]);
+        assert_eq!(committed.finish, Some(FinishReason::Length));
+        assert_eq!(output.generated(), 3);
+    }
+
+    #[test]
+    fn a_stop_token_ends_the_output_with_it() {
+        let mut output = Output::new(&[7], None);
+        let committed = output.commit(&[10, STOP, 11], &[], stops(10)).unwrap();
+        assert_eq!((committed.token_ids, committed.finish), (vec![10, STOP], Some(FinishReason::Stop)));
+    }
+
+    #[test]
+    fn text_is_released_as_tokens_complete_it_and_the_rest_when_the_output_ends() {
+        let mut output = decoded("Q:", &[]);
+        let first = output.commit(&ids("ab"), &[], stops(3)).unwrap();
+        assert_eq!((first.text.as_str(), first.finish), ("ab", None));
+        let last = output.commit(&ids("cd"), &[], stops(3)).unwrap();
+        assert_eq!((last.text.as_str(), last.token_ids, last.finish), ("c", ids("c"), Some(FinishReason::Length)));
+    }
+
+    #[test]
+    fn a_stop_string_across_tokens_and_rounds_ends_the_output_with_the_token_that_completes_it() {
+        let mut output = decoded("Q:", &["END"]);
+        // "E" could begin the stop string: held back.
+        let first = output.commit(&ids("abE"), &[], stops(20)).unwrap();
+        assert_eq!((first.text.as_str(), first.finish), ("ab", None));
+        // The next round completes it with its second token; the rest of the block is dropped,
+        // and the text ends before the stop string.
+        let second = output.commit(&ids("NDxy"), &[], stops(20)).unwrap();
+        assert_eq!(second.token_ids, ids("ND"));
+        assert_eq!((second.text.as_str(), second.finish), ("", Some(FinishReason::Stop)));
+        assert_eq!(output.committed(), ids("Q:abEND"));
+    }
+
+    #[test]
+    fn text_held_back_for_a_stop_string_that_never_comes_is_released_at_the_end() {
+        let mut output = decoded("Q:", &["END"]);
+        let first = output.commit(&ids("aE"), &[], stops(10)).unwrap();
+        assert_eq!(first.text, "a");
+        let last = output.commit(&ids("N"), &[], StopConditions { eos_token_ids: &[u32::from(b'N')], ..stops(10) });
+        assert_eq!(
+            last.unwrap(),
+            Committed {
+                token_ids: ids("N"),
+                text: "EN".into(),
+                finish: Some(FinishReason::Eos),
+                ..Committed::default()
+            }
+        );
+    }
+}

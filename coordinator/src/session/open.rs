@@ -49,3 +49,56 @@ pub fn draft_open_grace(policy: Option<&AdaptiveGamma>, governed_plain: bool) ->
         None => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{GammaChoice, RuleVariant, Wire};
+    use specd_sampling::SamplingParams;
+
+    fn spec(gamma: GammaChoice, optimistic: bool) -> GenerationSpec {
+        GenerationSpec {
+            request_id: "r".into(),
+            prompt: vec![1, 2, 3],
+            params: SamplingParams::default(),
+            seed: 7,
+            max_new_tokens: 10,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            eos_token_ids: Vec::new(),
+            gamma,
+            wire: Wire::Dense,
+            rule: RuleVariant::Exact,
+            optimistic,
+            detokenize: false,
+            logprobs: None,
+        }
+    }
+
+    #[test]
+    fn the_nodes_reserve_for_the_prompt_every_token_asked_for_and_the_blocks_past_them() {
+        let requests = OpenRequests::of(&spec(GammaChoice::Fixed(4), false), "s", 100);
+        assert_eq!(requests.target.session_id, "s");
+        assert_eq!(requests.target.prompt_token_ids, [1, 2, 3]);
+        assert_eq!((requests.target.seed, requests.target.vocab_limit), (7, 100));
+        // 3 prompt tokens, 10 asked for, a block of γ = 4 and its bonus token.
+        assert_eq!(requests.target.max_tokens, 18);
+        assert_eq!(requests.draft, requests.target);
+        // Drafting ahead, the draft also holds the blocks it pushes: PUSH_DEPTH of γ + 1.
+        let ahead = OpenRequests::of(&spec(GammaChoice::Adaptive { max: 4 }, true), "s", 100);
+        assert_eq!(ahead.target.max_tokens, 18);
+        assert_eq!(ahead.draft.max_tokens, 18 + PUSH_DEPTH * 5);
+        assert_eq!(OpenSessionRequest { max_tokens: 18, ..ahead.draft }, ahead.target);
+    }
+
+    #[test]
+    fn a_fixed_gamma_waits_for_its_draft_and_a_plain_load_level_does_not() {
+        assert_eq!(draft_open_grace(None, false), None);
+        assert_eq!(draft_open_grace(None, true), None);
+        let policy = AdaptiveGamma::new(4);
+        assert_eq!(draft_open_grace(Some(&policy), true), Some(Duration::ZERO));
+        // Alone, the adaptive policy decides; with nothing measured it waits until open.
+        assert_eq!(draft_open_grace(Some(&policy), false), policy.draft_open_grace());
+        assert_eq!(draft_open_grace(Some(&policy), false), None);
+    }
+}

@@ -34,3 +34,43 @@ pub fn last_message(
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specd_proto::v1::OutputLogprob;
+
+    #[test]
+    fn a_round_s_message_carries_what_it_committed_and_no_finish() {
+        let stats = SpeculationStats { rounds: 3, ..Default::default() };
+        let logprobs = vec![OutputLogprob { logprob: -0.5, top: Vec::new() }];
+        let committed = Committed {
+            token_ids: vec![4, 5],
+            text: "ab".into(),
+            logprobs: logprobs.clone(),
+            finish: Some(FinishReason::Eos),
+        };
+        let message = round_message("r", committed, stats.clone());
+        let expected = GenerateResponse {
+            request_id: "r".into(),
+            token_ids: vec![4, 5],
+            text: "ab".into(),
+            logprobs,
+            stats: Some(stats),
+            ..Default::default()
+        };
+        assert_eq!(message, expected);
+        assert_eq!(message.finish_reason, FinishReason::Unspecified as i32);
+        assert_eq!(message.usage, None);
+    }
+
+    #[test]
+    fn the_last_message_carries_the_finish_reason_and_the_usage_and_no_tokens() {
+        let stats = SpeculationStats { rounds: 3, ..Default::default() };
+        let message = last_message("r", FinishReason::Length, 7, 16, stats.clone());
+        assert_eq!(message.finish_reason, FinishReason::Length as i32);
+        assert_eq!(message.usage, Some(Usage { prompt_tokens: 7, completion_tokens: 16 }));
+        assert_eq!(message.stats, Some(stats));
+        assert!(message.token_ids.is_empty() && message.text.is_empty() && message.logprobs.is_empty());
+    }
+}
