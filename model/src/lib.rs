@@ -22,8 +22,10 @@
 //! - [`device`]: `--device` and `--dtype` (`auto` resolved at load); [`cpu_features`]: what
 //!   the CPU can do (bf16 matrix units); [`options`]: how to load a model ([`LoadOptions`]);
 //!   [`load`]: open a model from a path.
-//! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one;
-//!   [`injected_oom`]: a model whose n-th pass fails with a real allocation failure (tests).
+//! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one in
+//!   benchmarks (`--forward-delay-ms`, `specd bench --draft-delay-ms`) and tests;
+//! - `injected_oom` (the `testing` feature only): a model whose n-th pass fails with a real
+//!   allocation failure.
 //! - [`kv_budget`]: the KV-cache budget, a number of bytes or a fraction of the memory free
 //!   after the weights.
 //! - [`error`]: the crate's one error type.
@@ -44,6 +46,7 @@ pub mod engine;
 pub mod engine_choice;
 pub mod error;
 pub mod host;
+#[cfg(feature = "testing")]
 pub mod injected_oom;
 pub mod kv_budget;
 mod kv_cache;
@@ -66,6 +69,7 @@ pub use device::{DType, DeviceSpec};
 pub use engine::Engine;
 pub use error::{ErrorClass, ModelError, Result};
 pub use host::HostLlama;
+#[cfg(feature = "testing")]
 pub use injected_oom::InjectedOom;
 pub use kv_budget::KvBudget;
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};

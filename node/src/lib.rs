@@ -13,10 +13,13 @@
 //!   points;
 //! - [`round_stream`]: a session's rounds served on one long-lived stream;
 //! - [`spans`]: the node-side spans of a request's trace;
+//! - [`faults`]: [`NodeFaults`], what a test tells a node to do wrong (nothing without the
+//!   `testing` feature);
 //! - [`error`]: [`NodeError`] and its one table of gRPC status codes; [`NodeServeError`].
 
 pub mod distributions;
 pub mod error;
+pub mod faults;
 pub mod history;
 pub mod node;
 pub mod node_model;
@@ -26,6 +29,7 @@ pub mod spans;
 
 pub use distributions::Distributions;
 pub use error::{NodeError, NodeServeError};
+pub use faults::NodeFaults;
 pub use history::{CatchUp, SessionHistory};
 pub use node::{Lookahead, Node, NodeConfig, SessionState};
 pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};

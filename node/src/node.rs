@@ -10,11 +10,11 @@ use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
 use specd_telemetry::Metrics;
 
-use specd_device_sampling::DeviceRule;
 
 use crate::distributions::Distributions;
 use crate::error::NodeError;
 use crate::history::SessionHistory;
+use crate::faults::NodeFaults;
 use crate::node_model::{NodeModel, NodeSessionState, StandIn};
 
 /// How to run a node.
@@ -36,9 +36,6 @@ pub struct NodeConfig {
     /// Added to every forward pass, to stand in for a slower model in benchmarks and tests;
     /// zero in service.
     pub forward_delay: Duration,
-    /// Tests only, `None` in service: forward pass number N fails with a real allocation
-    /// failure ([`specd_model::InjectedOom`]), to show that it fails its requests only.
-    pub oom_at_pass: Option<u64>,
     /// Sessions unused this long are released (their coordinator is gone); `None`: never.
     pub session_ttl: Option<Duration>,
     /// TLS, and mutual TLS with a client CA (then only coordinators with a certificate
@@ -62,9 +59,9 @@ pub struct NodeConfig {
     pub allow_unused_weights: bool,
     /// Where the node turns logits into distributions ([`Distributions::resolve`]).
     pub distributions: Distributions,
-    /// Tests only, [`DeviceRule::Exact`] in service: the rule of the target's device path,
-    /// broken on purpose to show that the law audits catch it.
-    pub device_rule: DeviceRule,
+    /// Faults a test injects (none in service, and none can be without the `testing`
+    /// feature).
+    pub faults: NodeFaults,
 }
 
 /// One session on a node: its model session, its token history, and how it samples.
@@ -144,7 +141,7 @@ impl Node {
             engine: config.engine,
         };
         let thread = format!("specd-{role}-model");
-        let stand_in = StandIn { forward_delay: config.forward_delay, oom_at_pass: config.oom_at_pass };
+        let stand_in = StandIn { forward_delay: config.forward_delay, faults: config.faults };
         let model = NodeModel::load(
             &thread,
             &config.model,

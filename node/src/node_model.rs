@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_model::{
-    BatchPolicy, BoxedModel, DeviceSpec, InjectedOom, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker,
+    BatchPolicy, BoxedModel, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker,
     SessionId, Slowed, TeamPinning, load_model, pin_model_team,
 };
 
+use crate::faults::NodeFaults;
 use crate::history::SessionHistory;
 use crate::registry::{RegistryError, SessionRegistry};
 
@@ -24,18 +25,19 @@ const WARM_UP_TOKENS: usize = specd_sampling::MAX_GAMMA as usize + 1;
 pub struct StandIn {
     /// Added to every forward pass ([`Slowed`]); zero: none.
     pub forward_delay: Duration,
-    /// Forward pass number N fails out of memory ([`InjectedOom`]).
-    pub oom_at_pass: Option<u64>,
+    /// Faults a test injects (an allocation failure at pass N).
+    pub faults: NodeFaults,
 }
 
 impl StandIn {
     fn wrap(self, model: BoxedModel) -> BoxedModel {
         let model: BoxedModel =
             if self.forward_delay.is_zero() { model } else { Box::new(Slowed::new(model, self.forward_delay)) };
-        match self.oom_at_pass {
-            Some(pass) => Box::new(InjectedOom::new(model, pass)),
-            None => model,
+        #[cfg(feature = "testing")]
+        if let Some(pass) = self.faults.oom_at_pass {
+            return Box::new(specd_model::InjectedOom::new(model, pass));
         }
+        model
     }
 }
 

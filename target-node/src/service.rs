@@ -118,7 +118,7 @@ impl TargetNode {
             supports,
             sampling_threads: self.node.sampling_threads(),
             logprobs: req.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS) as usize),
-            device_rule: self.node.config().device_rule,
+            device_rule: self.node.config().faults.device_rule(),
         };
         let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await?;
         let reply = match verified.verdict {

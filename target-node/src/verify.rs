@@ -24,7 +24,7 @@ pub struct VerifyJob {
     pub sampling_threads: usize,
     /// Log-probabilities asked for, with this many alternatives per position.
     pub logprobs: Option<usize>,
-    /// The device path's rule ([`specd_node::NodeConfig::device_rule`]).
+    /// The device path's rule ([`specd_node::NodeFaults::device_rule`]).
     pub device_rule: DeviceRule,
 }
 

@@ -15,7 +15,7 @@ use specd_device_sampling::DeviceRule;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
 use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget};
-use specd_node::{Distributions, NodeConfig};
+use specd_node::{Distributions, NodeConfig, NodeFaults};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
@@ -100,11 +100,11 @@ pub struct ClusterOptions {
     pub proposer: ProposerConfig,
     /// The target's KV budget (default: unbounded).
     pub target_kv_budget: KvBudget,
-    /// The target's forward pass number N fails out of memory (`NodeConfig::oom_at_pass`).
+    /// The target's forward pass number N fails out of memory (`NodeFaults::oom_at_pass`).
     pub target_oom_at_pass: Option<u64>,
     /// Where both nodes build their distributions (default: auto, the host on a CPU).
     pub distributions: Distributions,
-    /// The target's device rule (`NodeConfig::device_rule`; default: exact).
+    /// The target's device rule (`NodeFaults::device_rule`; default: exact).
     pub device_rule: DeviceRule,
 }
 
@@ -165,7 +165,6 @@ impl Cluster {
             max_sessions: 1024,
             kv_budget: KvBudget::Unbounded,
             forward_delay,
-            oom_at_pass: None,
             session_ttl: options.session_ttl,
             tls: Default::default(),
             metrics: options.metrics.clone(),
@@ -174,12 +173,12 @@ impl Cluster {
             pin_threads: false,
             allow_unused_weights: false,
             distributions: options.distributions,
-            device_rule: options.device_rule,
+            faults: NodeFaults { oom_at_pass: None, device_rule: options.device_rule },
             batch: options.batch,
         };
         let target_config = NodeConfig {
             kv_budget: options.target_kv_budget,
-            oom_at_pass: options.target_oom_at_pass,
+            faults: NodeFaults { oom_at_pass: options.target_oom_at_pass, device_rule: options.device_rule },
             ..config(target_model, options.forward_delays.0)
         };
         let target = TargetNode::load(target_config).await?;

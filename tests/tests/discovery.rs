@@ -59,7 +59,6 @@ impl Node {
             engine: Default::default(),
             max_sessions: 64,
             kv_budget: specd_model::KvBudget::Unbounded,
-            oom_at_pass: None,
             forward_delay: FORWARD_DELAY,
             session_ttl: None,
             tls: Default::default(),
@@ -69,7 +68,7 @@ impl Node {
             pin_threads: false,
             allow_unused_weights: false,
             distributions: Default::default(),
-            device_rule: Default::default(),
+            faults: Default::default(),
             batch: Default::default(),
         };
         let address = listener.local_addr().unwrap();

@@ -263,7 +263,6 @@ fn modelless_config() -> NodeConfig {
         engine: Default::default(),
         max_sessions: 64,
         kv_budget: specd_model::KvBudget::Unbounded,
-        oom_at_pass: None,
         forward_delay: Duration::ZERO,
         session_ttl: None,
         tls: Default::default(),
@@ -274,7 +273,7 @@ fn modelless_config() -> NodeConfig {
         batch: Default::default(),
         allow_unused_weights: false,
         distributions: Default::default(),
-        device_rule: Default::default(),
+        faults: Default::default(),
     }
 }
 

@@ -146,7 +146,6 @@ impl NodeOptions {
             max_sessions: self.max_sessions,
             kv_budget: self.kv_budget()?,
             forward_delay,
-            oom_at_pass: None,
             session_ttl: match Duration::try_from_secs_f64(self.session_ttl_s) {
                 Ok(ttl) if ttl.is_zero() => None,
                 Ok(ttl) => Some(ttl),
@@ -160,7 +159,7 @@ impl NodeOptions {
             allow_unused_weights: self.allow_unused_weights,
             engine: self.engine,
             distributions: self.distributions,
-            device_rule: Default::default(),
+            faults: Default::default(),
             batch,
         })
     }
