@@ -80,8 +80,8 @@ pub struct CoordinatorConfig {
     pub truncation: Truncation,
     /// Deadline of every call to a node, and of connecting to one.
     pub node_timeout: Duration,
-    /// Always [`RuleVariant::Exact`] in service; the wrong variant exists so that the law
-    /// tests can show they catch it.
+    /// Always [`RuleVariant::Exact`] in service; with the `testing` feature a wrong variant
+    /// exists, so that the law tests can show they catch it.
     pub rule: RuleVariant,
     /// Optimistic drafting (docs/architecture.md): the draft drafts each next block while the target
     /// verifies this one, guessing that every candidate is accepted and which bonus token

@@ -25,7 +25,8 @@ pub enum RuleVariant {
     #[default]
     Exact,
     /// Resample from p on rejection (on either wire format): wrong. For tests that must
-    /// prove they detect a broken coordinator.
+    /// prove they detect a broken coordinator; it exists only with the `testing` feature.
+    #[cfg(feature = "testing")]
     NaiveResampleFromTarget,
 }
 

@@ -6,6 +6,7 @@ use std::time::Instant;
 use prost::Message;
 use specd_proto::convert::{parse_dense_rows, parse_scored_block};
 use specd_proto::v1::{Support, VerifyRequest};
+#[cfg(feature = "testing")]
 use specd_sampling::naive::{naive_verify_block_dense, naive_verify_block_sparse};
 use specd_sampling::{DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse};
 
@@ -137,6 +138,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
             let scored = parse_scored_block(&reply);
             match spec.rule {
                 RuleVariant::Exact => verify_block_sparse(&block, &scored, key)?,
+                #[cfg(feature = "testing")]
                 RuleVariant::NaiveResampleFromTarget => naive_verify_block_sparse(&block, &scored, key)?,
             }
         }
@@ -145,6 +147,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
             let block: Vec<_> = p.iter().map(|(token, q)| DenseCandidate { token: *token, q }).collect();
             let outcome = match spec.rule {
                 RuleVariant::Exact => verify_block_dense(&block, &rows, key)?,
+                #[cfg(feature = "testing")]
                 RuleVariant::NaiveResampleFromTarget => naive_verify_block_dense(&block, &rows, key)?,
             };
             dense_rows = Some(rows);
