@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::NetnsError;
+use crate::error::NetnsError;
 use crate::delay_proxy::Delay;
 use crate::topology::Topology;
 

@@ -9,32 +9,17 @@
 //!   (plus optional jitter) through a queue, order kept and throughput not capped (this
 //!   kernel has no `sch_netem`, so `tc netem` is not an option);
 //! - [`cluster`]: `specd target`, `specd draft`, the delay proxies and `specd coordinator`
-//!   as processes in those namespaces (`ip netns exec`).
+//!   as processes in those namespaces (`ip netns exec`);
+//! - [`error`]: [`NetnsError`], what can go wrong setting up or using them.
 //!
 //! Everything here needs root and iproute2's `ip`; [`check_privileges`] says why not.
 
 pub mod cluster;
 pub mod delay_proxy;
+pub mod error;
 pub mod topology;
 
 pub use cluster::{ClusterSpec, NetnsCluster};
 pub use delay_proxy::Delay;
+pub use error::NetnsError;
 pub use topology::{Names, Topology, check_privileges};
-
-/// What can go wrong setting up or using the namespaces.
-#[derive(Debug, thiserror::Error)]
-pub enum NetnsError {
-    #[error(
-        "network namespaces need root (this process runs with effective uid {0}): the harness creates them and \
-         their veth pairs with `ip`"
-    )]
-    NotRoot(u32),
-    #[error("iproute2's `ip` cannot run ({0}); the network-namespace harness needs it")]
-    NoIp(String),
-    #[error("`ip {args}` failed: {stderr}")]
-    Ip { args: String, stderr: String },
-    #[error("{role}: {why}")]
-    Role { role: String, why: String },
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}

@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::NetnsError;
+use crate::error::NetnsError;
 
 /// Harnesses created by this process so far.
 static INSTANCES: AtomicU32 = AtomicU32::new(0);
