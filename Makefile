@@ -75,9 +75,15 @@ build: torch
 # clippy in the release profile: its build scripts and proc macros (torch-sys compiles
 # libtorch's C++ bindings, about 2 minutes here) are then the ones `make test` builds with,
 # not a second, debug set.
+# The tests' `testing` features (test stand-ins: injected faults, wrong rules) are unified into
+# every workspace build that includes the tests, so the binary as users build it, without
+# them, is checked on its own. No two files of a crate may use each other
+# (scripts/file_circles.py).
 lint: torch
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets --locked -- -D warnings
+	$(CARGO) check --release --locked -p specd
+	for src in */src; do python3 scripts/file_circles.py "$$src"; done
 
 # Release: the whole-system law tests draw 200 000 generations per check through gRPC.
 test: lint pydeps

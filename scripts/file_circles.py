@@ -3,7 +3,8 @@
 other files of the crate.
 
 Usage: file_circles.py [--uses] SRC_DIR
-  SRC_DIR: the crate's src/, holding lib.rs; exits 1 when it finds a circle.
+  SRC_DIR: the crate's src/, holding lib.rs (or main.rs for a binary); exits 1 when it
+  finds a circle.
   --uses: print every use between two files too.
 
 A file uses another when its code (not its comments or strings) names an item the other
@@ -82,7 +83,8 @@ def module_file(name, own_dir):
 
 
 def build_tree(src):
-    root = Module((), src / "lib.rs", None)
+    root_file = src / "lib.rs" if (src / "lib.rs").exists() else src / "main.rs"
+    root = Module((), root_file, None)
     modules = {}
 
     def visit(module):
