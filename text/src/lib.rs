@@ -16,6 +16,8 @@
 //! - [`stop`]: [`TextStream`], the detokenizer plus stop strings held back and cut.
 //! - [`generation_config`]: [`GenerationDefaults`] from `generation_config.json`.
 //! - [`error`]: [`TextError`], with whose fault each error is.
+//! - `test_tokenizer` (the `testing` feature, for other crates' unit tests): a byte-level
+//!   tokenizer built in Rust.
 
 pub mod assets;
 pub mod chat_template;
@@ -27,8 +29,8 @@ mod python_json;
 pub mod stop;
 mod strftime;
 mod template_env;
-#[cfg(test)]
-mod test_tokenizer;
+#[cfg(any(test, feature = "testing"))]
+pub mod test_tokenizer;
 
 pub use assets::TextAssets;
 pub use chat_template::{ChatMessage, ChatTemplate};

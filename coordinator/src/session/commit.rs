@@ -116,10 +116,7 @@ impl Output {
 
 #[cfg(test)]
 mod tests {
-    use std::str::FromStr;
-    use std::sync::Arc;
-
-    use specd_text::Tokenizer;
+    use specd_text::test_tokenizer::{byte_ids, byte_tokenizer};
 
     use super::*;
 
@@ -130,30 +127,14 @@ mod tests {
         StopConditions { stop_token_ids: &[STOP], eos_token_ids: &[EOS], max_new_tokens }
     }
 
-    /// A byte-level tokenizer whose ids are the bytes of printable ASCII, so that a test's
-    /// tokens are the characters of a string.
-    fn tokenizer() -> Arc<Tokenizer> {
-        let vocab: serde_json::Map<_, _> =
-            (b'!'..=b'~').map(|b| (char::from(b).to_string(), u32::from(b).into())).collect();
-        let spec = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-            "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": false, "vocab": vocab, "merges": []}
-        });
-        Arc::new(Tokenizer::from_str(&spec.to_string()).expect("test tokenizer"))
-    }
-
+    /// A test's tokens are the bytes of a string.
     fn ids(text: &str) -> Vec<u32> {
-        text.bytes().map(u32::from).collect()
+        byte_ids(text.as_bytes())
     }
 
     fn decoded(prompt: &str, stop_strings: &[&str]) -> Output {
         let stop_strings = stop_strings.iter().map(|s| (*s).to_owned()).collect();
-        Output::new(&ids(prompt), Some(TextStream::new(tokenizer(), &ids(prompt), stop_strings)))
+        Output::new(&ids(prompt), Some(TextStream::new(byte_tokenizer(&[]).0, &ids(prompt), stop_strings)))
     }
 
     /// A distinct log-probability for each token, to tell them apart.
