@@ -4,7 +4,7 @@
 //! - [`serve`]: `up`, `target`, `draft`, `coordinator`: the roles as gRPC servers;
 //! - [`generate`]: a client of the public Generation API;
 //! - [`bench`]: speculative against target-only decoding, with the analytic bound;
-//!   [`bench_netns`] runs it with the roles in network namespaces;
+//!   with `--netns` the roles run in network namespaces;
 //! - [`delay_proxy`]: the hidden `delay-proxy`, a TCP proxy adding latency (for --netns);
 //! - [`audit`]: a two-sample χ² check of the output law against a running cluster;
 //! - [`logits`]: score tokens with a model;
@@ -28,9 +28,6 @@ macro_rules! outln {
 
 mod audit;
 mod bench;
-mod bench_load;
-mod bench_netns;
-mod bench_sample;
 mod cli_error;
 mod client_args;
 mod cost;

@@ -9,8 +9,9 @@ use serde_json::json;
 use specd_proto::v1::generation_client::GenerationClient;
 use tonic::transport::Channel;
 
-use crate::bench::{BenchArgs, spread};
-use crate::bench_sample::{Sample, run_one};
+use super::args::BenchArgs;
+use super::sample::{Sample, run_one};
+use super::statistics::{percentile, spread};
 
 /// What one mode measured over a pass (or over all passes): its requests and the wall time
 /// they took together. Everything reported is summed from the samples when asked.
@@ -64,17 +65,6 @@ impl Load {
     }
 }
 
-/// The `q`-quantile by nearest rank (0 for an empty list).
-fn percentile(values: &[f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
-}
-
 /// One pass of one mode: `clients` clients share `requests` requests (request i: prompt
 /// i mod the number of prompts, seed + i), each sending its next as soon as the last is
 /// done. The wall time is the pass's, from the first request to the last reply.
@@ -110,7 +100,7 @@ async fn pass(
 }
 
 /// Measures both modes at `args.concurrency` clients and with one client, interleaved.
-pub(crate) async fn measure(
+pub(super) async fn measure(
     args: &BenchArgs,
     client: &GenerationClient<Channel>,
     endpoint: &str,
@@ -170,7 +160,7 @@ pub(crate) async fn measure(
 }
 
 /// The human-readable form of [`measure`]'s report.
-pub(crate) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
+pub(super) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
     let s = &report["speedup"];
     let g = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
     outln!(
@@ -202,19 +192,4 @@ pub(crate) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
     }
     outln!("speedup       {:.2}× median ({:.2}–{:.2}) at this load", g("median"), g("min"), g("max"));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_by_nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&v, 0.5), 50.0);
-        assert_eq!(percentile(&v, 0.9), 90.0);
-        assert_eq!(percentile(&v, 0.99), 99.0);
-        assert_eq!(percentile(&[7.0], 0.99), 7.0);
-        assert_eq!(percentile(&[], 0.5), 0.0);
-    }
 }

@@ -1,0 +1,178 @@
+//! `specd bench`'s flags, their checks, and the request they make of a prompt.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+use specd_proto::v1::generate_request::Prompt;
+use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria};
+
+use super::netns::{NetnsOptions, draft_delay};
+use crate::cli_error::invalid;
+use crate::serve::{DraftOptions, GammaFlag, NodeOptions, ProposerOptions, parse_gamma, parse_on_off};
+
+/// Measure speculative decoding against target-only decoding on the same prompts.
+///
+/// For each repeat and prompt it runs one target-only request (γ = 0) and one speculative
+/// request, alternating which goes first, and reports tokens/s of both, the speedup (median,
+/// min, max over repeats), the acceptance α, tokens per round, the draft step and verify
+/// pass times, and the analytic bound (1 − α^(γ+1)) / ((1 − α)(γc + 1)) of Leviathan et al.
+/// (2023) with c = draft step ÷ target-only pass.
+///
+/// Examples:
+///   specd bench --embedded --temperature 0 --json
+///   specd bench --endpoint http://127.0.0.1:50051 --gamma 4 --repeat 5
+///   specd bench --netns --rtt-ms 20 --demo-dir models/demo --json     (as root)
+///   specd bench --embedded --concurrency 8 --max-new-tokens 64          (load)
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct BenchArgs {
+    /// A running coordinator to measure.
+    #[arg(
+        long,
+        env = "SPECD_ENDPOINT",
+        required_unless_present_any = ["embedded", "netns"],
+        conflicts_with_all = ["embedded", "netns"]
+    )]
+    pub(super) endpoint: Option<String>,
+    /// Start the three roles in this process on loopback with the demo pair.
+    #[arg(long, env = "SPECD_BENCH_EMBEDDED", conflicts_with = "netns")]
+    pub(super) embedded: bool,
+    #[command(flatten)]
+    pub(super) netns: NetnsOptions,
+    /// The demo pair's directory (`specd models demo --out`), for --embedded and --netns.
+    #[arg(long, env = "SPECD_DEMO_DIR", default_value = "models/demo")]
+    pub(super) demo_dir: PathBuf,
+    /// Bearer token, for a coordinator started with --api-token.
+    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    pub(super) api_token: Option<String>,
+    /// Prompts file: prompts separated by lines holding only `---` (default: built-in code
+    /// prompts).
+    #[arg(long, env = "SPECD_BENCH_PROMPTS")]
+    pub(super) prompts: Option<PathBuf>,
+    /// The built-in prompts when --prompts is not given: `code` (continue code) or
+    /// `grounded` (edit, extend or quote code given in the prompt).
+    #[arg(long, env = "SPECD_BENCH_PROMPT_SET", default_value = "code", value_parser = ["code", "grounded"])]
+    pub(super) prompt_set: String,
+    /// Draft length of the speculative runs: a number, or `auto` (the coordinator's policy).
+    #[arg(long, env = "SPECD_GAMMA", default_value = "auto", value_parser = parse_gamma)]
+    pub(super) gamma: GammaFlag,
+    /// Sampling temperature of both modes; 0 is greedy.
+    #[arg(long, env = "SPECD_TEMPERATURE", default_value_t = 0.8)]
+    pub(super) temperature: f64,
+    /// Tokens generated per request.
+    #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 128)]
+    pub(super) max_new_tokens: u32,
+    /// Passes over the prompts; the speedup's median, min and max are over these.
+    #[arg(long, env = "SPECD_BENCH_REPEAT", default_value_t = 3)]
+    pub(super) repeat: usize,
+    /// Base seed; request i of a pass uses seed + i in both modes.
+    #[arg(long, env = "SPECD_SEED", default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long, env = "SPECD_JSON")]
+    pub(super) json: bool,
+    #[command(flatten)]
+    pub(super) node: NodeOptions,
+    /// Optimistic drafting for --embedded and --netns (`on` or `off`; default: the
+    /// coordinator's default, off). With --endpoint it is the coordinator's setting.
+    #[arg(long, env = "SPECD_BENCH_OPTIMISTIC", value_parser = parse_on_off, conflicts_with = "endpoint")]
+    pub(super) optimistic: Option<bool>,
+    /// For --embedded and --netns.
+    #[command(flatten)]
+    pub(super) draft: DraftOptions,
+    /// The draft node's proposer, for --embedded and --netns.
+    #[command(flatten)]
+    pub(super) proposer: ProposerOptions,
+    /// Milliseconds added to every forward pass of the draft model only (a deliberately slow
+    /// draft), for --embedded and --netns; overrides --forward-delay-ms for the draft.
+    #[arg(long, env = "SPECD_DRAFT_DELAY_MS")]
+    pub(super) draft_delay_ms: Option<f64>,
+    /// Clients sending requests at once. Above 1 the report is about load: aggregate
+    /// tokens/s, per-request latency percentiles and the nodes' mean batch size, for both
+    /// modes, next to one client alone.
+    #[arg(long, env = "SPECD_BENCH_CONCURRENCY", default_value_t = 1)]
+    pub(super) concurrency: usize,
+}
+
+impl BenchArgs {
+    /// The draft's proposer where this bench starts the nodes; `None` with --endpoint
+    /// (the endpoint's draft proposes however it was started).
+    pub(super) fn proposer_name(&self) -> Option<String> {
+        (self.embedded || self.netns.netns).then(|| self.proposer.proposer.to_string())
+    }
+
+    /// Whether this process runs the models (`--embedded`); with `--netns` they run in
+    /// processes of their own.
+    pub fn runs_models_here(&self) -> bool {
+        self.embedded
+    }
+
+    /// How the models' idle CPU workers wait ([`crate::openmp`]) when they run in this
+    /// process; elsewhere their nodes' logs say.
+    pub fn openmp_wait(&self) -> serde_json::Value {
+        if self.runs_models_here() { crate::openmp::describe().into() } else { serde_json::Value::Null }
+    }
+
+    pub(super) fn validate(&self) -> anyhow::Result<()> {
+        if self.repeat == 0 {
+            return Err(invalid("--repeat must be at least 1"));
+        }
+        if !(1..=1024).contains(&self.concurrency) {
+            return Err(invalid(format!("--concurrency {} must be between 1 and 1024", self.concurrency)));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(invalid("--max-new-tokens must be at least 1"));
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(invalid(format!("--temperature {} must be ≥ 0", self.temperature)));
+        }
+        self.netns.validate()?;
+        draft_delay(self.draft_delay_ms)?;
+        if (self.embedded || self.netns.netns) && !self.demo_dir.join("target/config.json").is_file() {
+            return Err(invalid(format!(
+                "no demo pair in {} (build it with `specd models demo --out {}`, or `make demo`)",
+                self.demo_dir.display(),
+                self.demo_dir.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The models' dtype where this command started them; unknown behind --endpoint.
+    pub(super) fn dtype_label(&self) -> serde_json::Value {
+        match self.endpoint {
+            Some(_) => serde_json::Value::Null,
+            None => match self.draft.draft_dtype.filter(|d| *d != self.node.dtype()) {
+                Some(draft) => json!(format!("{} (draft {draft})", self.node.dtype())),
+                None => json!(self.node.dtype().to_string()),
+            },
+        }
+    }
+
+    pub(super) fn request(&self, prompt: &str, gamma: Option<u32>, seed: u64) -> tonic::Request<GenerateRequest> {
+        let message = GenerateRequest {
+            request_id: String::new(),
+            prompt: Some(Prompt::Text(prompt.to_owned())),
+            sampling: Some(SamplingParams {
+                temperature: Some(self.temperature),
+                seed: Some(seed),
+                ..Default::default()
+            }),
+            stopping: Some(StoppingCriteria {
+                max_new_tokens: Some(self.max_new_tokens),
+                ignore_eos: true,
+                ..Default::default()
+            }),
+            speculation: Some(Speculation { gamma, dense: false }),
+            logprobs: None,
+        };
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.api_token
+            && let Ok(value) = format!("Bearer {token}").parse()
+        {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+}
