@@ -22,12 +22,12 @@ pub struct DraftArgs {
     #[arg(long, env = "SPECD_MODEL")]
     model: Option<PathBuf>,
     #[command(flatten)]
-    proposer: ProposerOptions,
+    pub(super) proposer: ProposerOptions,
     /// Address to serve on.
     #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50053")]
     listen: SocketAddr,
     #[command(flatten)]
-    node: NodeOptions,
+    pub(super) node: NodeOptions,
     #[command(flatten)]
     service: ServiceArgs,
     #[command(flatten)]

@@ -22,7 +22,7 @@ pub struct TargetArgs {
     #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:50052")]
     listen: SocketAddr,
     #[command(flatten)]
-    node: NodeOptions,
+    pub(super) node: NodeOptions,
     #[command(flatten)]
     service: ServiceArgs,
     #[command(flatten)]
