@@ -16,8 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::error::NetnsError;
 use crate::delay_proxy::Delay;
+use crate::error::NetnsError;
 use crate::topology::Topology;
 
 /// What to run and how the links behave.

@@ -10,11 +10,10 @@ use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
 use specd_telemetry::Metrics;
 
-
 use crate::distributions::Distributions;
 use crate::error::NodeError;
-use crate::history::SessionHistory;
 use crate::faults::NodeFaults;
+use crate::history::SessionHistory;
 use crate::node_model::{NodeModel, NodeSessionState, StandIn};
 
 /// How to run a node.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_model::{
-    BatchPolicy, BoxedModel, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker,
-    SessionId, Slowed, TeamPinning, load_model, pin_model_team,
+    BatchPolicy, BoxedModel, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId,
+    Slowed, TeamPinning, load_model, pin_model_team,
 };
 
 use crate::faults::NodeFaults;
