@@ -14,11 +14,8 @@ use crate::error::{ModelError, Result};
 use crate::host::host_refuses;
 use crate::options::LoadOptions;
 
-/// The largest model `--engine auto` runs on the host engine. Measured on a 2-vCPU AMD EPYC
-/// without AMX (BENCHMARKS.md): the 0.95 M demo draft's one-token pass takes 0.3 of
-/// libtorch's (f32, one thread); the 12 M demo target's one-token pass equals libtorch's in
-/// bf16 on two threads (2.16 against 2.17 ms) and its block passes take twice as long (one
-/// thread, linear in the tokens), so a model of that size stays on libtorch.
+/// The largest model `--engine auto` runs on the host engine: past it libtorch's matmuls
+/// win, on blocks first (the figures are in BENCHMARKS.md, "Where `auto` stops").
 pub const HOST_ENGINE_MAX_PARAMETERS: u64 = 4_000_000;
 
 // The choice lives apart from the names: the engines name themselves with `Engine` and

@@ -38,9 +38,9 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
 /// Gives the calling thread (the model's) its own libtorch thread count: `threads`, or
 /// libtorch's default (one per core, or `OMP_NUM_THREADS`). libtorch keeps a process-wide
 /// count that a thread adopts the first time it asks for one, so in one process (`specd up`)
-/// the draft's count of 1, set first, made the target single-threaded too: its pass took
-/// 20.5 ms instead of 9.6 (BENCHMARKS.md). Asking first fixes this thread's count before it
-/// is set, and OpenMP keeps it per thread from then on.
+/// the draft's count of 1, set first, would make the target single-threaded too
+/// (BENCHMARKS.md). Asking first fixes this thread's count before it is set, and OpenMP
+/// keeps it per thread from then on.
 fn set_model_thread_count(threads: Option<usize>) {
     // Read before any model thread sets a count: later the process-wide count is whatever
     // the last model set.
