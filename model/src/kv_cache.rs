@@ -5,13 +5,22 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 
-/// Keys and values of every layer, `[1, kv_heads, capacity, head_dim]` each, allocated
-/// when the session opens (and again, larger, if it outgrows them: [`KvCache::grow`]). The valid length is kept by the session table: truncation only
-/// moves that length back, and later writes overwrite the stale tail in place.
+/// Keys and values of every layer, `[1, capacity, kv_heads, head_dim]` each, allocated
+/// when the session opens (and again, larger, if it outgrows them: [`KvCache::grow`]). The
+/// valid length is kept by the session table: truncation only moves that length back, and
+/// later writes overwrite the stale tail in place.
+///
+/// Positions are the outer dimension so that a view of the first `L` positions has the same
+/// strides whatever the capacity: a GPU kernel that keys its plans on strides then sees one
+/// layout for every session, and a run's rows are written as one contiguous block.
 #[derive(Debug)]
 pub(crate) struct KvCache {
     keys: Vec<Tensor>,
     values: Vec<Tensor>,
+    /// Whether unwritten positions hold zeros: attention over bucketed key lengths reads
+    /// positions past the session's length (masked out), and uninitialised memory there
+    /// could hold NaN, which a zero weight does not cancel.
+    zeroed: bool,
 }
 
 impl KvCache {
@@ -22,15 +31,16 @@ impl KvCache {
         head_dim: usize,
         kind: Kind,
         device: Device,
+        zeroed: bool,
     ) -> Result<Self> {
-        let shape = [1, kv_heads as i64, capacity as i64, head_dim as i64];
+        let shape = [1, capacity as i64, kv_heads as i64, head_dim as i64];
         let mut keys = Vec::with_capacity(layers);
         let mut values = Vec::with_capacity(layers);
         for _ in 0..layers {
-            keys.push(Tensor::f_empty(shape, (kind, device))?);
-            values.push(Tensor::f_empty(shape, (kind, device))?);
+            keys.push(allocate(&shape, kind, device, zeroed)?);
+            values.push(allocate(&shape, kind, device, zeroed)?);
         }
-        Ok(Self { keys, values })
+        Ok(Self { keys, values, zeroed })
     }
 
     /// Bytes one session of `capacity` tokens needs.
@@ -45,10 +55,10 @@ impl KvCache {
         let mut grown = Vec::with_capacity(self.keys.len() + self.values.len());
         for old in self.keys.iter().chain(&self.values) {
             let mut shape = old.size();
-            shape[2] = capacity as i64;
-            let new = Tensor::f_empty(shape.as_slice(), (old.kind(), old.device()))?;
+            shape[1] = capacity as i64;
+            let new = allocate(&shape, old.kind(), old.device(), self.zeroed)?;
             if len > 0 {
-                new.f_narrow(2, 0, len as i64)?.f_copy_(&old.f_narrow(2, 0, len as i64)?)?;
+                new.f_narrow(1, 0, len as i64)?.f_copy_(&old.f_narrow(1, 0, len as i64)?)?;
             }
             grown.push(new);
         }
@@ -58,15 +68,27 @@ impl KvCache {
         Ok(())
     }
 
-    /// Writes `k`, `v` (`[1, kv_heads, n, head_dim]`) at positions `pos..pos + n` of `layer`
-    /// and returns views of positions `0..pos + n`.
-    pub(crate) fn append(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let n = k.size()[2];
+    /// Writes `k`, `v` (`[1, n, kv_heads, head_dim]`) at positions `pos..pos + n` of `layer`
+    /// and returns views of positions `0..keys` as attention takes them, `[1, kv_heads, keys,
+    /// head_dim]`.
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        pos: usize,
+        k: &Tensor,
+        v: &Tensor,
+        keys: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let n = k.size()[1];
         let pos = pos as i64;
-        let keys = &self.keys[layer];
-        let values = &self.values[layer];
-        keys.f_narrow(2, pos, n)?.f_copy_(k)?;
-        values.f_narrow(2, pos, n)?.f_copy_(v)?;
-        Ok((keys.f_narrow(2, 0, pos + n)?, values.f_narrow(2, 0, pos + n)?))
+        let (all_keys, all_values) = (&self.keys[layer], &self.values[layer]);
+        all_keys.f_narrow(1, pos, n)?.f_copy_(k)?;
+        all_values.f_narrow(1, pos, n)?.f_copy_(v)?;
+        let keys = keys as i64;
+        Ok((all_keys.f_narrow(1, 0, keys)?.f_transpose(1, 2)?, all_values.f_narrow(1, 0, keys)?.f_transpose(1, 2)?))
     }
+}
+
+fn allocate(shape: &[i64], kind: Kind, device: Device, zeroed: bool) -> Result<Tensor> {
+    Ok(if zeroed { Tensor::f_zeros(shape, (kind, device))? } else { Tensor::f_empty(shape, (kind, device))? })
 }

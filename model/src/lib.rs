@@ -3,8 +3,9 @@
 //! - [`language_model`]: the [`LanguageModel`] trait (sessions, forward with logits for every
 //!   position or for the last few a node reads, O(1) truncate, release) and [`ModelInfo`]
 //!   (vocab size, EOS ids, context length, tokenizer fingerprint).
-//! - [`libtorch`]: Llama / Mistral / Qwen2 on libtorch (`tch`), loaded from Hugging Face
-//!   checkpoints without conversion; [`config`] reads `config.json` and
+//! - [`libtorch`]: the Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text) on
+//!   libtorch (`tch`), loaded from Hugging Face checkpoints without conversion;
+//!   [`attention`] says how it attends (key lengths, kernel); [`config`] reads `config.json` and
 //!   `generation_config.json`; `weights` reads safetensors (single or sharded); [`rope`] and
 //!   `kv_cache` are the pieces of the forward pass.
 //! - [`host`]: the same family (Llama, Mistral, Qwen2) computed in plain Rust `f32` on one
@@ -37,6 +38,7 @@
 //! refused with [`ModelError::MemoryBudget`]. An allocation that fails inside a pass is
 //! [`ModelError::OutOfMemory`]: that pass fails, the model serves on.
 
+pub mod attention;
 pub mod batching;
 mod checkpoint_text;
 pub mod config;
@@ -63,6 +65,7 @@ pub mod tokenizer;
 mod weights;
 pub mod worker;
 
+pub use attention::{AttentionKernel, AttentionOptions, KeyLengths};
 pub use batching::{BatchPolicy, BatchTotals};
 pub use config::{Activation, ArchFeatures, Architecture, LlamaConfig, LlamaShape, RopeScaling};
 pub use device::{DType, DeviceSpec};

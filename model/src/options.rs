@@ -1,6 +1,7 @@
-//! How to load a model: device, dtype, KV budget, threads and engine, as both engines and
+//! How to load a model: device, dtype, KV budget, threads, engine and attention, as both engines and
 //! the table model read them.
 
+use crate::attention::AttentionOptions;
 use crate::device::{DType, DeviceSpec};
 use crate::engine::Engine;
 use crate::kv_budget::KvBudget;
@@ -30,4 +31,7 @@ pub struct LoadOptions {
     pub logits_on_device: bool,
     /// What computes a checkpoint's passes ([`Engine::resolve`]); a table model ignores it.
     pub engine: Engine,
+    /// How the libtorch engine attends: key lengths and kernel ([`AttentionOptions`]); the
+    /// host engine and a table model ignore it.
+    pub attention: AttentionOptions,
 }

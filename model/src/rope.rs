@@ -108,6 +108,51 @@ impl Rope {
     }
 }
 
+/// cos and sin of every position below a length, in the model's dtype, computed once and
+/// extended when a pass reaches past them: a pass then takes views of its positions
+/// instead of computing them (about ten operations a run and kind of layer, each a kernel
+/// launch on a GPU). Each entry is what [`Rope::cos_sin`] computes for its position alone,
+/// since every step is elementwise.
+#[derive(Debug)]
+pub struct RopeTables {
+    rope: Rope,
+    kind: Kind,
+    /// Positions never exceed this (the context length), so the table is never made longer.
+    limit: usize,
+    /// `[len, head_dim]` each, where `len` is what has been computed.
+    cos: Option<Tensor>,
+    sin: Option<Tensor>,
+}
+
+/// The first table's length: most prompts fit it, and it costs 256 KiB at a head of 128 in
+/// float32.
+const FIRST_TABLE_POSITIONS: usize = 256;
+
+impl RopeTables {
+    pub fn new(rope: Rope, kind: Kind, limit: usize) -> Self {
+        Self { rope, kind, limit, cos: None, sin: None }
+    }
+
+    /// `(cos, sin)`, each `[n, head_dim]` in the tables' dtype, for positions `start..start + n`:
+    /// views of the tables, extended first (at least doubled, up to the limit) if they end
+    /// before `start + n`.
+    pub fn cos_sin(&mut self, start: usize, n: usize) -> Result<(Tensor, Tensor)> {
+        let end = start + n;
+        let len = self.cos.as_ref().map_or(0, |c| c.size()[0] as usize);
+        if end > len {
+            let grown = end.max((2 * len).max(FIRST_TABLE_POSITIONS).min(self.limit));
+            let (cos, sin) = self.rope.cos_sin(0, grown, self.kind)?;
+            self.cos = Some(cos);
+            self.sin = Some(sin);
+        }
+        let view = |t: &Option<Tensor>| -> Result<Tensor> {
+            let t = t.as_ref().expect("the tables were just computed");
+            Ok(t.f_narrow(0, start as i64, n as i64)?)
+        };
+        Ok((view(&self.cos)?, view(&self.sin)?))
+    }
+}
+
 /// YaRN's inverse frequencies, as transformers computes them: dimensions that turn fewer
 /// than `beta_slow` times over the original context are interpolated (divided by `factor`),
 /// those that turn more than `beta_fast` times are kept, and a linear ramp blends between.
@@ -143,7 +188,9 @@ fn yarn(
         .collect()
 }
 
-/// `x * cos + rotate_half(x) * sin` for `x: [1, heads, n, head_dim]`.
+/// `x * cos + rotate_half(x) * sin` for `x` whose last dimension is the head's, with `cos`
+/// and `sin` broadcast against it (`[n, head_dim]` for `x: [1, heads, n, head_dim]`,
+/// `[n, 1, head_dim]` for `x: [1, n, heads, head_dim]`).
 pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let d = x.size().last().copied().unwrap_or(0);
     let x1 = x.f_narrow(-1, 0, d / 2)?;

@@ -3,9 +3,11 @@
 
 use tch::{Kind, Tensor};
 
+use crate::attention::AttentionKernel;
 use crate::config::Activation;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
+use crate::libtorch::attention_plan::AttentionPlan;
 use crate::libtorch::segments::{PositionTables, Segment};
 use crate::rope::apply_rope;
 use crate::sessions::SessionTable;
@@ -53,26 +55,32 @@ impl Layer {
     /// The hidden states `x` (`[1, Σ n, hidden]`, the runs of `segments` concatenated) after
     /// this layer, the `index`-th: each run's keys and values are written to its session's
     /// cache, and its queries attend to that cache.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         x: &Tensor,
         index: usize,
         d: &Dims,
+        plan: &AttentionPlan,
         tables: &PositionTables,
         segments: &[Segment<'_>],
         caches: &mut SessionTable<KvCache>,
     ) -> Result<Tensor> {
-        let x = x.f_add(&self.attention(x, index, d, tables, segments, caches)?)?;
+        let x = x.f_add(&self.attention(x, index, d, plan, tables, segments, caches)?)?;
         let mlp = self.mlp(&x, d)?;
         Ok(x.f_add(&mlp)?)
     }
 
-    /// What attention adds to the residual stream.
+    /// What attention adds to the residual stream. q, k and v are kept position-major
+    /// (`[1, Σ n, heads, head_dim]`), the cache's layout, so a run's keys and values are
+    /// written to it as one block; q is viewed head-major for the kernel.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         x: &Tensor,
         index: usize,
         d: &Dims,
+        plan: &AttentionPlan,
         tables: &PositionTables,
         segments: &[Segment<'_>],
         caches: &mut SessionTable<KvCache>,
@@ -87,30 +95,43 @@ impl Layer {
             Some((qn, kn)) => (qn.apply(&q)?, kn.apply(&k)?),
             None => (q, k),
         };
-        let (q, k) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?);
-        let v = qkv
-            .f_narrow(-1, (heads + kv_heads) * hd, kv_heads * hd)?
-            .f_reshape([1, total, kv_heads, hd])?
-            .f_transpose(1, 2)?;
-        let q = apply_rope(&q, &tables.cos, &tables.sin)?;
+        let v = qkv.f_narrow(-1, (heads + kv_heads) * hd, kv_heads * hd)?.f_reshape([1, total, kv_heads, hd])?;
+        let q = apply_rope(&q, &tables.cos, &tables.sin)?.f_transpose(1, 2)?;
         let k = apply_rope(&k, &tables.cos, &tables.sin)?;
-        let gqa = heads != kv_heads;
+        let grouped = heads != kv_heads;
         let mut outputs = Vec::with_capacity(segments.len());
         let mut start = 0i64;
         for (s, mask) in segments.iter().zip(&tables.masks) {
             let n = s.tokens.len() as i64;
             let cache = &mut caches.get_mut(s.session)?.state;
-            let (k_all, v_all) = cache.append(index, s.past, &k.f_narrow(2, start, n)?, &v.f_narrow(2, start, n)?)?;
-            let attn = Tensor::f_scaled_dot_product_attention(
-                &q.f_narrow(2, start, n)?,
-                &k_all,
-                &v_all,
-                mask.as_ref(),
-                0.0,
-                false,
-                d.scale,
-                gqa,
-            )?;
+            let (k_all, v_all) =
+                cache.append(index, s.past, &k.f_narrow(1, start, n)?, &v.f_narrow(1, start, n)?, s.keys)?;
+            let (k_all, v_all) = if grouped && plan.expand_kv_heads {
+                (repeat_kv_heads(&k_all, heads)?, repeat_kv_heads(&v_all, heads)?)
+            } else {
+                (k_all, v_all)
+            };
+            let q = q.f_narrow(2, start, n)?;
+            let attn = match plan.kernel {
+                AttentionKernel::Efficient => {
+                    // The kernel takes no broadcast: the mask is given for every head.
+                    let mask = mask.as_ref().map(|m| m.f_expand([1, heads, n, s.keys as i64], false)).transpose()?;
+                    Tensor::f_internal_scaled_dot_product_efficient_attention(
+                        &q, &k_all, &v_all, mask, false, 0.0, false, d.scale,
+                    )?
+                    .0
+                }
+                _ => Tensor::f_scaled_dot_product_attention(
+                    &q,
+                    &k_all,
+                    &v_all,
+                    mask.as_ref(),
+                    0.0,
+                    false,
+                    d.scale,
+                    grouped && !plan.expand_kv_heads,
+                )?,
+            };
             outputs.push(attn.f_transpose(1, 2)?.f_reshape([1, n, heads * hd])?);
             start += n;
         }
@@ -142,6 +163,15 @@ impl Layer {
     }
 }
 
+/// `[1, kv_heads, L, head_dim]` with each KV head repeated for its group of query heads,
+/// `[1, heads, L, head_dim]`, as grouped-query attention pairs them (query head h reads KV
+/// head h / (heads / kv_heads)).
+fn repeat_kv_heads(x: &Tensor, heads: i64) -> Result<Tensor> {
+    let size = x.size();
+    let (kv_heads, len, hd) = (size[1], size[2], size[3]);
+    Ok(x.f_unsqueeze(2)?.f_expand([1, kv_heads, heads / kv_heads, len, hd], false)?.f_reshape([1, heads, len, hd])?)
+}
+
 /// An RMS norm with its weight: Llama's `w * normed` in the input's dtype, or Gemma's
 /// `(1 + w) * normed` in float32 (the weight kept as `1 + w` in float32).
 #[derive(Debug)]
@@ -162,18 +192,21 @@ impl Norm {
         if !self.plus_one {
             return rms_norm(x, &self.weight, self.eps);
         }
+        // Gemma multiplies by its weight in float32, before the cast back.
         let xf = x.f_to_kind(Kind::Float)?;
-        let var = xf.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
-        let normed = xf.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
-        Ok(normed.f_mul(&self.weight)?.f_to_kind(x.kind())?)
+        let last = [*xf.size().last().unwrap_or(&0)];
+        Ok(xf.f_rms_norm(last.as_slice(), Some(&self.weight), self.eps)?.f_to_kind(x.kind())?)
     }
 }
 
-/// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 as in transformers.
+/// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 and the weight applied
+/// after the cast back, as transformers does. libtorch's own `rms_norm` normalises (one
+/// call instead of five, fused on a GPU); the weight is multiplied apart because
+/// `rms_norm` would apply it before the cast, which rounds differently in bf16.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let kind = x.kind();
     let xf = x.f_to_kind(Kind::Float)?;
-    let var = xf.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
-    let normed = xf.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
+    let last = [*xf.size().last().unwrap_or(&0)];
+    let normed = xf.f_rms_norm(last.as_slice(), None::<&Tensor>, eps)?;
     Ok(weight.f_mul(&normed.f_to_kind(kind)?)?)
 }

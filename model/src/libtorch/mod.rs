@@ -6,10 +6,13 @@
 //! - `weights`: the checkpoint's tensors (or random ones, for benchmarks);
 //! - `forward`: one pass over several sessions' runs of tokens; `layer`: one decoder layer
 //!   (its norms, attention over the sessions' caches, the MLP) and [`rms_norm`];
-//! - `segments`: the runs of a pass and the rotary tables and masks of their positions.
+//! - `segments`: the runs of a pass and the rotary tables and masks of their positions;
+//! - `attention_plan`: how attention runs (key buckets, kernel, repeated KV heads), chosen
+//!   at load from [`crate::attention::AttentionOptions`] and what libtorch would pick.
 //!
 //! The sessions' caches are [`crate::kv_cache`]'s, the rotary embeddings [`crate::rope`]'s.
 
+mod attention_plan;
 mod forward;
 mod layer;
 mod segments;
@@ -27,8 +30,9 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
 use crate::options::LoadOptions;
-use crate::rope::Rope;
+use crate::rope::{Rope, RopeTables};
 use crate::sessions::{SessionTable, resolve_capacity};
+use attention_plan::AttentionPlan;
 use forward::Net;
 use layer::Dims;
 pub use layer::rms_norm;
@@ -77,9 +81,13 @@ impl LlamaModel {
         let kind = opts.dtype.kind();
         let weights = Weights::read(&cfg, w)?;
         let features = &cfg.features;
-        let rope = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, device)?;
+        let positions = cfg.max_position_embeddings;
+        let rope =
+            RopeTables::new(Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, device)?, kind, positions);
         let local_rope = match &features.local_rope {
-            Some((theta, scaling)) => Some(Rope::new(cfg.head_dim, *theta, scaling, device)?),
+            Some((theta, scaling)) => {
+                Some(RopeTables::new(Rope::new(cfg.head_dim, *theta, scaling, device)?, kind, positions))
+            }
             None => None,
         };
         // transformers keeps √hidden as a float32 tensor and casts it to the weights' dtype.
@@ -96,6 +104,8 @@ impl LlamaModel {
             scale: features.query_pre_attn_scalar.map(|s| 1.0 / s.sqrt()),
             activation: features.activation,
         };
+        let attention = AttentionPlan::choose(&opts.attention, &dims, opts.device, kind, device)?;
+        tracing::info!(model = %text.name, "attention: {attention}");
         let net = Net {
             weights,
             dims,
@@ -104,6 +114,7 @@ impl LlamaModel {
             local_rope,
             sliding_window: cfg.sliding_window,
             final_logit_softcapping: features.final_logit_softcapping,
+            attention,
             device,
             kind,
         };
@@ -151,7 +162,9 @@ impl LlamaModel {
         check_tokens(tokens, self.cfg.vocab_size)?;
         self.make_room(session, tokens.len())?;
         let rows = rows_returned(rows, tokens.len());
-        Ok(Segment { session, past: self.sessions.get(session)?.len, tokens, rows })
+        let s = self.sessions.get(session)?;
+        let keys = self.net.attention.keys(s.len + tokens.len(), s.capacity);
+        Ok(Segment { session, past: s.len, tokens, rows, keys })
     }
 
     /// Grows the session's cache, by whole chunks within the budget, when `extra` more tokens
@@ -223,6 +236,7 @@ impl LanguageModel for LlamaModel {
             self.cfg.head_dim,
             self.net.kind,
             self.net.device,
+            self.net.attention.bucket.is_some(),
         )
         .map_err(ModelError::classify_allocation)?;
         self.sessions.insert(cache, cap, bytes)

@@ -13,14 +13,18 @@ pub(crate) struct Segment<'a> {
     pub(crate) tokens: &'a [u32],
     /// The head runs on the last `rows` tokens (1 ≤ rows ≤ tokens.len()).
     pub(crate) rows: usize,
+    /// How many of the session's cached positions the run's queries are given: its length
+    /// after the run, or that length rounded up to a bucket (`--attention-keys`), the
+    /// positions past the length masked out.
+    pub(crate) keys: usize,
 }
 
 /// The rotary tables and masks of one kind of layer for one pass.
 #[derive(Debug)]
 pub(crate) struct PositionTables {
-    /// `[Σ n, head_dim]` each.
+    /// `[Σ n, 1, head_dim]` each, broadcast over the heads of `[1, Σ n, heads, head_dim]`.
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
-    /// One per segment (`None` where every key is visible).
+    /// One per segment, `[n, keys]` (`None` where every key is visible).
     pub(crate) masks: Vec<Option<Tensor>>,
 }
