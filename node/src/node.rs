@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget, LanguageModel, LoadOptions, SessionId};
+use specd_model::{
+    AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, KvBudget, LanguageModel, LoadOptions, SessionId,
+};
 use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
@@ -25,6 +27,8 @@ pub struct NodeConfig {
     pub dtype: DType,
     /// What computes the model's passes ([`specd_model::Engine`]).
     pub engine: Engine,
+    /// How the libtorch engine attends ([`specd_model::AttentionOptions`]).
+    pub attention: AttentionOptions,
     /// Sessions open at once; more are refused with RESOURCE_EXHAUSTED.
     pub max_sessions: usize,
     /// Bytes of KV cache all sessions may reserve together, resolved once the weights are
@@ -138,6 +142,7 @@ impl Node {
             // distributions are built there (target-node `verify`, draft-node `propose`).
             logits_on_device: distributions.on_device(),
             engine: config.engine,
+            attention: config.attention,
         };
         let thread = format!("specd-{role}-model");
         let stand_in = StandIn { forward_delay: config.forward_delay, faults: config.faults };

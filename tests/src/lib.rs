@@ -162,6 +162,7 @@ impl Cluster {
             device: DeviceSpec::Cpu,
             dtype: options.dtype,
             engine: options.engine,
+            attention: Default::default(),
             max_sessions: 1024,
             kv_budget: KvBudget::Unbounded,
             forward_delay,

@@ -57,6 +57,7 @@ impl Node {
             device: DeviceSpec::Cpu,
             dtype: DType::F32,
             engine: Default::default(),
+            attention: Default::default(),
             max_sessions: 64,
             kv_budget: specd_model::KvBudget::Unbounded,
             forward_delay: FORWARD_DELAY,

@@ -261,6 +261,7 @@ fn modelless_config() -> NodeConfig {
         device: DeviceSpec::Cpu,
         dtype: DType::F32,
         engine: Default::default(),
+        attention: Default::default(),
         max_sessions: 64,
         kv_budget: specd_model::KvBudget::Unbounded,
         forward_delay: Duration::ZERO,

@@ -33,6 +33,8 @@ impl NodeOptions {
         args.push(format!("--distributions={}", self.distributions));
         args.push(format!("--pin-threads={}", self.pin_threads));
         args.extend(self.allow_unused_weights.then(|| "--allow-unused-weights".to_owned()));
+        args.push(format!("--attention-keys={}", self.attention_keys));
+        args.push(format!("--attention-kernel={}", self.attention_kernel));
         args
     }
 }
@@ -79,6 +81,8 @@ mod tests {
         ("dtype", Some("f16")),
         ("engine", Some("host")),
         ("allow-unused-weights", None),
+        ("attention-keys", Some("64")),
+        ("attention-kernel", Some("efficient")),
         ("max-sessions", Some("7")),
         ("kv-budget-mib", Some("512")),
         ("kv-memory-fraction", Some("0.5")),

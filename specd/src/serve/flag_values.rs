@@ -1,7 +1,7 @@
 //! Parsers of flag values that the roles share with other subcommands (`bench`, `logits`,
-//! `models`): a device, a dtype, an engine, a draft length, on or off.
+//! `models`): a device, a dtype, an engine, attention's key lengths and kernel, a draft length, on or off.
 
-use specd_model::{DType, DeviceSpec, Engine, ModelError};
+use specd_model::{AttentionKernel, DType, DeviceSpec, Engine, KeyLengths, ModelError};
 
 pub(crate) fn parse_device(s: &str) -> Result<DeviceSpec, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
@@ -12,6 +12,14 @@ pub(crate) fn parse_dtype(s: &str) -> Result<DType, String> {
 }
 
 pub(crate) fn parse_engine(s: &str) -> Result<Engine, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+pub(crate) fn parse_key_lengths(s: &str) -> Result<KeyLengths, String> {
+    s.parse().map_err(|e: ModelError| e.to_string())
+}
+
+pub(crate) fn parse_attention_kernel(s: &str) -> Result<AttentionKernel, String> {
     s.parse().map_err(|e: ModelError| e.to_string())
 }
 

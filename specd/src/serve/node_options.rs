@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget};
+use specd_model::{AttentionKernel, AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, KeyLengths, KvBudget};
 use specd_node::{Distributions, NodeConfig};
 use specd_proto::tls::ServerTls;
 
-use super::flag_values::{parse_device, parse_dtype, parse_engine};
+use super::flag_values::{parse_attention_kernel, parse_device, parse_dtype, parse_engine, parse_key_lengths};
 use crate::cli_error::invalid;
 
 /// Options every node role shares.
@@ -35,6 +35,19 @@ pub struct NodeOptions {
     /// naming them, since the model would compute something else than the checkpoint.
     #[arg(long, env = "SPECD_ALLOW_UNUSED_WEIGHTS")]
     pub(super) allow_unused_weights: bool,
+    /// How many cached positions each attention call of the libtorch engine is given:
+    /// exact (the session's length), N (rounded up to a multiple of N, the rest masked out),
+    /// or auto (256 on CUDA, exact on a CPU). A GPU's attention kernels build a plan per
+    /// shape, which exact lengths would change at every step; a CPU builds none.
+    #[arg(long, env = "SPECD_ATTENTION_KEYS", default_value = "auto", value_parser = parse_key_lengths)]
+    pub(super) attention_keys: KeyLengths,
+    /// Which attention kernel the libtorch engine asks for: sdpa (libtorch picks one per
+    /// call: cuDNN, flash or memory-efficient on CUDA, flash on a CPU), efficient (the
+    /// memory-efficient CUDA kernel, called directly: it never uses cuDNN; CUDA only), or
+    /// auto (sdpa). Where libtorch would fall to its slow math kernel for a masked block of
+    /// a grouped-query model, the KV heads are repeated first, so it does not.
+    #[arg(long, env = "SPECD_ATTENTION_KERNEL", default_value = "auto", value_parser = parse_attention_kernel)]
+    pub(super) attention_kernel: AttentionKernel,
     /// Sessions a node holds at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SPECD_MAX_SESSIONS", default_value_t = 256)]
     pub(super) max_sessions: usize,
@@ -158,6 +171,11 @@ impl NodeOptions {
             pin_threads: self.pin_threads,
             allow_unused_weights: self.allow_unused_weights,
             engine: self.engine,
+            attention: AttentionOptions {
+                keys: self.attention_keys,
+                kernel: self.attention_kernel,
+                ..AttentionOptions::default()
+            },
             distributions: self.distributions,
             faults: Default::default(),
             batch,
