@@ -138,36 +138,46 @@ fn penalised(
     for &t in history.generated.iter().chain(&history.block[..n.saturating_sub(1).min(history.block.len())]) {
         check_token(t, vocab)?;
     }
-    let ids = |tokens: &[u32]| -> Result<Tensor> {
-        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
-        Ok(Tensor::f_from_slice(&ids)?.f_to_device(device)?)
-    };
-    let mut base = Tensor::f_zeros([vocab as i64], (Kind::Double, device))?;
-    if !history.generated.is_empty() {
-        let generated = ids(history.generated)?;
-        let _ = base.f_index_put_(&[Some(generated)], &Tensor::from(1.0f64).f_to_device(device)?, true)?;
-    }
-    let mut counts = base.f_unsqueeze(0)?.f_expand([n as i64, vocab as i64], false)?.f_contiguous()?;
     // Row r also counts the block's first r tokens (rows below `block_seen_by`).
     let (rows, tokens): (Vec<i64>, Vec<u32>) =
         (1..block_seen_by).flat_map(|r| history.block[..r].iter().map(move |&t| (r as i64, t))).unzip();
-    if !rows.is_empty() {
-        let rows = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
-        let _ = counts.f_index_put_(
-            &[Some(rows), Some(ids(&tokens)?)],
-            &Tensor::from(1.0f64).f_to_device(device)?,
-            true,
-        )?;
+    let prompt = if params.repetition_penalty != 1.0 { history.prompt } else { &[] };
+    for &t in prompt {
+        check_token(t, vocab)?;
+    }
+    // Every id this needs goes to the device in one copy (each copy from pageable host
+    // memory blocks the host): the generated tokens, the block's (row, token) pairs, the
+    // prompt.
+    let uploaded: Vec<i64> = history
+        .generated
+        .iter()
+        .map(|&t| i64::from(t))
+        .chain(rows.iter().copied())
+        .chain(tokens.iter().chain(prompt).map(|&t| i64::from(t)))
+        .collect();
+    let uploaded = Tensor::f_from_slice(&uploaded)?.f_to_device(device)?;
+    let mut start = 0;
+    let mut part = |len: usize| -> Result<Tensor> {
+        let ids = uploaded.f_narrow(0, start, len as i64)?;
+        start += len as i64;
+        Ok(ids)
+    };
+    let (generated, rows, tokens, prompt) =
+        (part(history.generated.len())?, part(rows.len())?, part(tokens.len())?, part(prompt.len())?);
+    let one = Tensor::f_ones([], (Kind::Double, device))?;
+    let mut base = Tensor::f_zeros([vocab as i64], (Kind::Double, device))?;
+    if !history.generated.is_empty() {
+        let _ = base.f_index_put_(&[Some(generated)], &one, true)?;
+    }
+    let mut counts = base.f_unsqueeze(0)?.f_expand([n as i64, vocab as i64], false)?.f_contiguous()?;
+    if rows.numel() > 0 {
+        let _ = counts.f_index_put_(&[Some(rows), Some(tokens)], &one, true)?;
     }
     let mut scores = scores.shallow_clone();
     if params.repetition_penalty != 1.0 {
-        for &t in history.prompt {
-            check_token(t, vocab)?;
-        }
         let mut seen = counts.f_gt(0.0)?;
-        if !history.prompt.is_empty() {
-            let in_prompt =
-                Tensor::f_zeros([vocab as i64], (Kind::Bool, device))?.f_index_fill(0, &ids(history.prompt)?, 1)?;
+        if prompt.numel() > 0 {
+            let in_prompt = Tensor::f_zeros([vocab as i64], (Kind::Bool, device))?.f_index_fill(0, &prompt, 1)?;
             seen = seen.f_logical_or(&in_prompt.f_unsqueeze(0)?)?;
         }
         let r = params.repetition_penalty;

@@ -72,21 +72,29 @@ pub fn score_block_with(
     // The support entries, flattened: (row, token) pairs.
     let (support_rows, support_tokens): (Vec<i64>, Vec<i64>) =
         supports.iter().enumerate().flat_map(|(i, s)| s.iter().map(move |&t| (i as i64, i64::from(t)))).unzip();
-    let on_device = |values: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(values)?.f_to_device(device)?) };
-    let index = [Some(on_device(&support_rows)?), Some(on_device(&support_tokens)?)];
+    let uniforms: Vec<f64> = (0..gamma)
+        .map(|i| key.stream(i + 1, Purpose::Complement).uniform())
+        .chain(std::iter::once(key.stream(gamma + 1, Purpose::Bonus).uniform()))
+        .collect();
+    // One copy to the device: the support's rows and tokens (exact in f64: ids are below
+    // 2^53) and the uniforms. Each copy from pageable host memory blocks the host.
+    let entries = support_rows.len() as i64;
+    let uploaded: Vec<f64> =
+        support_rows.iter().chain(&support_tokens).map(|&x| x as f64).chain(uniforms.iter().copied()).collect();
+    let uploaded = Tensor::f_from_slice(&uploaded)?.f_to_device(device)?;
+    let index = [
+        Some(uploaded.f_narrow(0, 0, entries)?.f_to_kind(Kind::Int64)?),
+        Some(uploaded.f_narrow(0, entries, entries)?.f_to_kind(Kind::Int64)?),
+    ];
     let p_on_support = probs.f_index(&index)?;
-    let outside =
-        probs.f_narrow(0, 0, gamma as i64)?.f_index_put(&index, &Tensor::from(0.0f64).f_to_device(device)?, false)?;
+    let zero = Tensor::f_zeros([], (probs.kind(), device))?;
+    let outside = probs.f_narrow(0, 0, gamma as i64)?.f_index_put(&index, &zero, false)?;
     let complement_mass = outside.f_sum_dim_intlist([1].as_slice(), false, Kind::Double)?;
     // Row i < γ draws from p_i outside S_i (threshold u × its mass), row γ from p_{γ+1}
     // (u × 1, as the host draws from a normalised distribution).
     let weights = Tensor::f_cat(&[&outside, &probs.f_narrow(0, gamma as i64, 1)?], 0)?;
     let totals = Tensor::f_cat(&[&complement_mass, &Tensor::f_ones([1], (Kind::Double, device))?], 0)?;
-    let uniforms: Vec<f64> = (0..gamma)
-        .map(|i| key.stream(i + 1, Purpose::Complement).uniform())
-        .chain(std::iter::once(key.stream(gamma + 1, Purpose::Bonus).uniform()))
-        .collect();
-    let thresholds = Tensor::f_from_slice(&uniforms)?.f_to_device(device)?.f_mul(&totals)?;
+    let thresholds = uploaded.f_narrow(0, 2 * entries, gamma as i64 + 1)?.f_mul(&totals)?;
     let drawn = draw_rows(&weights, &thresholds)?.f_to_kind(Kind::Double)?;
     // One copy to the host: p on the supports, the masses, the draws, the flags.
     let packed = Tensor::f_cat(&[&p_on_support, &complement_mass, &drawn, &effective.flags], 0)?;
