@@ -15,7 +15,7 @@ pub enum CudaMemoryError {
     MissingFunction { library: String, function: &'static str, reason: String },
     /// The runtime sees no device of this index (no GPU, no driver, or fewer devices than
     /// the index, as `CUDA_VISIBLE_DEVICES` leaves them).
-    #[error("the CUDA runtime sees no cuda:{index}: {reason}")]
+    #[error("no cuda:{index} is visible to the CUDA runtime: {reason}")]
     NoDevice { index: usize, reason: String },
     /// A runtime call failed.
     #[error("{call} failed with CUDA error {code}: {message}")]

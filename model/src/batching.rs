@@ -340,6 +340,10 @@ impl LanguageModel for RemoteModel {
         self.remote(move |m| m.release(session))
     }
 
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        self.remote(move |m| m.set_memory_budget(budget))
+    }
+
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         self.remote(|m| Ok(m.memory_in_use())).unwrap_or((0, None))
     }

@@ -266,6 +266,22 @@ pub trait LanguageModel {
         Ok(0)
     }
 
+    /// Bounds the bytes of KV cache all sessions may hold together from now on (`None`:
+    /// unbounded); sessions open already count against it. A node sets it right after
+    /// [`Self::warm_up`], when a fraction of the free memory can be measured
+    /// ([`crate::KvBudget::resolve`]); until then a model holds what its load options fix
+    /// without measuring ([`crate::KvBudget::without_measuring`]). The default, for a model
+    /// that does not account for its sessions' memory, takes only `None`.
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        match budget {
+            None => Ok(()),
+            Some(bytes) => Err(ModelError::InvalidInput(format!(
+                "{} does not account for its sessions' memory, so it cannot keep a budget of {bytes} bytes",
+                self.info().name
+            ))),
+        }
+    }
+
     /// Shrinks the session to its first `len` tokens (O(1); `len` ≤ current length).
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()>;
 
@@ -335,6 +351,9 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     }
     fn warm_up(&mut self, max_tokens: usize) -> Result<usize> {
         (**self).warm_up(max_tokens)
+    }
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        (**self).set_memory_budget(budget)
     }
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
         (**self).truncate(session, len)

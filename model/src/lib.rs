@@ -28,13 +28,15 @@
 //! - `injected_oom` (the `testing` feature only): a model whose n-th pass fails with a real
 //!   allocation failure.
 //! - [`kv_budget`]: the KV-cache budget, a number of bytes or a fraction of the memory free
-//!   after the weights.
+//!   once the model is loaded and warmed up, and where that is read (on CUDA the runtime,
+//!   through `specd-cuda-memory`, with `nvidia-smi` as the fallback).
 //! - [`error`]: the crate's one error type.
 //!
 //! Memory: each session preallocates its KV cache for its capacity when it opens (what its
 //! request can reach, as the node computes it) and grows by whole chunks past it if it
-//! must; the budget ([`LoadOptions::kv_budget`]) bounds the bytes of all open sessions'
-//! caches (weights not included), and a session or a growth that would exceed it is
+//! must; the budget ([`LoadOptions::kv_budget`], a fraction of the free memory measured
+//! after warm-up and set with [`LanguageModel::set_memory_budget`]) bounds the bytes of all
+//! open sessions' caches (weights not included), and a session or a growth that would exceed it is
 //! refused with [`ModelError::MemoryBudget`]. An allocation that fails inside a pass is
 //! [`ModelError::OutOfMemory`]: that pass fails, the model serves on.
 
@@ -74,7 +76,7 @@ pub use error::{ErrorClass, ModelError, Result};
 pub use host::HostLlama;
 #[cfg(feature = "testing")]
 pub use injected_oom::InjectedOom;
-pub use kv_budget::KvBudget;
+pub use kv_budget::{FreeMemory, KvBudget, MemorySource};
 pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
 pub use libtorch::LlamaModel;
 pub use load::{BoxedModel, load_model};

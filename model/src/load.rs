@@ -25,7 +25,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
             _ => Ok(Box::new(LlamaModel::load(path, opts)?)),
         }
     } else if path.is_file() {
-        let table = TableModel::load(path, opts.kv_budget.resolve(opts.device)?)?;
+        // A fraction of the free memory is measured after warm-up (`set_memory_budget`).
+        let table = TableModel::load(path, opts.kv_budget.without_measuring())?;
         Ok(Box::new(table.with_logits_in_tensors(opts.logits_on_device)))
     } else {
         Err(ModelError::MissingFile {

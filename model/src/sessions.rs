@@ -4,6 +4,11 @@
 //! against the budget at once, so admission is decided before any pass runs). One that
 //! outgrows its reservation anyway grows by [`GROWTH_CHUNK`] tokens at a time, each growth
 //! admitted against the budget like a new session, up to the model's context length.
+//!
+//! The budget may be set after the table is made ([`SessionTable::set_budget`]): a fraction
+//! of the free memory is measured once the model is warmed up, and warm-up opens a session
+//! of its own. What sessions hold is counted from the first one either way, so a budget set
+//! later bounds them all.
 
 use std::collections::HashMap;
 
@@ -41,6 +46,13 @@ pub(crate) struct SessionTable<S> {
 impl<S> SessionTable<S> {
     pub(crate) fn new(budget: Option<u64>) -> Self {
         Self { sessions: HashMap::new(), next_id: 1, in_use: 0, budget }
+    }
+
+    /// Bounds what the sessions hold together from now on (`None`: unbounded). Sessions open
+    /// already stay open and count against it, even past it: they are not taken back, but
+    /// nothing more is admitted until they fit.
+    pub(crate) fn set_budget(&mut self, budget: Option<u64>) {
+        self.budget = budget;
     }
 
     /// Checks the budget for a session of `bytes`, without allocating anything.
@@ -164,6 +176,24 @@ pub(crate) fn resolve_capacity(requested: Option<usize>, context_length: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_set_later_counts_the_sessions_opened_before_it() {
+        let mut table = SessionTable::new(None);
+        let early = table.insert((), 10, 600).unwrap();
+        table.set_budget(Some(1000));
+        assert_eq!(table.memory(), (600, Some(1000)));
+        let err = table.insert((), 10, 500).unwrap_err();
+        assert!(matches!(err, ModelError::MemoryBudget { in_use: 600, budget: 1000, .. }), "{err}");
+        table.insert((), 10, 400).unwrap();
+        // Set below what is held: nothing is taken back, nothing more admitted.
+        table.set_budget(Some(100));
+        assert!(table.admit(1).is_err());
+        table.remove(early).unwrap();
+        table.set_budget(None);
+        assert_eq!(table.memory(), (400, None));
+        table.admit(u64::MAX).unwrap();
+    }
 
     #[test]
     fn a_session_grows_by_whole_chunks_within_the_budget_and_the_context() {

@@ -52,6 +52,9 @@ impl<M: LanguageModel> LanguageModel for Slowed<M> {
     fn release(&mut self, session: SessionId) -> Result<()> {
         self.inner.release(session)
     }
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        self.inner.set_memory_budget(budget)
+    }
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         self.inner.memory_in_use()
     }

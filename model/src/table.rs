@@ -299,6 +299,11 @@ impl LanguageModel for TableModel {
         self.sessions.remove(session)
     }
 
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        self.sessions.set_budget(budget);
+        Ok(())
+    }
+
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         self.sessions.memory()
     }

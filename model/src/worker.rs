@@ -17,7 +17,9 @@ use tokio::sync::mpsc;
 use crate::batching::{
     BatchCounters, BatchPolicy, BatchTotals, Job, Message, RemoteModel, failed, gone, job, run_blocking, serve,
 };
+use crate::device::DeviceSpec;
 use crate::error::{ModelError, Result};
+use crate::kv_budget::{FreeMemory, free_memory};
 use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId};
 
 /// Starts model worker threads.
@@ -186,6 +188,18 @@ impl ModelHandle {
     /// See [`LanguageModel::memory_in_use`].
     pub async fn memory_in_use(&self) -> Result<(u64, Option<u64>)> {
         self.call_on_thread(|m| Ok(m.memory_in_use())).await
+    }
+
+    /// See [`LanguageModel::set_memory_budget`].
+    pub async fn set_memory_budget(&self, budget: Option<u64>) -> Result<()> {
+        self.call_on_thread(move |m| m.set_memory_budget(budget)).await
+    }
+
+    /// The free memory of `device`, the model's, read on the model's thread: on CUDA the
+    /// runtime answers for the thread's current device, and there the device is in use
+    /// already ([`crate::kv_budget::free_memory`]).
+    pub async fn free_memory(&self, device: DeviceSpec) -> Result<FreeMemory> {
+        self.call_on_thread(move |_| free_memory(device)).await
     }
 
     /// See [`LanguageModel::encode`].

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use specd_model::{
-    AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, KvBudget, LanguageModel, LoadOptions, SessionId,
+    AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, FreeMemory, KvBudget, LanguageModel, LoadOptions,
+    SessionId,
 };
 use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
@@ -31,8 +32,8 @@ pub struct NodeConfig {
     pub attention: AttentionOptions,
     /// Sessions open at once; more are refused with RESOURCE_EXHAUSTED.
     pub max_sessions: usize,
-    /// Bytes of KV cache all sessions may reserve together, resolved once the weights are
-    /// loaded. Sessions reserve what their request can reach
+    /// Bytes of KV cache all sessions may reserve together, resolved once the model is
+    /// loaded and warmed up. Sessions reserve what their request can reach
     /// (`OpenSessionRequest.max_tokens`); one that does not fit is refused with
     /// RESOURCE_EXHAUSTED before any pass runs.
     pub kv_budget: KvBudget,
@@ -203,6 +204,23 @@ impl Node {
 
     pub fn model(&self) -> &NodeModel<SessionState> {
         &self.model
+    }
+
+    /// The free memory of the node's device now, read on its model's thread.
+    pub async fn free_memory(&self) -> Result<FreeMemory, NodeError> {
+        Ok(self.model.handle().free_memory(self.config.device).await?)
+    }
+
+    /// Bounds the node's KV cache to `bytes` from now on (`None`: unbounded), in place of the
+    /// budget it resolved at load: `specd up` and `specd bench --embedded` split one device's
+    /// budget between their two nodes so.
+    pub async fn set_kv_budget(&self, bytes: Option<u64>) -> Result<(), NodeError> {
+        self.model.handle().set_memory_budget(bytes).await?;
+        match bytes {
+            Some(bytes) => tracing::info!(role = self.role, kv_budget_bytes = bytes, "KV cache budget set"),
+            None => tracing::info!(role = self.role, "KV cache unbounded"),
+        }
+        Ok(())
     }
 
     pub async fn info(&self) -> Result<NodeInfo, NodeError> {

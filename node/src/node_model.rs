@@ -74,7 +74,8 @@ impl<S> Clone for NodeModel<S> {
 }
 
 impl<S: NodeSessionState> NodeModel<S> {
-    /// Loads `path` on a worker thread named `thread`; blocks until the model is ready.
+    /// Loads `path` on a worker thread named `thread`, warms it up and gives it its KV
+    /// budget (`options.kv_budget`, measured then); blocks until the model is ready.
     /// `stand_in` says what the model is wrapped in (in service: nothing); `batch` says
     /// how concurrent sessions' forward passes are batched; `pin_threads`: a CPU model's
     /// threads get one CPU each where they use them all ([`specd_model::pinning`]).
@@ -95,6 +96,9 @@ impl<S: NodeSessionState> NodeModel<S> {
             if passes > 0 {
                 tracing::info!(passes, elapsed_ms = started.elapsed().as_millis() as u64, "model warmed up");
             }
+            // Measured now and not at load: warm-up's kernels and workspaces take memory too.
+            // On this thread, the model's: on CUDA its device is in use here.
+            model.set_memory_budget(options.kv_budget.resolve(options.device)?)?;
             if pin_threads && options.device == DeviceSpec::Cpu {
                 match pin_model_team() {
                     TeamPinning::Pinned { cpus } => tracing::info!(?cpus, "model threads pinned, one CPU each"),

@@ -92,7 +92,9 @@ impl HostLlama {
             info,
             text,
             net,
-            sessions: SessionTable::new(opts.kv_budget.resolve(opts.device)?),
+            // A fraction of the free memory is measured after warm-up, by whoever warms the
+            // model up (a node): `set_memory_budget`.
+            sessions: SessionTable::new(opts.kv_budget.without_measuring()),
             scratch: Scratch::default(),
             cfg,
         })
@@ -163,6 +165,11 @@ impl LanguageModel for HostLlama {
 
     fn release(&mut self, session: SessionId) -> Result<()> {
         self.sessions.remove(session)
+    }
+
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        self.sessions.set_budget(budget);
+        Ok(())
     }
 
     fn memory_in_use(&self) -> (u64, Option<u64>) {

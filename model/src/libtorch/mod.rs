@@ -124,9 +124,10 @@ impl LlamaModel {
             info,
             text,
             net,
-            // Resolved after the weights are loaded: a fraction of the free memory is of what
-            // they leave.
-            sessions: SessionTable::new(opts.kv_budget.resolve(opts.device)?),
+            // A fraction of the free memory is measured after warm-up, whose kernels and
+            // workspaces take memory too, by whoever warms the model up (a node):
+            // `set_memory_budget`.
+            sessions: SessionTable::new(opts.kv_budget.without_measuring()),
             logits_on_device: opts.logits_on_device,
         })
     }
@@ -318,6 +319,11 @@ impl LanguageModel for LlamaModel {
         });
         self.release(session)?;
         passes.map(|()| max_tokens)
+    }
+
+    fn set_memory_budget(&mut self, budget: Option<u64>) -> Result<()> {
+        self.sessions.set_budget(budget);
+        Ok(())
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
