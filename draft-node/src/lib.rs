@@ -91,6 +91,15 @@ impl DraftNode {
         })
     }
 
+    /// The node of its model (to set its KV budget where a process starts two nodes); `None`
+    /// for a proposer without one.
+    pub fn model_node(&self) -> Option<&Node> {
+        match &self.proposer {
+            Proposer::Model { node, .. } => Some(node),
+            Proposer::Lookup(_) => None,
+        }
+    }
+
     /// The node with no model behind a `ngram` or `suffix` proposer; `None` for a model.
     pub fn lookup(&self) -> Option<&LookupNode> {
         match &self.proposer {

@@ -39,6 +39,11 @@ impl TargetNode {
     pub async fn load(config: NodeConfig) -> Result<Self, NodeError> {
         Ok(Self { node: Node::load_async("target", config).await? })
     }
+
+    /// The node its services run on (to set its KV budget where a process starts two nodes).
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
 }
 
 /// Loads the model, then serves until `shutdown` resolves.

@@ -139,14 +139,24 @@ impl BenchArgs {
         Ok(())
     }
 
-    /// The models' dtype where this command started them; unknown behind --endpoint.
+    /// The models' dtype where this command started them, with the draft's and where it
+    /// runs when they are not the target's; unknown behind --endpoint.
     pub(super) fn dtype_label(&self) -> serde_json::Value {
-        match self.endpoint {
-            Some(_) => serde_json::Value::Null,
-            None => match self.draft.draft_dtype.filter(|d| *d != self.node.dtype()) {
-                Some(draft) => json!(format!("{} (draft {draft})", self.node.dtype())),
-                None => json!(self.node.dtype().to_string()),
-            },
+        if self.endpoint.is_some() {
+            return serde_json::Value::Null;
+        }
+        let target = self.node.dtype();
+        let shared = match self.node.config(self.demo_dir.join("draft")) {
+            Ok(shared) if self.proposer.proposer.needs_model() => shared,
+            _ => return json!(target.to_string()),
+        };
+        let draft = self.draft.settings(&shared).placement;
+        if draft.device != shared.device {
+            json!(format!("{target} (draft {} on {}, {} engine)", draft.dtype, draft.device, draft.engine))
+        } else if draft.dtype != target {
+            json!(format!("{target} (draft {})", draft.dtype))
+        } else {
+            json!(target.to_string())
         }
     }
 

@@ -25,7 +25,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let prompts = prompts::load_prompts(args.prompts.as_deref(), &args.prompt_set)?;
     if args.netns.netns && args.netns.netns_child.is_none() {
         let target = args.node.to_args(None, None);
-        let mut draft = args.node.to_args(args.draft_delay_ms, Some(&args.draft));
+        // Placed here, where the draft model is read, as `--embedded` would place it.
+        let draft_settings = args.draft.settings(&args.node.config(args.demo_dir.join("draft"))?);
+        let mut draft = args.node.to_args(args.draft_delay_ms, Some(&draft_settings));
         draft.extend(args.proposer.to_args());
         let mut netns = args.netns.clone();
         if let Some(on) = args.optimistic {

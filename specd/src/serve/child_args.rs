@@ -1,22 +1,25 @@
 //! The flags that give a child `specd target` or `specd draft` process the node options this
 //! process parsed: `specd bench --netns` starts its nodes with them.
 //!
-//! Every flag of [`NodeOptions`], [`DraftOptions`] and [`ProposerOptions`] must be passed on
+//! Every flag of [`NodeOptions`], `DraftOptions` and [`ProposerOptions`] must be passed on
 //! here; the round-trip test below fails for one that is not.
 
-use super::draft_options::{DraftOptions, ProposerOptions};
+use super::draft_options::{DraftSettings, ProposerOptions};
 use super::node_options::NodeOptions;
 
 impl NodeOptions {
     /// The flags that give a `specd target` or `specd draft` process these options
     /// (`specd bench --netns`), with the forward delay replaced where given, and for the
-    /// draft its own options over the shared ones, as [`DraftOptions::apply`] does.
-    pub(crate) fn to_args(&self, forward_delay_ms: Option<f64>, draft: Option<&DraftOptions>) -> Vec<String> {
-        let threads = draft.map(|d| d.draft_threads).or(self.threads);
-        let dtype = draft.and_then(|d| d.draft_dtype).unwrap_or(self.dtype);
-        let engine = draft.and_then(|d| d.draft_engine).unwrap_or(self.engine);
+    /// draft its own settings over the shared ones, as
+    /// [`super::draft_options::DraftOptions::apply`] gives them (`specd draft --device` is
+    /// where the draft runs).
+    pub(crate) fn to_args(&self, forward_delay_ms: Option<f64>, draft: Option<&DraftSettings>) -> Vec<String> {
+        let threads = draft.map(|d| d.threads).or(self.threads);
+        let device = draft.map_or(self.device, |d| d.placement.device);
+        let dtype = draft.map_or(self.dtype, |d| d.placement.dtype);
+        let engine = draft.map_or(self.engine, |d| d.placement.engine);
         let mut args = vec![
-            format!("--device={}", self.device),
+            format!("--device={device}"),
             format!("--dtype={dtype}"),
             format!("--engine={engine}"),
             format!("--max-sessions={}", self.max_sessions),
@@ -57,7 +60,8 @@ mod tests {
 
     use clap::{CommandFactory, Parser};
 
-    use super::{DraftOptions, NodeOptions, ProposerOptions};
+    use super::super::draft_options::DraftOptions;
+    use super::{NodeOptions, ProposerOptions};
     use crate::{Cli, Command};
 
     /// The options a process that starts both nodes parses (`specd bench` flattens these
@@ -95,6 +99,7 @@ mod tests {
         ("max-batch-sequences", Some("3")),
         ("max-batch-tokens", Some("100")),
         ("batch-window-us", Some("250")),
+        ("draft-device", Some("cuda:0")),
         ("draft-threads", Some("2")),
         ("draft-dtype", Some("f32")),
         ("draft-engine", Some("libtorch")),
@@ -165,11 +170,13 @@ mod tests {
     fn a_draft_child_gets_every_node_draft_and_proposer_flag() {
         let parent = everything_set();
         let draft_delay_ms = 250.0;
-        let mut args = parent.node.to_args(Some(draft_delay_ms), Some(&parent.draft));
+        let settings = parent.draft.settings(&parent.node.config("m".into()).unwrap());
+        let mut args = parent.node.to_args(Some(draft_delay_ms), Some(&settings));
         args.extend(parent.proposer.to_args());
         let Command::Draft(child) = parse_child("draft", &args) else { unreachable!() };
         // The draft's own options stand in for the shared ones, and its delay for theirs.
         let mut node = parent.node.clone();
+        node.device = parent.draft.draft_device.unwrap();
         node.threads = Some(parent.draft.draft_threads);
         node.dtype = parent.draft.draft_dtype.unwrap();
         node.engine = parent.draft.draft_engine.unwrap();

@@ -5,35 +5,74 @@ use std::path::PathBuf;
 
 use clap::Args;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_model::{DType, Engine};
+use specd_model::{DType, DeviceSpec, Engine};
 use specd_node::NodeConfig;
 
-use super::flag_values::{parse_dtype, parse_engine};
+use super::draft_placement::{DraftPlacement, DraftSize, PlacementFlags, place_draft};
+use super::flag_values::{parse_device, parse_dtype, parse_engine};
 use crate::cli_error::invalid;
 
 /// How the draft model runs where one process starts both nodes (`specd up`, `specd bench
 /// --embedded` and `--netns`); the other node flags apply to both.
 #[derive(Debug, Clone, Args)]
 pub struct DraftOptions {
+    /// Where the draft model runs: cpu or cuda:N. Default: beside a CUDA target (--device
+    /// cuda:N) a small draft runs on the CPU, on the host engine unless --draft-engine says
+    /// otherwise, and leaves the GPU to the target (small: one that --engine auto would run
+    /// on the host engine, a Llama, Mistral or Qwen2 checkpoint of at most 4 M parameters,
+    /// or a table model); a larger draft runs on the target's device, and so does every
+    /// draft beside a CPU target.
+    #[arg(long, env = "SPECD_DRAFT_DEVICE", value_parser = parse_device)]
+    pub(crate) draft_device: Option<DeviceSpec>,
     /// libtorch threads of the draft model (its steps are too short to split; --threads
     /// then applies to the target only).
     #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
     pub(crate) draft_threads: usize,
-    /// dtype of the draft model (default: --dtype). A small draft's steps are per-operation
-    /// overhead, which f32 has least of on a CPU, even beside a bf16 target.
+    /// dtype of the draft model. Default: --dtype where the draft runs on the target's
+    /// device, auto where it runs on another (--dtype is then the target's). A small draft's
+    /// steps are per-operation overhead, which f32 has least of on a CPU, even beside a
+    /// bf16 target.
     #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
     pub(crate) draft_dtype: Option<DType>,
-    /// What computes the draft's passes (default: --engine); see --engine.
+    /// What computes the draft's passes; see --engine. Default: host for a small draft
+    /// --draft-device's default puts on the CPU, --engine where the draft runs on the
+    /// target's device, auto where it runs on another.
     #[arg(long, env = "SPECD_DRAFT_ENGINE", value_parser = parse_engine)]
     pub(crate) draft_engine: Option<Engine>,
 }
 
+/// The draft node's own settings where one process starts both nodes, resolved: where and
+/// how its model runs, and its threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DraftSettings {
+    pub(crate) placement: DraftPlacement,
+    pub(crate) threads: usize,
+}
+
 impl DraftOptions {
+    /// The draft's settings beside the shared node configuration `shared` (the target's
+    /// device, dtype and engine, and the draft model's path, read only when the placement
+    /// depends on its size).
+    pub(crate) fn settings(&self, shared: &NodeConfig) -> DraftSettings {
+        let flags = PlacementFlags {
+            device: shared.device,
+            dtype: shared.dtype,
+            engine: shared.engine,
+            draft_device: self.draft_device,
+            draft_dtype: self.draft_dtype,
+            draft_engine: self.draft_engine,
+        };
+        let size = || DraftSize::of(&shared.model, self.draft_dtype.unwrap_or(DType::Auto));
+        DraftSettings { placement: place_draft(flags, size), threads: self.draft_threads }
+    }
+
     /// The draft node's configuration: the shared node options with the draft's own.
     pub(crate) fn apply(&self, mut config: NodeConfig) -> NodeConfig {
-        config.threads = Some(self.draft_threads);
-        config.dtype = self.draft_dtype.unwrap_or(config.dtype);
-        config.engine = self.draft_engine.unwrap_or(config.engine);
+        let DraftSettings { placement, threads } = self.settings(&config);
+        config.threads = Some(threads);
+        config.device = placement.device;
+        config.dtype = placement.dtype;
+        config.engine = placement.engine;
         config
     }
 }

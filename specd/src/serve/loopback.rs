@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
+use specd_model::KvBudget;
 use specd_node::NodeConfig;
 use specd_target_node::TargetNode;
 
 use super::runtime::bind;
+use super::shared_budget::{BudgetClaim, SharedBudget, shared_budget};
 
 /// A target and a draft node serving on free loopback ports in this process (`specd up`,
 /// `specd bench --embedded`).
@@ -21,19 +23,32 @@ pub struct LoopbackNodes {
 }
 
 impl LoopbackNodes {
-    /// Loads both models (concurrently; the draft's only where `proposer` needs one) and
-    /// starts serving them.
+    /// Loads both models (concurrently; the draft's only where `proposer` needs one), splits
+    /// one device's KV budget between them where they share it
+    /// ([`super::shared_budget`]), and starts serving them.
     pub async fn start(
-        target_config: NodeConfig,
-        draft_config: NodeConfig,
+        mut target_config: NodeConfig,
+        mut draft_config: NodeConfig,
         proposer: ProposerConfig,
     ) -> anyhow::Result<Self> {
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let (target_listener, draft_listener) = (bind(loopback).await?, bind(loopback).await?);
         let target_url = format!("http://{}", target_listener.local_addr()?);
         let draft_url = format!("http://{}", draft_listener.local_addr()?);
+        let claim = |config: &NodeConfig| BudgetClaim { device: config.device, budget: config.kv_budget };
+        let shared =
+            proposer.kind.needs_model().then(|| shared_budget(claim(&target_config), claim(&draft_config))).flatten();
+        if let Some(shared) = shared {
+            // Neither measures for itself (each would take its fraction of the same free
+            // memory): both load unbounded, and get their shares below, before serving.
+            tracing::info!(device = %shared.device, "target and draft share one KV budget, measured once both are warm");
+            (target_config.kv_budget, draft_config.kv_budget) = (KvBudget::Unbounded, KvBudget::Unbounded);
+        }
         let (target, draft) = tokio::join!(TargetNode::load(target_config), DraftNode::start(draft_config, proposer));
         let (target, draft) = (target?, draft?);
+        if let Some(shared) = shared {
+            split_budget(shared, &target, &draft).await?;
+        }
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
@@ -52,6 +67,30 @@ impl LoopbackNodes {
             tracing::warn!("nodes still draining after the grace period: exiting");
         }
     }
+}
+
+/// Measures the shared device's free memory once, now that both models are loaded and
+/// warm, and gives each node its share of the budget.
+async fn split_budget(shared: SharedBudget, target: &TargetNode, draft: &DraftNode) -> anyhow::Result<()> {
+    let (target, Some(draft)) = (target.node(), draft.model_node()) else {
+        return Ok(());
+    };
+    // On the target's model thread, where its device is in use.
+    let free = target.free_memory().await?;
+    let per_token = |node: &specd_node::Node| node.model().handle().info().kv_bytes_per_token;
+    let shares = shared.shares(free.bytes, per_token(target), per_token(draft));
+    target.set_kv_budget(Some(shares.target)).await?;
+    draft.set_kv_budget(Some(shares.draft)).await?;
+    tracing::info!(
+        device = %shared.device,
+        free_bytes = free.bytes,
+        source = %free.source,
+        fraction = shared.fraction,
+        target_bytes = shares.target,
+        draft_bytes = shares.draft,
+        "one KV budget for both nodes, split in proportion to their KV bytes per token"
+    );
+    Ok(())
 }
 
 async fn futures_join_all<T>(tasks: Vec<tokio::task::JoinHandle<T>>) {

@@ -76,12 +76,14 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         };
         let traces = traces_summary(&args.telemetry)?;
         outln!(
-            "config ok: up on {}{}, target {target}, draft {draft}, {} {} (draft {}){}{traces}",
+            "config ok: up on {}{}, target {target}, draft {draft}, {} {} (draft {} {}, {} engine){}{traces}",
             args.listen,
             args.http.summary(Some(UP_HTTP_LISTEN)),
             target_config.device,
             target_config.dtype,
+            draft_config.device,
             draft_config.dtype,
+            draft_config.engine,
             metrics_summary(&args.metrics),
         );
         return Ok(());
