@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention::{AttentionKernel, AttentionOptions};
 use crate::device::DeviceSpec;
 use crate::error::Result;
-use crate::libtorch::layer::Dims;
+use crate::libtorch::dims::Dims;
 
 /// The kernel libtorch's dispatcher picks (`at::native::SDPBackend`'s numbering).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

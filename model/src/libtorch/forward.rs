@@ -8,7 +8,7 @@ use crate::attention::AttentionKernel;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::libtorch::attention_plan::AttentionPlan;
-use crate::libtorch::layer::Dims;
+use crate::libtorch::dims::Dims;
 use crate::libtorch::segments::{PositionTables, Segment};
 use crate::libtorch::weights::Weights;
 use crate::rope::RopeTables;

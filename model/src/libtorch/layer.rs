@@ -8,21 +8,10 @@ use crate::config::Activation;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::libtorch::attention_plan::AttentionPlan;
+use crate::libtorch::dims::Dims;
 use crate::libtorch::segments::{PositionTables, Segment};
 use crate::rope::apply_rope;
 use crate::sessions::SessionTable;
-
-/// The shape numbers and switches every layer computes with.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Dims {
-    pub(crate) heads: i64,
-    pub(crate) kv_heads: i64,
-    pub(crate) head_dim: i64,
-    pub(crate) intermediate: i64,
-    /// Attention scores' scale where it is not `head_dim^-1/2` (`query_pre_attn_scalar`).
-    pub(crate) scale: Option<f64>,
-    pub(crate) activation: Activation,
-}
 
 /// One decoder layer. q/k/v and gate/up are fused at load time (one matmul each instead of
 /// three and two), which matters most for small runs of tokens.

@@ -3,6 +3,7 @@
 //! (q/k norms, Gemma's norms, embedding scale, GELU, windowed layers with their own RoPE,
 //! soft-capped logits) is switched on by [`crate::config::ArchFeatures`].
 //!
+//! - `dims`: the layers' shape;
 //! - `weights`: the checkpoint's tensors (or random ones, for benchmarks);
 //! - `forward`: one pass over several sessions' runs of tokens; `layer`: one decoder layer
 //!   (its norms, attention over the sessions' caches, the MLP) and [`rms_norm`];
@@ -13,6 +14,7 @@
 //! The sessions' caches are [`crate::kv_cache`]'s, the rotary embeddings [`crate::rope`]'s.
 
 mod attention_plan;
+mod dims;
 mod forward;
 mod layer;
 mod segments;
@@ -33,8 +35,8 @@ use crate::options::LoadOptions;
 use crate::rope::{Rope, RopeTables};
 use crate::sessions::{SessionTable, resolve_capacity};
 use attention_plan::AttentionPlan;
+use dims::Dims;
 use forward::Net;
-use layer::Dims;
 pub use layer::rms_norm;
 use segments::Segment;
 use weights::{RandomWeights, WeightSource, Weights, open_checkpoint};
