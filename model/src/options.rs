@@ -13,8 +13,9 @@ pub struct LoadOptions {
     pub device: DeviceSpec,
     /// Dtype for weights and caches ([`DType::Auto`]: see [`DType::resolve`]).
     pub dtype: DType,
-    /// Upper bound on the bytes of KV cache held by all open sessions, resolved once the
-    /// weights are loaded.
+    /// Upper bound on the bytes of KV cache held by all open sessions. A fixed number applies
+    /// from load; a fraction of the free memory is measured by the node after warm-up and
+    /// set with [`crate::LanguageModel::set_memory_budget`].
     pub kv_budget: KvBudget,
     /// libtorch intra-op threads of the thread that loads and runs the model (`None`:
     /// libtorch's default, one per core). Small models run faster on one: their operations

@@ -55,11 +55,12 @@ pub struct NodeOptions {
     /// --kv-memory-fraction.
     #[arg(long, env = "SPECD_KV_BUDGET_MIB")]
     pub(super) kv_budget_mib: Option<u64>,
-    /// KV-cache budget of a node as a fraction of the memory free once its weights are
-    /// loaded (like vLLM's --gpu-memory-utilization): on CUDA the device's free memory as
-    /// nvidia-smi reports it, on a CPU MemAvailable. A session reserves what its request can
-    /// reach; one that does not fit is refused with RESOURCE_EXHAUSTED. Two nodes on one
-    /// device each take their fraction of what is free when they load: give each its share.
+    /// KV-cache budget of a node as a fraction of the memory free once its model is loaded
+    /// and warmed up (like vLLM's --gpu-memory-utilization): on CUDA from the CUDA runtime
+    /// (nvidia-smi where it cannot be asked), on a CPU MemAvailable. A session reserves what
+    /// its request can reach; one that does not fit is refused with RESOURCE_EXHAUSTED.
+    /// `specd up` and `specd bench` split one device's budget between their two nodes;
+    /// separate node processes on one device each take their fraction of what is free.
     #[arg(long, env = "SPECD_KV_MEMORY_FRACTION", default_value_t = 0.9)]
     pub(super) kv_memory_fraction: f64,
     /// Milliseconds added to every forward pass of this node's model: stands in for a slower
