@@ -10,7 +10,18 @@
 //!   γmax 8 + 1, reserved and read back from the model's accounting) and for the whole
 //!   context (what a session reserved before reservations by the request);
 //! - tokens/s of decoding at 1 and 8 sessions, each decode step one batched pass over every
-//!   session (`SPECD_BENCH_DECODE_STEPS` steps, default 64).
+//!   session (`SPECD_BENCH_DECODE_STEPS` steps, default 64);
+//! - one session's decode at a repeated key length (each step rolled back) against a growing
+//!   one (each step kept, as serving does; `SPECD_BENCH_LENGTH_STEPS` steps of each, default
+//!   64): the gap is what a new key length costs a step. The other measurements roll back to
+//!   one length and cannot show it; on a GPU it is where attention plans built per shape
+//!   (cuDNN's) would appear, and bucketed key lengths should close it.
+//!
+//! `SPECD_BENCH_ATTENTION_KEYS` (`auto`, `exact` or a bucket in tokens) and
+//! `SPECD_BENCH_ATTENTION_KERNEL` (`auto`, `sdpa` or `efficient`) set the model's attention as
+//! the nodes' `--attention-keys` and `--attention-kernel` do; the JSON names both, as given
+//! and as resolved on the device. A value that does not parse stops the bench rather than
+//! measuring the default under another name.
 //!
 //! Every pass returns its logits on the host, as a node with `--distributions host` does (on
 //! a GPU, `auto` leaves them on the device: these ratios include a copy of the rows it avoids).
@@ -23,7 +34,8 @@ use std::time::Instant;
 
 use serde_json::json;
 use specd_model::{
-    DType, DeviceSpec, ForwardItem, LanguageModel, LlamaConfig, LlamaModel, LlamaShape, LoadOptions, SessionId,
+    AttentionKernel, AttentionOptions, DType, DeviceSpec, ForwardItem, KeyLengths, LanguageModel, LlamaConfig,
+    LlamaModel, LlamaShape, LoadOptions, SessionId,
 };
 
 /// Llama-3.2-1B's sizes (its config.json), with random weights.
@@ -56,6 +68,21 @@ const GAMMA_MAX: usize = 8;
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// `name` parsed strictly: unset is the default, anything else must parse.
+fn env_strict<T: std::str::FromStr + Default>(name: &str) -> T
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|e| panic!("{name}={v:?}: {e}")),
+        Err(_) => T::default(),
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -121,6 +148,60 @@ fn decode_rate(m: &mut LlamaModel, sessions: usize, context: usize, steps: usize
     (sessions * steps) as f64 / elapsed
 }
 
+/// Per-step seconds of one session's decode from `context` tokens: `steps` steps each rolled
+/// back to `context` (one key length throughout), then `steps` steps each kept (a new key
+/// length every step), after 3 unmeasured steps.
+fn repeated_and_growing(m: &mut LlamaModel, context: usize, steps: usize) -> (Vec<f64>, Vec<f64>) {
+    let vocab = m.config().vocab_size;
+    let s = m.open_session(Some(context + steps + 1)).expect("session");
+    m.forward_last(s, &tokens(context, vocab, 3), 1).expect("prefill");
+    let next = tokens(steps, vocab, 5);
+    let step = |m: &mut LlamaModel, t: usize| {
+        let start = Instant::now();
+        m.forward(s, &next[t..=t]).expect("decode step");
+        start.elapsed().as_secs_f64()
+    };
+    let mut repeated = Vec::with_capacity(steps);
+    for t in 0..steps + 3 {
+        let elapsed = step(m, t % steps);
+        m.truncate(s, context).expect("truncate");
+        if t >= 3 {
+            repeated.push(elapsed);
+        }
+    }
+    let growing: Vec<f64> = (0..steps).map(|t| step(m, t)).collect();
+    m.release(s).expect("release");
+    (repeated, growing)
+}
+
+/// The JSON of [`repeated_and_growing`]'s times, in ms.
+fn key_length_report(context: usize, repeated: &[f64], growing: &[f64]) -> serde_json::Value {
+    let ms = |v: &[f64]| v.iter().map(|t| t * 1e3).collect::<Vec<f64>>();
+    let (repeated, growing) = (ms(repeated), ms(growing));
+    let summary = |v: &[f64]| {
+        json!({
+            "median_ms": median(v.to_vec()),
+            "mean_ms": mean(v),
+            "max_ms": v.iter().copied().fold(0.0, f64::max),
+        })
+    };
+    let typical = median(repeated.clone());
+    // A plan build (public traces: 23-37 ms) dwarfs a decode step; steps that took twice the
+    // repeated median are where one probably happened. The mean gap counts them all, slow
+    // steps or not.
+    let slow = growing.iter().filter(|&&t| t > 2.0 * typical).count();
+    json!({
+        "from_tokens": context,
+        "steps": growing.len(),
+        "repeated": summary(&repeated),
+        "growing": summary(&growing),
+        "gap_mean_ms": mean(&growing) - mean(&repeated),
+        "gap_median_ms": median(growing.clone()) - typical,
+        "gap_total_ms": growing.iter().sum::<f64>() - mean(&repeated) * growing.len() as f64,
+        "growing_steps_over_twice_the_repeated_median": slow,
+    })
+}
+
 fn main() {
     let _guard = tch::no_grad_guard();
     let device: DeviceSpec = env("SPECD_BENCH_DEVICE", DeviceSpec::Cpu);
@@ -134,9 +215,13 @@ fn main() {
     let context: usize = env("SPECD_BENCH_CONTEXT", 512);
     let samples: usize = env("SPECD_BENCH_SAMPLES", 21);
     let steps: usize = env("SPECD_BENCH_DECODE_STEPS", 64);
+    let length_steps: usize = env("SPECD_BENCH_LENGTH_STEPS", 64);
+    let keys: KeyLengths = env_strict("SPECD_BENCH_ATTENTION_KEYS");
+    let kernel: AttentionKernel = env_strict("SPECD_BENCH_ATTENTION_KERNEL");
 
     let started = Instant::now();
-    let opts = LoadOptions { device, dtype, ..LoadOptions::default() };
+    let attention = AttentionOptions { keys, kernel, ..AttentionOptions::default() };
+    let opts = LoadOptions { device, dtype, attention, ..LoadOptions::default() };
     let mut m = LlamaModel::random(LlamaConfig::llama(shape), 7, &opts).expect("random model");
     let built_s = started.elapsed().as_secs_f64();
     m.warm_up(GAMMA_MAX + 1).expect("warm-up");
@@ -161,6 +246,7 @@ fn main() {
     m.release(s).expect("release");
     let one = decode_rate(&mut m, 1, context, steps);
     let eight = decode_rate(&mut m, 8, context, steps);
+    let (repeated, growing) = repeated_and_growing(&mut m, context, length_steps.max(1));
     let report = json!({
         "shape": shape_name,
         "config": {
@@ -170,6 +256,12 @@ fn main() {
         },
         "device": device.to_string(),
         "dtype": m.dtype().to_string(),
+        "attention": {
+            "keys": keys.to_string(),
+            "kernel": kernel.to_string(),
+            "bucket_tokens": keys.bucket(device),
+            "kernel_resolved": kernel.resolve(device).map(|k| k.to_string()).unwrap_or_else(|e| e.to_string()),
+        },
         "parameters": m.config().num_parameters(),
         "weight_bytes": m.weight_bytes(),
         "build_s": built_s,
@@ -185,6 +277,7 @@ fn main() {
             "whole_context_bytes": shape.context as u64 * per_token,
         },
         "decode_tokens_per_s": {"sessions_1": one, "sessions_8": eight, "steps": steps},
+        "decode_key_lengths": key_length_report(context, &repeated, &growing),
         "seconds": started.elapsed().as_secs_f64(),
     });
     println!("{report}");
