@@ -8,6 +8,7 @@
 #       llama1b_shape    stripped bench binary (model/benches/llama1b_shape.rs)
 #       fixtures/        the model tests' tiny Hugging Face checkpoints (target/fixtures)
 #       gpu_check.py     the stages (scripts/gpu_check.py)
+#       bench_prompts.txt  specd bench's built-in prompts, which transformers is given too
 #       bundle.json      commit, date, file sizes
 #     and fails, printing the size, when the bundle exceeds 64 MiB.
 #
@@ -16,15 +17,17 @@
 #       points the binaries at that python's torch lib/, then runs every stage with its own
 #       time budget (scripts/gpu_check.py says which) and writes $OUT/gpu-check.json
 #       ($OUT defaults to /tmp) and the progress log $OUT/gpu-check.log. The whole run stays
-#       within 8 minutes. Exit 0 when every stage ran, 1 when one failed or was skipped.
+#       within 8 minutes. Exit 0 when every stage ran, 1 when one failed or was skipped
+#       (except, on a CPU, a stage skipped because it needs CUDA).
 #
-# A dry run of the whole thing on a CPU, which proves the report's shape:
+# A dry run of the whole thing on a CPU, which proves the report's shape and runs every
+# measurement a CPU can (`make test` runs it; about a minute on 2 cores):
 #   GPU_DEVICE=cpu scripts/gpu-check.sh run --quick
 #
 # Overrides: GPU_DEVICE (default cuda:0), PYTHON (default python3), OUT, GPU_CHECK_QUICK=1
-# (same as --quick), GPU_CHECK_TIMEOUT_S (the run's hard limit: 475 s, 1500 s with --quick),
+# (same as --quick), GPU_CHECK_TIMEOUT_S (the run's hard limit: 475 s, 720 s with --quick),
 # GPU_CHECK_MAX_MIB (the bundle's limit, 64), GPU_CHECK_BUDGET_S (the stages' total, 460 s;
-# tripled with --quick on a CPU).
+# half as much again with --quick on a CPU).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,6 +80,7 @@ bundle() {
   fi
   cp -r "$fixtures" "$BUNDLE/fixtures"
   cp "$ROOT/scripts/gpu_check.py" "$BUNDLE/gpu_check.py"
+  cp "$ROOT/specd/bench/prompts.txt" "$BUNDLE/bench_prompts.txt"
   python3 - "$BUNDLE" "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)" \
     "$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -qv '^??' && echo true || echo false)" \
     "$version" <<'PY'
@@ -125,7 +129,7 @@ run() {
   export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # The demo trains on this machine's own Python sources.
   export SPECD_PYTHON="${SPECD_PYTHON:-$(command -v "$py")}"
-  local limit="${GPU_CHECK_TIMEOUT_S:-$([[ -n "$quick" ]] && echo 1500 || echo 475)}"
+  local limit="${GPU_CHECK_TIMEOUT_S:-$([[ -n "$quick" ]] && echo 720 || echo 475)}"
   local status=0
   timeout -k 10 "$limit" "$py" "$BUNDLE/gpu_check.py" "$BUNDLE" "$out/gpu-check.json" "$dev" ${quick:+--quick} \
     2> >(tee "$out/gpu-check.log" >&2) || status=$?

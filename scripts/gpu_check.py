@@ -2,6 +2,7 @@
 """The GPU check's stages: one run, one JSON report (`scripts/gpu-check.sh run` calls this).
 
 Usage: gpu_check.py BUNDLE_DIR REPORT_JSON DEVICE [--quick]
+       gpu_check.py --helper NAME ARGS_JSON   (a measurement run in a child process)
 
 Runs on the lent GPU machine (python3 with torch and transformers, no Rust, no network) from
 the bundle `scripts/gpu-check.sh bundle` wrote. Each stage has its own time budget, its own
@@ -9,7 +10,13 @@ entry in the report (status ok / failed / skipped, error text, seconds) and runs
 programs with a timeout, so one failing stage never loses the others; the report is
 rewritten after every stage, so a run killed from outside keeps what it finished. Stages
 that have a goal or a correctness criterion also carry a verdict (pass / fail) apart from
-their status: `ok` says the stage ran and measured, the verdict says what it found.
+their status: `ok` says the stage ran and measured, the verdict says what it found. A stage
+made of several measurements lists each under `parts` with its own status (ok / failed /
+skipped, with the reason: not on a CPU, not in the time left); one failed part fails the
+stage, a skipped one does not.
+
+The run exits 0 when every stage is ok, or skipped only because it needs CUDA and this is a
+CPU run; 1 otherwise.
 
 --quick shrinks every stage (fewer samples, the tiny demo preset, a small stand-in for the
 1B shape) for a dry run on a CPU (`GPU_DEVICE=cpu scripts/gpu-check.sh run --quick`).
@@ -32,20 +39,40 @@ from concurrent.futures import ThreadPoolExecutor
 # TOTAL_BUDGET_S, which keeps the whole run (python and CUDA start-up included) within
 # the 8 minutes one device run is given.
 TOTAL_BUDGET_S = float(os.environ.get("GPU_CHECK_BUDGET_S", 460))
+# None has been timed on a GPU yet: these are estimates from the CPU runs and the models'
+# sizes. generate_1b and the attention variants of llama1b came out of the other stages'
+# earlier shares (issue 38 item 5 asks for them in the same run).
 BUDGETS_S = {
-    "environment": 15,
-    "parity": 45,
-    "llama1b": 40,
-    "roles": 75,
-    "distributions": 55,
-    "demo_train": 150,
-    "demo_bench": 70,
+    "environment": 10,
+    "parity": 40,
+    "llama1b": 60,
+    "generate_1b": 90,
+    "roles": 50,
+    "distributions": 40,
+    "demo_train": 110,
+    "demo_bench": 60,
 }
 # The demo's training time on the GPU, in minutes: 90% of it trains the two models; the
 # tokenizer, tokenizing, timing two steps of each model and the evaluation come on top
-# (62 s on 2 busy CPU cores with one training step each), which demo_train's budget leaves
-# room for.
-DEMO_MINUTES = 1.6
+# (62 s on 2 busy CPU cores with one training step each; less with 16), which demo_train's
+# budget leaves room for.
+DEMO_MINUTES = 1.0
+
+# Llama-3.2-1B's config.json sizes, for the random checkpoint transformers writes and both
+# transformers and specd generate with. The quick run's stand-in keeps the head layout
+# (grouped queries, tied embeddings, llama3 RoPE) at a size 2 CPU cores run in seconds.
+LLAMA_1B = {
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+LLAMA_1B_QUICK = {**LLAMA_1B, "vocab_size": 8192, "hidden_size": 128, "intermediate_size": 256,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+# The bucket the llama1b stage sets explicitly; the model crate's `auto` on CUDA
+# (CUDA_KEY_BUCKET) is 256 too, and the stage skips a variant that resolves like `auto`.
+ATTENTION_BUCKET = "256"
 
 # The fixtures' shared tokenizer was trained on these sentences (scripts/make_fixtures.py):
 # prompts made of their words encode without unknown bytes.
@@ -68,11 +95,75 @@ QUICK_DEMO_PROMPTS = ["def f(x):", "import os", "class A:", "for i in range(10):
 
 
 class StageError(Exception):
-    """A stage failed for a reason worth one line in the report."""
+    """A stage failed for a reason worth one line in the report; `result` keeps what it
+    measured before (a stage of parts, one of which failed)."""
+
+    def __init__(self, message, result=None):
+        super().__init__(message)
+        self.result = result
 
 
 class StageSkipped(Exception):
-    """A stage cannot run here (what it needs is missing); not a failure of its own."""
+    """A stage cannot run here (what it needs is missing); not a failure of its own.
+    `cuda_only`: what is missing is a GPU, which a CPU dry run does not fail on."""
+
+    def __init__(self, message, cuda_only=False):
+        super().__init__(message)
+        self.cuda_only = cuda_only
+
+
+class Parts:
+    """A stage's measurements, each with its own entry, so that one failing or left out for
+    lack of time keeps the others. The order the stage asks them in is their priority: what
+    decides the next step comes first, and what does not fit in the stage's time is skipped
+    with the seconds it had."""
+
+    def __init__(self, run):
+        self.run = run
+        self.entries = {}
+
+    def do(self, name, fn, need_s=0.0, cuda_only=False):
+        """Runs `fn()` as part `name` unless it needs CUDA on a CPU run or more than the
+        `need_s` seconds (a GPU estimate) that are left; returns its result or None."""
+        entry = {"status": "skipped", "seconds": 0.0}
+        self.entries[name] = entry
+        if cuda_only and not self.run.on_gpu:
+            entry["reason"] = "needs CUDA; this is a CPU run"
+            return None
+        left = self.run.remaining()
+        if left < need_s:
+            entry["reason"] = f"not in the time left: {left:.0f} s of the stage, about {need_s:.0f} s needed"
+            return None
+        started = time.monotonic()
+        print(f"gpu-check:   {name}…", file=sys.stderr, flush=True)
+        try:
+            entry["result"] = fn()
+            entry["status"] = "ok"
+        except StageSkipped as e:
+            entry["reason"] = str(e)
+        except StageError as e:
+            entry["status"] = "failed"
+            entry["error"] = str(e)
+        except Exception as e:  # one broken measurement must not lose the stage's others
+            entry["status"] = "failed"
+            entry["error"] = f"{type(e).__name__}: {e}\n{tail(traceback.format_exc())}"
+        entry["seconds"] = round(time.monotonic() - started, 1)
+        return entry.get("result")
+
+    def skip(self, name, reason):
+        self.entries[name] = {"status": "skipped", "seconds": 0.0, "reason": reason}
+
+    def result(self, name):
+        return (self.entries.get(name) or {}).get("result")
+
+    def finish(self, result):
+        """`result` with the parts in it; a failed part fails the stage, keeping the rest."""
+        result["parts"] = self.entries
+        failed = [n for n, e in self.entries.items() if e["status"] == "failed"]
+        if failed:
+            first = self.entries[failed[0]]["error"].splitlines()[0]
+            raise StageError(f"failed: {', '.join(failed)} ({failed[0]}: {first})", result=result)
+        return result
 
 
 class Run:
@@ -90,6 +181,7 @@ class Run:
         self.started = time.monotonic()
         self.deadline = None
         self.children = []
+        self.helps = {}
         self.report = {
             "schema": 1,
             "device": device,
@@ -144,6 +236,44 @@ class Run:
             raise StageError(f"{' '.join(args[:3])} … printed no JSON (exit {code}): {tail(err)}")
         return json.loads(lines[-1]), code, err
 
+    def helper(self, name, args, timeout=None):
+        """Runs `gpu_check.py --helper NAME` in a child python, which prints one JSON object a
+        line as it measures: returns them all, and whether it ran out of time (a child can be
+        stopped where an import or a compile in this process could not)."""
+        limit = self.remaining() if timeout is None else min(timeout, self.remaining())
+        if limit <= 1:
+            raise StageError(f"no time left in the stage for helper {name}")
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--helper", name, json.dumps(args)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        timed_out = False
+        try:
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out, err = proc.communicate()
+            timed_out = True
+        except BaseException:
+            kill_group(proc)
+            raise
+        docs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if not timed_out and proc.returncode != 0:
+            raise StageError(f"helper {name} exited with {proc.returncode}: {tail(err)}")
+        return docs, timed_out, limit
+
+    def has_flag(self, subcommand, flag):
+        """Whether this bundle's `specd SUBCOMMAND` takes `flag` (some of the flags the stages
+        use come with work still landing: a bundle without one runs without it)."""
+        if subcommand not in self.helps:
+            _, out, err = self.run([self.specd, subcommand, "--help"], check=False, timeout=10)
+            self.helps[subcommand] = out + err
+        return flag in self.helps[subcommand].split()
+
+    def draft_on_target_device(self):
+        """`--draft-device` set to the target's, where the binary has the flag: the roles'
+        stages test one checkpoint on one device in two dtypes, not a placement (with a CUDA
+        target a small draft would otherwise go to the CPU host engine)."""
+        return ["--draft-device", self.device] if self.has_flag("up", "--draft-device") else []
+
     def start_up(self, extra, log_name):
         """Starts `specd up` on a free port with the fixture pair; returns (process, URL)."""
         port = free_port()
@@ -154,7 +284,7 @@ class Run:
             "--draft-model", os.path.join(self.fixtures, ROLE_MODEL),
             "--listen", f"127.0.0.1:{port}",
             "--device", self.device, "--dtype", "bf16", "--draft-dtype", "f32",
-        ] + self.kv_flags() + extra
+        ] + self.draft_on_target_device() + self.kv_flags() + extra
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.children.append(proc)
         while True:
@@ -247,6 +377,9 @@ def stage_environment(run):
         env["transformers"] = f"missing: {e}"
     if torch.cuda.is_available():
         env["torch_gpu_name"] = torch.cuda.get_device_name(0)
+        env["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        # Whether transformers' and the probe's SDPA may pick cuDNN's kernel at all.
+        env["cudnn_sdp_enabled"] = torch.backends.cuda.cudnn_sdp_enabled()
     if shutil.which("nvidia-smi"):
         code, out, _ = run.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
@@ -339,19 +472,78 @@ def stage_parity(run):
 
 
 def stage_llama1b(run):
-    env = {
+    """The bench binary once per attention setting, each in its own process (a cuDNN plan
+    cache warmed by one setting must not serve another), the default first and with the most
+    samples; then the same question asked of torch itself, below specd."""
+    base = {
         "SPECD_BENCH_DEVICE": run.device,
         "SPECD_BENCH_DTYPE": "bf16" if run.on_gpu else "f32",
         "SPECD_BENCH_SHAPE": "small" if run.quick else "1b",
-        "SPECD_BENCH_SAMPLES": "5" if run.quick else "21",
         "SPECD_BENCH_DECODE_STEPS": "8" if run.quick else "64",
+        "SPECD_BENCH_LENGTH_STEPS": "16" if run.quick else "64",
         "SPECD_BENCH_CONTEXT": "64" if run.quick else "512",
     }
-    doc, _, _ = run.json_of([os.path.join(run.bundle, "llama1b_shape")], env=env)
-    ratio6 = doc["verify_over_decode"]["verify_6"]["ratio"]
-    doc["goal"] = "verify_6 / decode_1 <= 1.2 on the 1B shape in bf16 on the GPU"
-    doc["verdict"] = goal_verdict(run, ratio6 <= 1.2)
-    return doc
+    parts = Parts(run)
+
+    def bench(keys, kernel, samples):
+        env = {**base, "SPECD_BENCH_ATTENTION_KEYS": keys, "SPECD_BENCH_ATTENTION_KERNEL": kernel,
+               "SPECD_BENCH_SAMPLES": samples}
+        doc, _, _ = run.json_of([os.path.join(run.bundle, "llama1b_shape")], env=env)
+        return doc
+
+    full, few = ("5", "3") if run.quick else ("21", "7")
+    default = parts.do("auto/auto", lambda: bench("auto", "auto", full), need_s=20)
+    resolved = None
+    if default and "attention" in default:
+        resolved = (default["attention"].get("bucket_tokens"), default["attention"].get("kernel_resolved"))
+    # Bucketed against exact keys is the plan-build question; efficient against sdpa is the
+    # cuDNN one (sdpa lets libtorch pick cuDNN on sm90, efficient never does).
+    for keys, kernel in (("exact", "sdpa"), (ATTENTION_BUCKET, "sdpa"), ("exact", "efficient"),
+                         (ATTENTION_BUCKET, "efficient")):
+        name = f"{keys}/{kernel}"
+        bucket = None if keys == "exact" else int(keys)
+        if resolved == (bucket, kernel):
+            parts.skip(name, "auto/auto resolved to this setting on this device")
+            continue
+        parts.do(name, lambda k=keys, n=kernel: bench(k, n, few), need_s=12, cuda_only=kernel == "efficient")
+    parts.do("torch_sdpa_probe", lambda: sdpa_probe(run), need_s=8, cuda_only=True)
+
+    variants = {}
+    for name, entry in parts.entries.items():
+        doc = entry.get("result")
+        if not doc or "decode_key_lengths" not in doc:
+            continue
+        lengths = doc["decode_key_lengths"]
+        variants[name] = {
+            "decode_1_ms_median": doc["decode_1_ms_median"],
+            "verify_6_over_decode_1": doc["verify_over_decode"]["verify_6"]["ratio"],
+            "repeated_length_decode_ms": lengths["repeated"]["median_ms"],
+            "growing_length_decode_ms": lengths["growing"]["median_ms"],
+            "growing_minus_repeated_mean_ms": lengths["gap_mean_ms"],
+            "growing_steps_over_twice_the_repeated_median": lengths["growing_steps_over_twice_the_repeated_median"],
+            "decode_tokens_per_s": doc["decode_tokens_per_s"],
+            "attention": doc.get("attention"),
+        }
+    result = {
+        "shape": (default or {}).get("shape"),
+        "dtype": (default or {}).get("dtype"),
+        "reading": "growing_minus_repeated_mean_ms is what a new key length costs a decode step (a "
+                   "plan built per shape); exact against bucketed keys shows whether buckets remove "
+                   "it, sdpa against efficient what cuDNN's kernel gives or costs",
+        "variants": variants,
+        "goal": "verify_6 / decode_1 <= 1.2 on the 1B shape in bf16 on the GPU (auto/auto)",
+    }
+    if default:
+        result["default"] = default
+        result["verdict"] = goal_verdict(run, default["verify_over_decode"]["verify_6"]["ratio"] <= 1.2)
+    return parts.finish(result)
+
+
+def sdpa_probe(run):
+    docs, timed_out, limit = run.helper("sdpa_probe", {"device": run.device}, timeout=60)
+    if timed_out or not docs:
+        raise StageError(f"the SDPA probe gave no result in {limit:.0f} s")
+    return docs[-1]
 
 
 def goal_verdict(run, met):
@@ -359,6 +551,130 @@ def goal_verdict(run, met):
     if run.quick or not run.on_gpu:
         return "not applicable (quick or CPU run)"
     return "pass" if met else "fail"
+
+
+def id_prompts(shape, count, length):
+    """`count` prompts of `length` ids spread over the vocabulary, the same for transformers
+    (as ids) and for specd (as the word tokenizer's words, which encode to exactly these)."""
+    v = shape["vocab_size"]
+    return [[(7919 * i + 104729 * j + 1) % v for j in range(length)] for i in range(count)]
+
+
+def stage_generate_1b(run):
+    """transformers' own generation against specd's on one random checkpoint of the 1B shape,
+    which transformers writes (bf16 safetensors, with a word tokenizer covering the whole
+    vocabulary, so that text prompts are exactly the ids transformers gets).
+
+    specd's speculative side proposes by prompt lookup (`--proposer ngram`): no trained draft
+    shares this vocabulary, and a random draft would accept nothing. transformers' own prompt
+    lookup is measured beside it."""
+    shape = LLAMA_1B_QUICK if run.quick else LLAMA_1B
+    count, length, new_tokens = (4, 16, 16) if run.quick else (4, 64, 128)
+    prompts = id_prompts(shape, count, length)
+    pair_dir = os.path.join(run.work, "llama1b")
+    target = os.path.join(pair_dir, "target")
+    compute = "bf16" if run.on_gpu else "f32"
+    parts = Parts(run)
+    hf = {}
+
+    def eager():
+        # Two prompts at batch 1 (equal lengths: the rate does not depend on which), all of
+        # them twice over at batch 8, as specd's 8 clients send them.
+        docs, timed_out, limit = run.helper("hf_1b", {
+            "out": target, "shape": shape, "device": run.device, "dtype": compute, "seed": 7,
+            "batch_1": [[p] for p in prompts[:2]], "batch_8": [(prompts * 2)[:8]], "new_tokens": new_tokens,
+        })
+        for d in docs:
+            hf.update(d)
+        if "checkpoint" not in hf:
+            raise StageError(f"transformers wrote no checkpoint in {limit:.0f} s")
+        if timed_out:
+            raise StageError(f"transformers' generation did not finish in {limit:.0f} s; measured: {sorted(hf)}")
+        return dict(hf)
+
+    parts.do("transformers_eager", eager, need_s=40)
+
+    def specd():
+        if not os.path.isfile(os.path.join(target, "config.json")):
+            raise StageSkipped("no checkpoint: transformers_eager did not write one")
+        # `bench --embedded` reads a pair's directory; prompt lookup loads no draft model.
+        draft = os.path.join(pair_dir, "draft")
+        if not os.path.lexists(draft):
+            os.symlink(target, draft)
+        prompt_file = write_prompts(run, "llama1b-prompts.txt", [" ".join(f"t{i}" for i in p) for p in prompts])
+        doc, _, _ = run.json_of([
+            run.specd, "bench", "--embedded", "--demo-dir", pair_dir, "--device", run.device, "--dtype", compute,
+            "--proposer", "ngram", "--temperature", "0", "--prompts", prompt_file,
+            "--max-new-tokens", str(new_tokens), "--repeat", "1", "--concurrency", "8", "--json",
+        ] + run.kv_flags())
+        return doc
+
+    bench = parts.do("specd", specd, need_s=30)
+
+    def static():
+        if not os.path.isfile(os.path.join(target, "config.json")):
+            raise StageSkipped("no checkpoint: transformers_eager did not write one")
+        # On a CPU, transformers compiles nothing by itself and inductor would take minutes
+        # of a 2-core CI host: the static cache runs eager there, which still proves the
+        # helper; on the GPU the compile gets whatever the stage has left.
+        docs, timed_out, limit = run.helper("hf_static", {
+            "model": target, "device": run.device, "dtype": compute, "prompts": prompts[:2],
+            "new_tokens": new_tokens, "compile": run.on_gpu,
+        })
+        out = {}
+        for d in docs:
+            out.update(d)
+        if "static_eager" not in out:
+            raise StageError(f"the static cache measured nothing in {limit:.0f} s")
+        if not run.on_gpu:
+            out["compiled"] = {"status": "skipped", "reason": "a CPU run: transformers compiles only on a GPU, "
+                                                              "and inductor would take minutes here"}
+        elif timed_out and "compiled" not in out:
+            out["compiled"] = {"status": "skipped", "reason": f"did not compile and measure within the "
+                                                              f"{limit:.0f} s the stage had left"}
+        return out
+
+    static_doc = parts.do("transformers_static", static, need_s=20)
+
+    def rate(doc, *path):
+        for key in path:
+            if not isinstance(doc, dict) or key not in doc:
+                return None
+            doc = doc[key]
+        return doc
+
+    b = bench or {}
+    side = {
+        "batch_1": {
+            "transformers_eager": rate(hf, "eager_batch_1", "tokens_per_s"),
+            "transformers_prompt_lookup": rate(hf, "prompt_lookup_batch_1", "tokens_per_s"),
+            "transformers_static_cache": rate(static_doc, "static_eager", "tokens_per_s"),
+            "transformers_static_cache_compiled": rate(static_doc, "compiled", "tokens_per_s"),
+            "specd_target_only": rate(b, "target_only", "single_client_tokens_per_s"),
+            "specd_speculative_ngram": rate(b, "speculative", "single_client_tokens_per_s"),
+        },
+        "batch_8": {
+            "transformers_eager": rate(hf, "eager_batch_8", "tokens_per_s"),
+            "specd_target_only": rate(b, "target_only", "aggregate_tokens_per_s"),
+            "specd_speculative_ngram": rate(b, "speculative", "aggregate_tokens_per_s"),
+        },
+    }
+    result = {
+        "shape": "1b" if not run.quick else "quick stand-in",
+        "config": shape,
+        "dtype": compute,
+        "prompts": count,
+        "prompt_tokens": length,
+        "new_tokens": new_tokens,
+        "side_by_side_tokens_per_s": side,
+        "specd_alpha_ngram": rate(b, "speculative", "alpha"),
+        "goal": "specd target-only >= 1.2x transformers eager tokens/s at batch 1, on the GPU",
+    }
+    ours, theirs = side["batch_1"]["specd_target_only"], side["batch_1"]["transformers_eager"]
+    if ours and theirs:
+        result["specd_over_transformers_batch_1"] = ours / theirs
+        result["verdict"] = goal_verdict(run, ours >= 1.2 * theirs)
+    return parts.finish(result)
 
 
 def role_prompts(n):
@@ -488,43 +804,315 @@ def stage_demo_train(run):
     return doc
 
 
+def read_prompts(path):
+    """A prompts file as `specd bench --prompts` splits it (lines holding only `---`)."""
+    with open(path) as f:
+        chunks, current = [], []
+        for line in f.read().split("\n"):
+            if line.strip() == "---":
+                chunks.append("\n".join(current))
+                current = []
+            else:
+                current.append(line)
+        chunks.append("\n".join(current))
+    return [c for c in chunks if c.strip()]
+
+
+def draft_placements(run):
+    """(name, flags) of the demo draft's placements to measure, the default first: the CPU
+    host engine beside the target (what `up` and `bench` pick for a small draft with a CUDA
+    target), then the target's device."""
+    if not run.has_flag("bench", "--draft-device"):
+        return [("binary_default", [])]
+    out = [("cpu", ["--draft-device", "cpu", "--draft-dtype", "f32"])]
+    if run.on_gpu:
+        out.append(("device", ["--draft-device", run.device]))
+    return out
+
+
+def bench_summary(doc):
+    return {
+        "speedup_median": doc["speedup"]["median"],
+        "decode_speedup_median": doc["decode_speedup"]["median"],
+        "alpha": doc["alpha"],
+        "mean_gamma": doc["mean_gamma"],
+        "bound": doc["bound"],
+        "measured_over_bound": doc["efficiency"],
+        "verify_cost_ratio": doc["verify_cost_ratio"],
+        "draft_step_ms": doc["draft_step_ms"],
+        "target_only_tokens_per_s": doc["target_only_tokens_per_s"],
+        "speculative_tokens_per_s": doc["speculative_tokens_per_s"],
+        "greedy_agreement": doc["greedy_agreement"],
+        "full": doc,
+    }
+
+
 def stage_demo_bench(run):
     if not os.path.isfile(os.path.join(demo_dir(run), "target", "config.json")):
         raise StageSkipped("no demo pair: demo_train did not finish")
-    out = {}
+    if run.quick:
+        prompts = QUICK_DEMO_PROMPTS
+    else:
+        # specd bench's built-in code prompts, carried as a file so that transformers gets the
+        # same text.
+        prompts = read_prompts(os.path.join(run.bundle, "bench_prompts.txt"))
+    prompt_file = write_prompts(run, "demo-prompts.txt", prompts)
+    new_tokens = "16" if run.quick else "128"
+    dtype = "bf16" if run.on_gpu else "f32"
     # The quick run's tiny pair has α ≈ 0, where γ = auto drafts nothing: a fixed γ runs the
     # speculative path anyway.
-    quick = ["--prompts", write_prompts(run, "demo-prompts.txt", QUICK_DEMO_PROMPTS), "--gamma", "3"]
-    extra = (quick if run.quick else []) + run.kv_flags()
-    for name, temperature in (("greedy", "0"), ("t0.8", "0.8")):
-        doc, _, _ = run.json_of([
-            run.specd, "bench", "--embedded", "--demo-dir", demo_dir(run), "--device", run.device,
-            "--dtype", "bf16" if run.on_gpu else "f32", "--temperature", temperature,
-            "--repeat", "1" if run.quick else "2", "--max-new-tokens", "16" if run.quick else "128", "--json",
-        ] + extra)
-        out[name] = {
-            "speedup_median": doc["speedup"]["median"],
-            "decode_speedup_median": doc["decode_speedup"]["median"],
-            "alpha": doc["alpha"],
-            "mean_gamma": doc["mean_gamma"],
-            "bound": doc["bound"],
-            "measured_over_bound": doc["efficiency"],
-            "verify_cost_ratio": doc["verify_cost_ratio"],
-            "target_only_tokens_per_s": doc["target_only_tokens_per_s"],
-            "speculative_tokens_per_s": doc["speculative_tokens_per_s"],
-            "greedy_agreement": doc["greedy_agreement"],
-            "full": doc,
+    base = [run.specd, "bench", "--embedded", "--demo-dir", demo_dir(run), "--device", run.device,
+            "--dtype", dtype, "--prompts", prompt_file, "--max-new-tokens", new_tokens, "--json"]
+    base += (["--gamma", "3"] if run.quick else []) + run.kv_flags()
+    placements = draft_placements(run)
+    parts = Parts(run)
+
+    def bench(temperature, repeat, flags):
+        doc, _, _ = run.json_of(base + ["--temperature", temperature, "--repeat", repeat] + flags)
+        return doc
+
+    first, first_flags = placements[0]
+    parts.do(f"specd_greedy_draft_{first}",
+             lambda: bench_summary(bench("0", "1" if run.quick else "2", first_flags)), need_s=15)
+
+    def transformers():
+        docs, timed_out, limit = run.helper("hf_demo", {
+            "target": os.path.join(demo_dir(run), "target"), "draft": os.path.join(demo_dir(run), "draft"),
+            "device": run.device, "dtype": dtype, "prompts": prompts, "batch_1_prompts": 4,
+            "new_tokens": int(new_tokens),
+        })
+        out = {}
+        for d in docs:
+            out.update(d)
+        if timed_out:
+            raise StageError(f"transformers did not finish in {limit:.0f} s; measured: {sorted(out)}")
+        return out
+
+    hf = parts.do("transformers", transformers, need_s=15)
+    loaded = parts.do("specd_greedy_8_sessions", lambda: bench("0", "1", first_flags + ["--concurrency", "8"]),
+                      need_s=15)
+    for name, flags in placements[1:]:
+        parts.do(f"specd_greedy_draft_{name}", lambda f=flags: bench_summary(bench("0", "1", f)), need_s=10)
+    parts.do("specd_t0.8", lambda: bench_summary(bench("0.8", "1", first_flags)), need_s=10)
+
+    greedy = {name: parts.result(f"specd_greedy_draft_{name}") for name, _ in placements}
+    greedy = {k: v for k, v in greedy.items() if v}
+    hf = hf or {}
+    get = lambda d, k: (d or {}).get(k, {}).get("tokens_per_s")  # noqa: E731
+    first_greedy = greedy.get(first) or {}
+    side = {
+        "batch_1": {
+            "transformers_eager": get(hf, "eager_batch_1"),
+            "transformers_assisted": get(hf, "assisted_batch_1"),
+            "specd_target_only": first_greedy.get("target_only_tokens_per_s"),
+            **{f"specd_speculative_draft_{k}": v["speculative_tokens_per_s"] for k, v in greedy.items()},
+        },
+        "batch_8": {
+            "transformers_eager": get(hf, "eager_batch_8"),
+            "specd_target_only": (loaded or {}).get("target_only", {}).get("aggregate_tokens_per_s"),
+            "specd_speculative": (loaded or {}).get("speculative", {}).get("aggregate_tokens_per_s"),
+        },
+    }
+    result = {
+        "prompts": len(prompts),
+        "new_tokens": int(new_tokens),
+        "dtype": dtype,
+        "draft_placements": [name for name, _ in placements],
+        "side_by_side_tokens_per_s": side,
+        "goal": "greedy speedup >= 2x and measured / bound >= 0.9, on the GPU, at the better draft placement",
+    }
+    if greedy:
+        best = max(greedy, key=lambda k: greedy[k]["speedup_median"])
+        g = greedy[best]
+        result["best_placement"] = best
+        result["verdict"] = goal_verdict(run, g["speedup_median"] >= 2.0 and g["measured_over_bound"] >= 0.9)
+    return parts.finish(result)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers: measurements run in a child python (`--helper NAME ARGS_JSON`), each printing one
+# JSON object a line as it goes, so that what finished survives a timeout.
+
+
+def emit(doc):
+    print(json.dumps(doc), flush=True)
+
+
+def torch_dtype(name):
+    import torch
+    return {"f32": torch.float32, "bf16": torch.bfloat16}[name]
+
+
+def sync(device):
+    import torch
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def hf_inputs(batch, device):
+    """Input ids and attention mask of a batch of id lists, padded on the left with id 0."""
+    import torch
+    width = max(map(len, batch))
+    ids = torch.tensor([[0] * (width - len(b)) + list(b) for b in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=device)
+    return ids, mask
+
+
+def hf_rate(model, batches, new_tokens, device, warm_tokens=4, **generate_kw):
+    """Greedy `generate` over each batch in turn after one unmeasured call of `warm_tokens`
+    (which is where a compile happens): new tokens per second, prompt passes included as in
+    specd bench's request times."""
+    import torch
+
+    def generate(batch, n):
+        ids, mask = hf_inputs(batch, device)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0, **generate_kw)
+        return (out.shape[1] - ids.shape[1]) * len(batch)
+
+    with torch.inference_mode():
+        sync(device)
+        start = time.perf_counter()
+        generate(batches[0], warm_tokens)
+        sync(device)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        made = sum(generate(b, new_tokens) for b in batches)
+        sync(device)
+        seconds = time.perf_counter() - start
+    return {"tokens_per_s": made / seconds, "new_tokens": made, "seconds": seconds, "batch": len(batches[0]),
+            "calls": len(batches), "first_call_s": first, "attention": model.config._attn_implementation}
+
+
+def word_tokenizer(path, vocab_size):
+    """A tokenizer whose word `t<i>` is id i for the whole vocabulary: specd's text prompts
+    then encode to exactly the ids transformers is given."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(path)
+
+
+def helper_hf_1b(a):
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    device = a["device"]
+    started = time.perf_counter()
+    config = transformers.LlamaConfig(**a["shape"], bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(a["seed"])
+    # Made on the device: 1.2 G parameters drawn on a CPU would take most of the stage.
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16).eval()
+    os.makedirs(a["out"], exist_ok=True)
+    model.save_pretrained(a["out"])
+    word_tokenizer(os.path.join(a["out"], "tokenizer.json"), config.vocab_size)
+    files = {n: os.path.getsize(os.path.join(a["out"], n)) for n in sorted(os.listdir(a["out"]))}
+    emit({"checkpoint": {"parameters": sum(p.numel() for p in model.parameters()), "dtype": "bf16",
+                         "files": files, "seconds": time.perf_counter() - started}})
+    model = model.to(torch_dtype(a["dtype"]))
+    n = a["new_tokens"]
+    emit({"eager_batch_1": hf_rate(model, a["batch_1"], n, device)})
+    emit({"eager_batch_8": hf_rate(model, a["batch_8"], n, device)})
+    emit({"prompt_lookup_batch_1": hf_rate(model, a["batch_1"], n, device, prompt_lookup_num_tokens=10)})
+
+
+def helper_hf_static(a):
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    device, n = a["device"], a["new_tokens"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch_dtype(a["dtype"]))
+    model = model.to(device).eval()
+    batches = [[p] for p in a["prompts"]]
+    emit({"static_eager": hf_rate(model, batches, n, device, cache_implementation="static", disable_compile=True)})
+    if a["compile"]:
+        # transformers compiles the decoding step by itself for a static cache on a GPU (CUDA
+        # graphs, reduce-overhead); the first call, as long as the measured ones so that no
+        # other cache shape is compiled for, is the compile.
+        compiled = hf_rate(model, batches, n, device, warm_tokens=n, cache_implementation="static")
+        # Whether transformers compiled at all: graphs dynamo captured (0: it ran eager).
+        from torch._dynamo.utils import counters
+        compiled["dynamo_unique_graphs"] = counters["stats"]["unique_graphs"]
+        emit({"compiled": compiled})
+
+
+def helper_hf_demo(a):
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+    transformers.logging.set_verbosity_error()
+    device, n, dtype = a["device"], a["new_tokens"], torch_dtype(a["dtype"])
+    load = lambda d: transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()  # noqa: E731
+    target, draft = load(a["target"]), load(a["draft"])
+    tok = Tokenizer.from_file(os.path.join(a["target"], "tokenizer.json"))
+    # With its special tokens, as specd's target node encodes a prompt.
+    ids = [tok.encode(p).ids for p in a["prompts"]]
+    ones = [[p] for p in ids[:a["batch_1_prompts"]]]
+    emit({"eager_batch_1": hf_rate(target, ones, n, device)})
+    emit({"eager_batch_8": hf_rate(target, [(ids * 8)[:8]], n, device)})
+    emit({"assisted_batch_1": hf_rate(target, ones, n, device, assistant_model=draft)})
+
+
+def helper_sdpa_probe(a):
+    """torch's own attention at the decode shape of the 1B model (32 query heads, KV repeated
+    to them, head 64, bf16), per backend: calls at one key length against calls at a new
+    length each (key views of one larger buffer, as a KV cache's are). A backend that builds
+    a plan per shape (cuDNN) shows it as the gap, with specd nowhere in the path."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    device, heads, dim, start, steps = a["device"], 32, 64, 512, 48
+    torch.manual_seed(0)
+    q = torch.randn(1, heads, 1, dim, device=device, dtype=torch.bfloat16)
+    cache = torch.randn(2, 1, heads, start + steps + 8, dim, device=device, dtype=torch.bfloat16)
+    out = {"shape": {"heads": heads, "head_dim": dim, "from_keys": start, "steps": steps}, "backends": {}}
+    for name in ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH"):
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            out["backends"][name] = {"error": "not in this torch"}
+            continue
+
+        def call(length):
+            sync(device)
+            t = time.perf_counter()
+            F.scaled_dot_product_attention(q, cache[0, :, :, :length], cache[1, :, :, :length])
+            sync(device)
+            return (time.perf_counter() - t) * 1e3
+
+        try:
+            with sdpa_kernel([backend]), torch.inference_mode():
+                for _ in range(3):
+                    call(start)
+                repeated = [call(start) for _ in range(steps)]
+                growing = [call(start + 1 + i) for i in range(steps)]
+        except RuntimeError as e:
+            out["backends"][name] = {"error": str(e).splitlines()[0][:300]}
+            continue
+        med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+        out["backends"][name] = {
+            "repeated_length_ms_median": med(repeated),
+            "growing_length_ms_median": med(growing),
+            "growing_minus_repeated_mean_ms": sum(growing) / steps - sum(repeated) / steps,
+            "growing_max_ms": max(growing),
         }
-    goals = out["greedy"]["speedup_median"] >= 2.0 and out["greedy"]["measured_over_bound"] >= 0.9
-    out["goal"] = "greedy speedup >= 2x and measured / bound >= 0.9, on the GPU"
-    out["verdict"] = goal_verdict(run, goals)
-    return out
+    emit(out)
+
+
+HELPERS = {
+    "hf_1b": helper_hf_1b,
+    "hf_static": helper_hf_static,
+    "hf_demo": helper_hf_demo,
+    "sdpa_probe": helper_sdpa_probe,
+}
 
 
 STAGES = [
     ("environment", stage_environment),
     ("parity", stage_parity),
     ("llama1b", stage_llama1b),
+    ("generate_1b", stage_generate_1b),
     ("roles", stage_roles),
     ("distributions", stage_distributions),
     ("demo_train", stage_demo_train),
@@ -533,6 +1121,9 @@ STAGES = [
 
 
 def main():
+    if sys.argv[1:2] == ["--helper"]:
+        HELPERS[sys.argv[2]](json.loads(sys.argv[3]))
+        return 0
     args = [a for a in sys.argv[1:] if a != "--quick"]
     if len(args) != 3:
         print(__doc__, file=sys.stderr)
@@ -542,8 +1133,10 @@ def main():
     # what it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run = Run(os.path.abspath(bundle), report_path, device, "--quick" in sys.argv[1:])
-    # The quick dry run on a CPU is slower per stage than the GPU run is: give it room.
-    scale = 3.0 if run.quick and not run.on_gpu else 1.0
+    # The quick dry run on a CPU is slower per stage than the GPU run is: give it room, but
+    # not so much that a hang holds `make test` for long (its stages took a third of these
+    # budgets or less on 2 busy cores).
+    scale = 1.5 if run.quick and not run.on_gpu else 1.0
     total = TOTAL_BUDGET_S * scale
     # Every stage is in the report from the start: one the run never reaches (stopped from
     # outside) still says so.
@@ -568,8 +1161,11 @@ def main():
             except StageError as e:
                 entry["status"] = "failed"
                 entry["error"] = str(e)
+                if e.result is not None:
+                    entry["result"] = e.result
             except StageSkipped as e:
                 entry["error"] = str(e)
+                entry["cuda_only"] = e.cuda_only
             except Exception as e:  # a broken stage must not lose the others
                 entry["status"] = "failed"
                 entry["error"] = f"{type(e).__name__}: {e}\n{tail(traceback.format_exc())}"
@@ -593,15 +1189,28 @@ def main():
             run.write()
     finally:
         stages = run.report["stages"]
-        run.report["summary"] = {
-            name: {"status": e["status"], "verdict": (e.get("result") or {}).get("verdict")
-                   if isinstance(e.get("result"), dict) else None}
-            for name, e in stages.items()
-        }
+        run.report["summary"] = {name: summary_of(e) for name, e in stages.items()}
         run.report["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         run.write()
         shutil.rmtree(run.work, ignore_errors=True)
-    return 0 if all(e["status"] == "ok" for e in run.report["stages"].values()) else 1
+    passed = all(e["status"] == "ok" or (e["status"] == "skipped" and e.get("cuda_only") and not run.on_gpu)
+                 for e in run.report["stages"].values())
+    return 0 if passed else 1
+
+
+def summary_of(entry):
+    """A stage's line of the summary: status, verdict, and what of it was skipped or failed."""
+    result = entry.get("result") if isinstance(entry.get("result"), dict) else {}
+    line = {"status": entry["status"], "verdict": result.get("verdict")}
+    parts = result.get("parts") or {}
+    for status in ("skipped", "failed"):
+        named = {n: p.get("reason") or p.get("error", "").splitlines()[0]
+                 for n, p in parts.items() if p["status"] == status}
+        if named:
+            line[f"parts_{status}"] = named
+    if entry.get("error"):
+        line["error"] = entry["error"].splitlines()[0]
+    return line
 
 
 if __name__ == "__main__":
