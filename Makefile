@@ -24,7 +24,7 @@ export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
 
 CARGO ?= cargo
 
-.PHONY: all build test lint fmt demo bench torch pydeps deploy-check gpu-bundle-check fuzz clean help
+.PHONY: all build test lint fmt demo bench torch pydeps deploy-check gpu-bundle-check gpu-dry-run fuzz clean help
 
 all: build
 
@@ -36,6 +36,7 @@ help:
 	@echo "make fuzz   - build the fuzz targets (stable cargo-fuzz) and fuzz each for 20 s"
 	@echo "make deploy-check - render and validate deploy/k8s, specd --check-config on every container"
 	@echo "make gpu-bundle-check - build the GPU check's bundle (target/gpu-check) and check it fits in 64 MiB"
+	@echo "make gpu-dry-run - run that bundle's stages on the CPU (--quick): every one a CPU can run must pass"
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -89,6 +90,7 @@ lint: torch
 test: lint pydeps
 	$(CARGO) test --workspace --release --locked
 	$(MAKE) gpu-bundle-check
+	$(MAKE) gpu-dry-run
 	$(MAKE) fuzz
 
 # The fuzz targets (fuzz/README.md), a minute in all; the first run installs cargo-fuzz and
@@ -106,6 +108,12 @@ deploy-check: torch pydeps
 # machine is carried (64 MiB).
 gpu-bundle-check: torch
 	CARGO=$(CARGO) ./scripts/gpu-check.sh bundle
+
+# The GPU check's stages on this CPU, shrunk (--quick): the one GPU run we may get must not
+# be the first time they run. A stage that fails fails the target; one that needs CUDA is
+# skipped with the reason. The report stays beside the build, out of the bundle.
+gpu-dry-run: pydeps
+	OUT=$(CURDIR)/target/gpu-check-cpu GPU_DEVICE=cpu ./scripts/gpu-check.sh run --quick
 
 bench: torch
 	$(CARGO) bench -p specd-sampling --bench round
