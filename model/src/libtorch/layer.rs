@@ -183,19 +183,32 @@ impl Norm {
         }
         // Gemma multiplies by its weight in float32, before the cast back.
         let xf = x.f_to_kind(Kind::Float)?;
-        let last = [*xf.size().last().unwrap_or(&0)];
-        Ok(xf.f_rms_norm(last.as_slice(), Some(&self.weight), self.eps)?.f_to_kind(x.kind())?)
+        Ok(normalised(&xf, Some(&self.weight), self.eps)?.f_to_kind(x.kind())?)
     }
 }
 
 /// `weight * (x / sqrt(mean(x²) + eps))`, the mean taken in float32 and the weight applied
-/// after the cast back, as transformers does. libtorch's own `rms_norm` normalises (one
-/// call instead of five, fused on a GPU); the weight is multiplied apart because
-/// `rms_norm` would apply it before the cast, which rounds differently in bf16.
+/// after the cast back, as transformers does. On a GPU libtorch's own `rms_norm` normalises
+/// (one fused kernel instead of five launches); on a CPU its composite form measured slower
+/// than the five operations (BENCHMARKS.md), so they stay. The weight is multiplied apart
+/// because `rms_norm` would apply it before the cast, which rounds differently in bf16.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let kind = x.kind();
     let xf = x.f_to_kind(Kind::Float)?;
-    let last = [*xf.size().last().unwrap_or(&0)];
-    let normed = xf.f_rms_norm(last.as_slice(), None::<&Tensor>, eps)?;
-    Ok(weight.f_mul(&normed.f_to_kind(kind)?)?)
+    Ok(weight.f_mul(&normalised(&xf, None, eps)?.f_to_kind(kind)?)?)
+}
+
+/// `x / sqrt(mean(x²) + eps)` over the last dimension of a float32 `x`, times `weight` where
+/// given (in float32).
+fn normalised(xf: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    if xf.device().is_cuda() {
+        let last = [*xf.size().last().unwrap_or(&0)];
+        return Ok(xf.f_rms_norm(last.as_slice(), weight, eps)?);
+    }
+    let var = xf.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
+    let normed = xf.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
+    Ok(match weight {
+        Some(w) => normed.f_mul(w)?,
+        None => normed,
+    })
 }
