@@ -1,29 +1,18 @@
 //! The block rule on full distributions: the reference path.
 
+use crate::block_weights;
 use crate::dist::DenseDist;
 use crate::error::{Result, SamplingError};
+use crate::excess::{DensePosition, PositionView};
 use crate::kernels::{overlap_and_excess, sample_index};
-use crate::rng::{Purpose, StreamKey};
-use crate::rule::{BlockOutcome, EmittedFrom, acceptance_probability};
+use crate::rng::{Purpose, RoundKey};
+use crate::rule::{BlockOutcome, EmittedFrom};
 
 /// One candidate with the dense q it was drawn from.
 #[derive(Debug, Clone, Copy)]
 pub struct DenseCandidate<'a> {
     pub token: u32,
     pub q: &'a DenseDist,
-}
-
-/// Where the round's draws come from: (seed, round) plus the position and purpose of each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoundKey {
-    pub seed: u64,
-    pub round: u32,
-}
-
-impl RoundKey {
-    pub fn stream(self, position: usize, purpose: Purpose) -> StreamKey {
-        StreamKey::new(self.seed, self.round, position as u32, purpose)
-    }
 }
 
 /// Applies the rule of [`crate::rule`] to candidates x_1..x_γ with dense q_i and the target's
@@ -46,6 +35,50 @@ pub(crate) fn verify_block_dense_with(
     key: RoundKey,
     on_reject: impl Fn(&DenseDist, &DenseDist, f64, f64) -> u32,
 ) -> Result<BlockOutcome> {
+    let positions = dense_positions(candidates, p)?;
+    let gamma = positions.len();
+    let in_expectation = block_weights::in_expectation(&positions);
+    let mut tokens = Vec::with_capacity(gamma + 1);
+    let mut acceptance = Vec::with_capacity(gamma);
+    let mut expected_acceptance = Vec::with_capacity(gamma);
+    for (i, position) in positions.iter().enumerate() {
+        let index = i + 1;
+        let a = position.ratio().min(1.0);
+        acceptance.push(a);
+        let (overlap, residual_mass) = overlap_and_excess(position.p.probs(), position.q.probs());
+        expected_acceptance.push(overlap);
+        if key.stream(index, Purpose::Accept).uniform() < a {
+            tokens.push(position.token);
+            continue;
+        }
+        let u = key.stream(index, Purpose::Residual).uniform();
+        tokens.push(on_reject(position.p, position.q, residual_mass, u));
+        return Ok(BlockOutcome {
+            accepted: i,
+            tokens,
+            acceptance,
+            expected_acceptance,
+            emitted_from: EmittedFrom::Residual,
+            in_expectation,
+        });
+    }
+    tokens.push(p[gamma].sample(key.stream(gamma + 1, Purpose::Bonus).uniform()));
+    Ok(BlockOutcome {
+        accepted: gamma,
+        tokens,
+        acceptance,
+        expected_acceptance,
+        emitted_from: EmittedFrom::Bonus,
+        in_expectation,
+    })
+}
+
+/// Checks a dense block (γ + 1 target rows, one vocabulary, every candidate possible under
+/// its own q) and pairs each candidate with its position's p and q.
+pub(crate) fn dense_positions<'a>(
+    candidates: &[DenseCandidate<'a>],
+    p: &'a [DenseDist],
+) -> Result<Vec<DensePosition<'a>>> {
     let gamma = candidates.len();
     if p.len() != gamma + 1 {
         return Err(SamplingError::ShapeMismatch(format!(
@@ -60,35 +93,17 @@ pub(crate) fn verify_block_dense_with(
             return Err(SamplingError::VocabMismatch { target: vocab_size, draft: dist });
         }
     }
-    let mut tokens = Vec::with_capacity(gamma + 1);
-    let mut acceptance = Vec::with_capacity(gamma);
-    let mut expected_acceptance = Vec::with_capacity(gamma);
-    for (i, (candidate, p_i)) in candidates.iter().zip(p).enumerate() {
-        let position = i + 1;
-        let q_x = candidate.q.prob(candidate.token);
-        if q_x <= 0.0 {
-            return Err(SamplingError::ImpossibleProposal { position, token: candidate.token });
-        }
-        let a = acceptance_probability(p_i.prob(candidate.token), q_x);
-        acceptance.push(a);
-        let (overlap, residual_mass) = overlap_and_excess(p_i.probs(), candidate.q.probs());
-        expected_acceptance.push(overlap);
-        if key.stream(position, Purpose::Accept).uniform() < a {
-            tokens.push(candidate.token);
-            continue;
-        }
-        let u = key.stream(position, Purpose::Residual).uniform();
-        tokens.push(on_reject(p_i, candidate.q, residual_mass, u));
-        return Ok(BlockOutcome {
-            accepted: i,
-            tokens,
-            acceptance,
-            expected_acceptance,
-            emitted_from: EmittedFrom::Residual,
-        });
-    }
-    tokens.push(p[gamma].sample(key.stream(gamma + 1, Purpose::Bonus).uniform()));
-    Ok(BlockOutcome { accepted: gamma, tokens, acceptance, expected_acceptance, emitted_from: EmittedFrom::Bonus })
+    candidates
+        .iter()
+        .zip(p)
+        .enumerate()
+        .map(|(i, (candidate, p_i))| {
+            if candidate.q.prob(candidate.token) <= 0.0 {
+                return Err(SamplingError::ImpossibleProposal { position: i + 1, token: candidate.token });
+            }
+            Ok(DensePosition { p: p_i, q: candidate.q, token: candidate.token })
+        })
+        .collect()
 }
 
 /// Draw from r ∝ max(0, p - q), whose total is `residual_mass`, with the uniform `u`; falls

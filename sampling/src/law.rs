@@ -4,12 +4,17 @@
 //! quantity of docs/rule.md; [`round_law`] enumerates every path of a whole round over a
 //! small vocabulary with prefix-dependent tables; [`speculative_sequence_law`] chains rounds
 //! to get the joint law of the first L committed tokens, which must equal
-//! [`target_sequence_law`].
+//! [`target_sequence_law`]. [`speculative_sequence_law_with`] and [`round_law_with`] do the
+//! same for either [`Verification`] rule; [`expected_accepted`] is the exact expected number
+//! of accepted candidates of a round under each rule, by enumerating every drafted block.
 
 use std::collections::BTreeMap;
 
+use crate::block_weights::BlockWeights;
 use crate::dist::{DenseDist, SparseDist, Truncation};
+use crate::excess::DensePosition;
 use crate::rule::acceptance_probability;
+use crate::verification::Verification;
 
 /// Every quantity of the rule at one position, for a target p and a dense draft q.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +116,122 @@ pub fn round_law(model: &dyn PrefixModel, prefix: &[u32], gamma: usize, wire: Wi
     out
 }
 
+/// [`round_law`] under `verification`.
+pub fn round_law_with(
+    model: &dyn PrefixModel,
+    prefix: &[u32],
+    gamma: usize,
+    wire: WireFormat,
+    verification: Verification,
+) -> Vec<(Vec<u32>, f64)> {
+    match verification {
+        Verification::Token => round_law(model, prefix, gamma, wire),
+        Verification::Block => {
+            let mut out = Vec::new();
+            for block in drafted_blocks(model, prefix, gamma, wire) {
+                let weights = BlockWeights::of(&block.positions());
+                for (stop, w) in weights.stop_law().into_iter().enumerate() {
+                    if w <= 0.0 {
+                        continue;
+                    }
+                    let emitted = if stop == gamma {
+                        block.p[gamma].probs().to_vec()
+                    } else {
+                        excess_law(&block.p[stop], &block.q[stop], weights.kept[stop])
+                    };
+                    for (y, &py) in emitted.iter().enumerate() {
+                        if py > 0.0 {
+                            out.push((with(&block.tokens[..stop], y as u32), block.weight * w * py));
+                        }
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+/// One drafted block of a round with its probability under the draft, the q each candidate
+/// was drawn from (truncated on the sparse wire, where the complement sample makes the draw
+/// outside the support exact, so the law is that of dense q truncated) and the target's p.
+struct DraftedBlock {
+    tokens: Vec<u32>,
+    weight: f64,
+    q: Vec<DenseDist>,
+    p: Vec<DenseDist>,
+}
+
+impl DraftedBlock {
+    fn positions(&self) -> Vec<DensePosition<'_>> {
+        self.tokens
+            .iter()
+            .zip(self.p.iter().zip(&self.q))
+            .map(|(&token, (p, q))| DensePosition { p, q, token })
+            .collect()
+    }
+}
+
+/// Every block of `gamma` candidates the draft can propose after `prefix`.
+fn drafted_blocks(model: &dyn PrefixModel, prefix: &[u32], gamma: usize, wire: WireFormat) -> Vec<DraftedBlock> {
+    let mut blocks = vec![DraftedBlock { tokens: Vec::new(), weight: 1.0, q: Vec::new(), p: Vec::new() }];
+    for _ in 0..gamma {
+        let mut longer = Vec::new();
+        for block in blocks {
+            let context = [prefix, &block.tokens].concat();
+            let q = match wire {
+                WireFormat::Dense => model.draft(&context),
+                WireFormat::Sparse(truncation) => model.draft(&context).truncate(truncation).to_dense(),
+            };
+            let p = model.target(&context);
+            for (x, &qx) in q.probs().iter().enumerate() {
+                if qx > 0.0 {
+                    longer.push(DraftedBlock {
+                        tokens: with(&block.tokens, x as u32),
+                        weight: block.weight * qx,
+                        q: [block.q.clone(), vec![q.clone()]].concat(),
+                        p: [block.p.clone(), vec![p.clone()]].concat(),
+                    });
+                }
+            }
+        }
+        blocks = longer;
+    }
+    for block in &mut blocks {
+        block.p.push(model.target(&[prefix, &block.tokens].concat()));
+    }
+    blocks
+}
+
+/// max(s·p − q, 0) normalised; p when that has no mass.
+fn excess_law(p: &DenseDist, q: &DenseDist, s: f64) -> Vec<f64> {
+    let excess: Vec<f64> = p.probs().iter().zip(q.probs()).map(|(p, q)| (s * p - q).max(0.0)).collect();
+    let mass: f64 = excess.iter().sum();
+    if mass > 0.0 { excess.iter().map(|e| e / mass).collect() } else { p.probs().to_vec() }
+}
+
+/// The exact expected number of candidates a round from `prefix` accepts under
+/// `verification`: Σ over drafted blocks of their probability times the rule's expectation
+/// given the block.
+pub fn expected_accepted(
+    model: &dyn PrefixModel,
+    prefix: &[u32],
+    gamma: usize,
+    wire: WireFormat,
+    verification: Verification,
+) -> f64 {
+    drafted_blocks(model, prefix, gamma, wire)
+        .iter()
+        .map(|block| {
+            let positions = block.positions();
+            let given = match verification {
+                Verification::Token => crate::block_weights::token_expected_accepted(&positions),
+                Verification::Block => BlockWeights::of(&positions).expected_accepted(),
+            };
+            block.weight * given
+        })
+        .sum()
+}
+
 fn explore_round(
     model: &dyn PrefixModel,
     context: &mut Vec<u32>,
@@ -172,7 +293,7 @@ fn with(tokens: &[u32], last: u32) -> Vec<u32> {
 }
 
 /// The joint law of the first `length` tokens generated by speculative rounds of draft length
-/// `gamma` from `prompt`.
+/// `gamma` from `prompt`, under token verification.
 pub fn speculative_sequence_law(
     model: &dyn PrefixModel,
     prompt: &[u32],
@@ -180,32 +301,47 @@ pub fn speculative_sequence_law(
     length: usize,
     wire: WireFormat,
 ) -> BTreeMap<Vec<u32>, f64> {
+    speculative_sequence_law_with(model, prompt, gamma, length, wire, Verification::Token)
+}
+
+/// [`speculative_sequence_law`] under `verification`.
+pub fn speculative_sequence_law_with(
+    model: &dyn PrefixModel,
+    prompt: &[u32],
+    gamma: usize,
+    length: usize,
+    wire: WireFormat,
+    verification: Verification,
+) -> BTreeMap<Vec<u32>, f64> {
     let mut law = BTreeMap::new();
     let mut context = prompt.to_vec();
-    chain_rounds(model, &mut context, prompt.len(), gamma, length, wire, 1.0, &mut law);
+    let rounds = Rounds { model, base: prompt.len(), gamma, length, wire, verification };
+    rounds.chain(&mut context, 1.0, &mut law);
     law
 }
 
-#[allow(clippy::too_many_arguments)]
-fn chain_rounds(
-    model: &dyn PrefixModel,
-    context: &mut Vec<u32>,
+/// What [`speculative_sequence_law_with`] chains.
+struct Rounds<'a> {
+    model: &'a dyn PrefixModel,
     base: usize,
     gamma: usize,
     length: usize,
     wire: WireFormat,
-    weight: f64,
-    law: &mut BTreeMap<Vec<u32>, f64>,
-) {
-    if context.len() - base >= length {
-        *law.entry(context[base..base + length].to_vec()).or_default() += weight;
-        return;
-    }
-    for (tokens, w) in round_law(model, context, gamma, wire) {
-        let before = context.len();
-        context.extend(&tokens);
-        chain_rounds(model, context, base, gamma, length, wire, weight * w, law);
-        context.truncate(before);
+    verification: Verification,
+}
+
+impl Rounds<'_> {
+    fn chain(&self, context: &mut Vec<u32>, weight: f64, law: &mut BTreeMap<Vec<u32>, f64>) {
+        if context.len() - self.base >= self.length {
+            *law.entry(context[self.base..self.base + self.length].to_vec()).or_default() += weight;
+            return;
+        }
+        for (tokens, w) in round_law_with(self.model, context, self.gamma, self.wire, self.verification) {
+            let before = context.len();
+            context.extend(&tokens);
+            self.chain(context, weight * w, law);
+            context.truncate(before);
+        }
     }
 }
 

@@ -12,6 +12,10 @@
 //! - [`rule`]: the algorithm and [`BlockOutcome`]; [`dense_rule`] applies it on full
 //!   distributions, [`sparse_rule`] on the sparse wire format, whose target half is
 //!   [`target_pieces`];
+//! - [`block_rule`]: block verification (Sun et al. 2025), the block judged as a whole, with
+//!   its weights in [`block_weights`]; [`verification`] names the two rules
+//!   ([`Verification`]) and runs the chosen one;
+//! - `excess` (private): one block position as both rules read it, on either wire format;
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
 //! - [`logprobs`]: a token's log-probability and the most likely alternatives, for clients;
@@ -21,12 +25,15 @@
 //! - `kernels` (private): vocabulary-wide sums and draws written to run fast;
 //! - `rows` (private): a large block's per-position work spread over threads.
 
+pub mod block_rule;
+pub mod block_weights;
 pub mod chi2;
 pub mod cost;
 pub mod dense_rule;
 pub mod dist;
 pub mod effective;
 pub mod error;
+mod excess;
 mod kernels;
 pub mod law;
 pub mod logprobs;
@@ -37,14 +44,17 @@ mod rows;
 pub mod rule;
 pub mod sparse_rule;
 pub mod target_pieces;
+pub mod verification;
 
+pub use block_rule::{verify_whole_block_dense, verify_whole_block_sparse};
 pub use cost::{CostModel, MAX_GAMMA};
-pub use dense_rule::{DenseCandidate, RoundKey, verify_block_dense};
+pub use dense_rule::{DenseCandidate, verify_block_dense};
 pub use dist::{DenseDist, SparseDist, Truncation};
 pub use effective::{TokenHistory, block_distributions, effective_distribution};
 pub use error::{Result, SamplingError};
 pub use params::SamplingParams;
-pub use rng::{Purpose, StreamKey};
-pub use rule::{BlockOutcome, EmittedFrom, acceptance_probability};
+pub use rng::{DrawKeys, Purpose, RoundKey, StreamKey};
+pub use rule::{AcceptedInExpectation, BlockOutcome, EmittedFrom, acceptance_probability};
 pub use sparse_rule::{SparseCandidate, verify_block_sparse};
 pub use target_pieces::{ScoredBlock, ScoredPosition, score_block};
+pub use verification::{Verification, verify_dense, verify_sparse};

@@ -7,10 +7,11 @@
 //! taking q off: with a deterministic candidate (q = one-hot(x)) it emits x again with
 //! probability p(x), which the law audits of the n-gram and suffix proposers must catch.
 
-use crate::dense_rule::{DenseCandidate, RoundKey, verify_block_dense_with};
+use crate::dense_rule::{DenseCandidate, verify_block_dense_with};
 use crate::dist::{DenseDist, SparseDist, sample_weights};
 use crate::error::{Result, SamplingError};
 use crate::rng::Purpose;
+use crate::rng::RoundKey;
 use crate::rule::{BlockOutcome, EmittedFrom};
 use crate::sparse_rule::{SparseCandidate, verify_block_sparse_with};
 use crate::target_pieces::{ScoredBlock, ScoredPosition};

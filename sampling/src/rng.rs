@@ -49,6 +49,35 @@ impl StreamKey {
     }
 }
 
+/// Where a rule's draws come from: the stream for each block position and purpose.
+///
+/// In service this is always [`RoundKey`], fresh for every round; the trait exists so
+/// that a test can build a rule whose keys repeat across rounds and show that the law audits
+/// catch it (docs/randomness.md).
+pub trait DrawKeys: Copy {
+    /// The stream for block `position` (1-based) and `purpose`.
+    fn stream(self, position: usize, purpose: Purpose) -> StreamKey;
+}
+
+/// Where the round's draws come from: (seed, round) plus the position and purpose of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundKey {
+    pub seed: u64,
+    pub round: u32,
+}
+
+impl RoundKey {
+    pub fn stream(self, position: usize, purpose: Purpose) -> StreamKey {
+        StreamKey::new(self.seed, self.round, position as u32, purpose)
+    }
+}
+
+impl DrawKeys for RoundKey {
+    fn stream(self, position: usize, purpose: Purpose) -> StreamKey {
+        RoundKey::stream(self, position, purpose)
+    }
+}
+
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;
 const W0: u32 = 0x9E37_79B9;

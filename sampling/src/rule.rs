@@ -54,6 +54,19 @@ pub struct BlockOutcome {
     /// lower-variance estimate of α than counting accepts.
     pub expected_acceptance: Vec<f64>,
     pub emitted_from: EmittedFrom,
+    /// What each verification rule accepts in expectation on this round's candidates and
+    /// target distributions, whichever rule ran: the two rules compared on the same drafts.
+    pub in_expectation: AcceptedInExpectation,
+}
+
+/// The candidates each verification rule accepts in expectation on one drafted block, given
+/// the block (the expectation is over the rule's own draws only).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AcceptedInExpectation {
+    /// Token verification: Σ_i Π_{j≤i} min(1, p_j(x_j)/q_j(x_j)).
+    pub token: f64,
+    /// Block verification: E[τ] ([`crate::block_rule`]).
+    pub block: f64,
 }
 
 impl BlockOutcome {

@@ -1,10 +1,12 @@
 //! The block rule on the sparse wire format: what the coordinator runs every round.
 
-use crate::dense_rule::RoundKey;
-use crate::dist::{SparseDist, sample_weights};
+use crate::block_weights;
+use crate::dist::SparseDist;
 use crate::error::{Result, SamplingError};
+use crate::excess::{PositionView, SparsePosition};
 use crate::rng::Purpose;
-use crate::rule::{BlockOutcome, EmittedFrom, acceptance_probability};
+use crate::rng::RoundKey;
+use crate::rule::{BlockOutcome, EmittedFrom};
 use crate::target_pieces::{ScoredBlock, ScoredPosition};
 
 /// One candidate with the sparse q (support S and q on S) it was drawn from.
@@ -40,6 +42,42 @@ pub(crate) fn verify_block_sparse_with(
     key: RoundKey,
     residual: SparseResidual,
 ) -> Result<BlockOutcome> {
+    let positions = sparse_positions(candidates, scored)?;
+    let gamma = positions.len();
+    let in_expectation = block_weights::in_expectation(&positions);
+    let mut tokens = Vec::with_capacity(gamma + 1);
+    let mut acceptance = Vec::with_capacity(gamma);
+    let mut expected_acceptance = Vec::with_capacity(gamma);
+    for (i, position) in positions.iter().enumerate() {
+        let index = i + 1;
+        let a = position.ratio().min(1.0);
+        acceptance.push(a);
+        expected_acceptance.push(position.overlap());
+        if key.stream(index, Purpose::Accept).uniform() < a {
+            tokens.push(position.token());
+            continue;
+        }
+        let (token, emitted_from) = residual(index, position.q, position.scored, key)?;
+        tokens.push(token);
+        return Ok(BlockOutcome { accepted: i, tokens, acceptance, expected_acceptance, emitted_from, in_expectation });
+    }
+    tokens.push(scored.bonus);
+    Ok(BlockOutcome {
+        accepted: gamma,
+        tokens,
+        acceptance,
+        expected_acceptance,
+        emitted_from: EmittedFrom::Bonus,
+        in_expectation,
+    })
+}
+
+/// Checks a sparse block (one scored position per candidate, each reply consistent with its
+/// support, every candidate in its own support) and pairs each candidate with its pieces.
+pub(crate) fn sparse_positions<'a>(
+    candidates: &[SparseCandidate<'a>],
+    scored: &'a ScoredBlock,
+) -> Result<Vec<SparsePosition<'a>>> {
     let gamma = candidates.len();
     if scored.positions.len() != gamma {
         return Err(SamplingError::ShapeMismatch(format!(
@@ -50,58 +88,33 @@ pub(crate) fn verify_block_sparse_with(
     for (i, (c, s)) in candidates.iter().zip(&scored.positions).enumerate() {
         validate_position(i + 1, c.q, s)?;
     }
-    let mut tokens = Vec::with_capacity(gamma + 1);
-    let mut acceptance = Vec::with_capacity(gamma);
-    let mut expected_acceptance = Vec::with_capacity(gamma);
-    for (i, (candidate, scored_i)) in candidates.iter().zip(&scored.positions).enumerate() {
-        let position = i + 1;
-        let Some(j) = candidate.q.tokens().iter().position(|&t| t == candidate.token) else {
-            return Err(SamplingError::ImpossibleProposal { position, token: candidate.token });
-        };
-        let a = acceptance_probability(scored_i.p_on_support[j], candidate.q.probs()[j]);
-        acceptance.push(a);
-        expected_acceptance.push(candidate.q.probs().iter().zip(&scored_i.p_on_support).map(|(q, p)| q.min(*p)).sum());
-        if key.stream(position, Purpose::Accept).uniform() < a {
-            tokens.push(candidate.token);
-            continue;
-        }
-        let (token, emitted_from) = residual(position, candidate.q, scored_i, key)?;
-        tokens.push(token);
-        return Ok(BlockOutcome { accepted: i, tokens, acceptance, expected_acceptance, emitted_from });
-    }
-    tokens.push(scored.bonus);
-    Ok(BlockOutcome { accepted: gamma, tokens, acceptance, expected_acceptance, emitted_from: EmittedFrom::Bonus })
+    candidates
+        .iter()
+        .zip(&scored.positions)
+        .enumerate()
+        .map(|(i, (candidate, scored_i))| {
+            let position = i + 1;
+            let index = candidate
+                .q
+                .tokens()
+                .iter()
+                .position(|&t| t == candidate.token)
+                .ok_or(SamplingError::ImpossibleProposal { position, token: candidate.token })?;
+            Ok(SparsePosition { q: candidate.q, scored: scored_i, index, position })
+        })
+        .collect()
 }
 
+/// The exact residual at the first rejection: the excess max(p − q, 0) at scale 1.
 fn sample_sparse_residual(
     position: usize,
     q: &SparseDist,
     scored: &ScoredPosition,
     key: RoundKey,
 ) -> Result<(u32, EmittedFrom)> {
-    let mut stream = key.stream(position, Purpose::Residual).stream();
-    let inside =
-        || q.tokens().iter().zip(q.probs()).zip(&scored.p_on_support).map(|((&t, &q), &p)| (t, (p - q).max(0.0)));
-    let r_in: f64 = inside().map(|(_, w)| w).sum();
-    let total = r_in + scored.complement_mass;
-    if total <= 0.0 {
-        // p and q agree on S up to rounding and p has no mass outside: the residual is
-        // undefined and reaching here has probability at most the rounding error. Draw from p.
-        let on_support = q.tokens().iter().copied().zip(scored.p_on_support.iter().copied());
-        let mass: f64 = scored.p_on_support.iter().sum();
-        return sample_weights(on_support, mass, stream.next_uniform())
-            .map(|t| (t, EmittedFrom::Residual))
-            .ok_or_else(|| SamplingError::InvalidTargetReply(format!("position {position}: p has no mass at all")));
-    }
-    if stream.next_uniform() * total < r_in {
-        let token = sample_weights(inside(), r_in, stream.next_uniform()).expect("r_in > 0 here");
-        Ok((token, EmittedFrom::Residual))
-    } else {
-        let token = scored
-            .complement_sample
-            .ok_or(SamplingError::MissingComplementSample { position, mass: scored.complement_mass })?;
-        Ok((token, EmittedFrom::Complement))
-    }
+    // The index is not read by the excess; the candidate was checked to be in the support.
+    let at = SparsePosition { q, scored, index: 0, position };
+    at.draw_excess(1.0, at.excess_mass(1.0), key.stream(position, Purpose::Residual))
 }
 
 fn validate_position(position: usize, q: &SparseDist, scored: &ScoredPosition) -> Result<()> {

@@ -7,11 +7,11 @@
 //! zero, so the residual there is proportional to p_i itself, and c_i is an exact sample of
 //! that part of the residual.
 
-use crate::dense_rule::RoundKey;
 use crate::dist::{DenseDist, check_token};
 use crate::error::{Result, SamplingError};
 use crate::kernels::{lane_sum, sample_index};
 use crate::rng::Purpose;
+use crate::rng::RoundKey;
 use crate::rows::map_positions;
 
 /// The target's answer for one block position.

@@ -6,16 +6,41 @@
 use specd_sampling::law::{PrefixModel, WireFormat};
 use specd_sampling::naive::naive_verify_block_dense;
 use specd_sampling::{
-    DenseCandidate, DenseDist, Purpose, RoundKey, SparseCandidate, StreamKey, score_block, verify_block_dense,
-    verify_block_sparse,
+    BlockOutcome, DenseCandidate, DenseDist, DrawKeys, Purpose, RoundKey, SparseCandidate, StreamKey, score_block,
+    verify_block_dense, verify_block_sparse, verify_whole_block_dense, verify_whole_block_sparse,
 };
 
 /// Which rule the round loop applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
+    /// Token verification.
     Exact,
     /// Resample from p on rejection: the deliberately wrong rule the tests must catch.
     Naive,
+    /// Block verification.
+    Block,
+    /// Block verification with its draws keyed by the position in the generated sequence and
+    /// not by the round: a round that rejected at position k learnt that the η of positions
+    /// after k failed, and the next round reuses those η. Wrong (vLLM's keying,
+    /// docs/randomness.md); the tests must catch it.
+    BlockKeyedBySequencePosition,
+    /// Block verification with its draws keyed by the block position alone: every round of a
+    /// generation reuses the same η and residual draws. Wrong; the tests must catch it.
+    BlockKeyedByBlockPosition,
+}
+
+/// Draws keyed by (seed, position in the generated sequence), the same in every round.
+#[derive(Debug, Clone, Copy)]
+pub struct SequencePositionKeys {
+    pub seed: u64,
+    /// Tokens committed before this round.
+    pub committed: usize,
+}
+
+impl DrawKeys for SequencePositionKeys {
+    fn stream(self, position: usize, purpose: Purpose) -> StreamKey {
+        StreamKey::new(self.seed, 0, (self.committed + position) as u32, purpose)
+    }
 }
 
 /// Fixed p and q for every prefix.
@@ -105,57 +130,84 @@ pub fn generate(
     let mut context = prompt.to_vec();
     let mut round = 0u32;
     while context.len() - prompt.len() < length {
-        let key = RoundKey { seed, round };
-        let mut block = Vec::with_capacity(gamma);
-        let mut dense_q = Vec::with_capacity(gamma);
-        let mut sparse_q = Vec::with_capacity(gamma);
-        for i in 1..=gamma {
-            let mut prefix = context.clone();
-            prefix.extend(&block);
-            let q = model.draft(&prefix);
-            let u = StreamKey::new(seed, round, i as u32, Purpose::Draft).uniform();
-            let token = match wire {
-                WireFormat::Dense => q.sample(u),
-                WireFormat::Sparse(t) => {
-                    let sparse = q.truncate(t);
-                    let x = sparse.sample(u);
-                    sparse_q.push(sparse);
-                    x
-                }
-            };
-            dense_q.push(q);
-            block.push(token);
-        }
-        let p: Vec<DenseDist> = (0..=gamma)
-            .map(|i| {
-                let mut prefix = context.clone();
-                prefix.extend(&block[..i]);
-                model.target(&prefix)
-            })
-            .collect();
-        let outcome = match (wire, rule) {
-            (WireFormat::Dense, _) => {
-                let candidates: Vec<_> =
-                    block.iter().zip(&dense_q).map(|(&token, q)| DenseCandidate { token, q }).collect();
-                match rule {
-                    Rule::Exact => verify_block_dense(&candidates, &p, key),
-                    Rule::Naive => naive_verify_block_dense(&candidates, &p, key),
-                }
-            }
-            (WireFormat::Sparse(_), Rule::Exact) => {
-                let supports: Vec<&[u32]> = sparse_q.iter().map(|q| q.tokens()).collect();
-                let scored = score_block(&p, &supports, key, 1).unwrap();
-                let candidates: Vec<_> =
-                    block.iter().zip(&sparse_q).map(|(&token, q)| SparseCandidate { token, q }).collect();
-                verify_block_sparse(&candidates, &scored, key)
-            }
-            (WireFormat::Sparse(_), Rule::Naive) => panic!("the naive rule is only kept in dense form"),
-        }
-        .unwrap();
+        let outcome =
+            run_round(model, &context, context.len() - prompt.len(), gamma, wire, RoundKey { seed, round }, rule);
         context.extend(&outcome.tokens);
         round += 1;
     }
     context[prompt.len()..prompt.len() + length].to_vec()
+}
+
+/// One round after `context`, of which `committed` tokens were generated before it.
+pub fn run_round(
+    model: &dyn PrefixModel,
+    context: &[u32],
+    committed: usize,
+    gamma: usize,
+    wire: WireFormat,
+    key: RoundKey,
+    rule: Rule,
+) -> BlockOutcome {
+    let RoundKey { seed, round } = key;
+    let mut block = Vec::with_capacity(gamma);
+    let mut dense_q = Vec::with_capacity(gamma);
+    let mut sparse_q = Vec::with_capacity(gamma);
+    for i in 1..=gamma {
+        let mut prefix = context.to_vec();
+        prefix.extend(&block);
+        let q = model.draft(&prefix);
+        let u = StreamKey::new(seed, round, i as u32, Purpose::Draft).uniform();
+        let token = match wire {
+            WireFormat::Dense => q.sample(u),
+            WireFormat::Sparse(t) => {
+                let sparse = q.truncate(t);
+                let x = sparse.sample(u);
+                sparse_q.push(sparse);
+                x
+            }
+        };
+        dense_q.push(q);
+        block.push(token);
+    }
+    let p: Vec<DenseDist> = (0..=gamma)
+        .map(|i| {
+            let mut prefix = context.to_vec();
+            prefix.extend(&block[..i]);
+            model.target(&prefix)
+        })
+        .collect();
+    let wrong_keys = SequencePositionKeys { seed, committed };
+    match wire {
+        WireFormat::Dense => {
+            let candidates: Vec<_> =
+                block.iter().zip(&dense_q).map(|(&token, q)| DenseCandidate { token, q }).collect();
+            match rule {
+                Rule::Exact => verify_block_dense(&candidates, &p, key),
+                Rule::Naive => naive_verify_block_dense(&candidates, &p, key),
+                Rule::Block => verify_whole_block_dense(&candidates, &p, key),
+                Rule::BlockKeyedBySequencePosition => verify_whole_block_dense(&candidates, &p, wrong_keys),
+                Rule::BlockKeyedByBlockPosition => {
+                    verify_whole_block_dense(&candidates, &p, RoundKey { seed, round: 0 })
+                }
+            }
+        }
+        WireFormat::Sparse(_) => {
+            let supports: Vec<&[u32]> = sparse_q.iter().map(|q| q.tokens()).collect();
+            let scored = score_block(&p, &supports, key, 1).unwrap();
+            let candidates: Vec<_> =
+                block.iter().zip(&sparse_q).map(|(&token, q)| SparseCandidate { token, q }).collect();
+            match rule {
+                Rule::Exact => verify_block_sparse(&candidates, &scored, key),
+                Rule::Naive => panic!("the naive rule is only kept in dense form"),
+                Rule::Block => verify_whole_block_sparse(&candidates, &scored, key),
+                Rule::BlockKeyedBySequencePosition => verify_whole_block_sparse(&candidates, &scored, wrong_keys),
+                Rule::BlockKeyedByBlockPosition => {
+                    verify_whole_block_sparse(&candidates, &scored, RoundKey { seed, round: 0 })
+                }
+            }
+        }
+    }
+    .unwrap()
 }
 
 /// Index of a sequence over a vocabulary of size v, as a base-v number.
