@@ -83,6 +83,9 @@ pub struct CoordinatorConfig {
     /// Always [`RuleVariant::Exact`] in service; with the `testing` feature a wrong variant
     /// exists, so that the law tests can show they catch it.
     pub rule: RuleVariant,
+    /// Token or block verification (docs/rule.md): both exact; block verification accepts at
+    /// least as many candidates in expectation from the same target pass.
+    pub verification: specd_sampling::Verification,
     /// Optimistic drafting (docs/architecture.md): the draft drafts each next block while the target
     /// verifies this one, guessing that every candidate is accepted and which bonus token
     /// comes; a right guess saves the next round its draft time. Exact either way.
@@ -121,6 +124,7 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
         max_new_tokens: config.default_max_new_tokens,
         truncation: config.truncation,
         rule: config.rule,
+        verification: config.verification,
         optimistic: config.optimistic,
         generation_config: config.generation_config,
     };

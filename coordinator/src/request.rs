@@ -6,7 +6,7 @@ use specd_proto::v1::{
     StoppingCriteria, TargetLawRequest,
 };
 use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
-use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation};
+use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation, Verification};
 
 use crate::error::CoordinatorError;
 use crate::nodes::ModelFacts;
@@ -28,6 +28,11 @@ pub enum RuleVariant {
     /// prove they detect a broken coordinator; it exists only with the `testing` feature.
     #[cfg(feature = "testing")]
     NaiveResampleFromTarget,
+    /// Block verification with its draws keyed by the block position alone, so that every
+    /// round of a generation reuses the same acceptance and residual draws: wrong, the
+    /// keying docs/randomness.md rules out. With the `testing` feature only.
+    #[cfg(feature = "testing")]
+    BlockKeyedByBlockPosition,
 }
 
 /// How a generation's draft length is chosen.
@@ -57,6 +62,8 @@ pub struct Defaults {
     pub max_new_tokens: u32,
     pub truncation: Truncation,
     pub rule: RuleVariant,
+    /// Token or block verification (`--verify`).
+    pub verification: Verification,
     /// Ask the draft to draft each next block ahead (optimistic drafting).
     pub optimistic: bool,
     /// The model's generation_config.json values are the defaults of what a request leaves
@@ -78,6 +85,7 @@ pub struct GenerationSpec {
     pub gamma: GammaChoice,
     pub wire: Wire,
     pub rule: RuleVariant,
+    pub verification: Verification,
     /// Ask the draft to draft each next block ahead (optimistic drafting, docs/architecture.md).
     pub optimistic: bool,
     /// Decode the output to text (the target has a tokenizer).
@@ -173,6 +181,7 @@ pub fn validate(
         gamma,
         wire: if speculation.dense { Wire::Dense } else { Wire::Sparse(defaults.truncation) },
         rule: defaults.rule,
+        verification: defaults.verification,
         optimistic: defaults.optimistic,
         detokenize: facts.has_tokenizer,
         logprobs: match request.logprobs {
@@ -253,6 +262,7 @@ mod tests {
             max_new_tokens: 100,
             truncation: Truncation::new(0.0, 8).unwrap(),
             rule: RuleVariant::Exact,
+            verification: Verification::Block,
             optimistic: true,
             generation_config: true,
         }

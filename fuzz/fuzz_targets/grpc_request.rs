@@ -36,6 +36,7 @@ fn defaults() -> Defaults {
         max_new_tokens: 16,
         truncation: Truncation::new(1e-4, 8).expect("a valid truncation"),
         rule: RuleVariant::Exact,
+        verification: specd_sampling::Verification::Block,
         optimistic: true,
         generation_config: true,
     }

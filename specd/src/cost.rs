@@ -2,10 +2,12 @@
 
 use clap::Args;
 use serde_json::json;
-use specd_sampling::SamplingError;
 use specd_sampling::cost::{CostModel, MAX_GAMMA};
+use specd_sampling::law::{PrefixModel, WireFormat, expected_accepted};
+use specd_sampling::{DenseDist, SamplingError, Verification};
 
 use crate::cli_error::invalid;
+use crate::distribution_arg::parse_distribution;
 
 /// Expected speed of speculative decoding from acceptance and timings.
 ///
@@ -17,6 +19,12 @@ use crate::cli_error::invalid;
 /// Example (docs/rule.md): 1.75 tokens per round, 80 ms per token, 1.25x:
 ///   specd cost --gamma 2 --alpha 0.5 --target-ms 100 --draft-ms 20
 /// With a 50 ms draft step the same γ gives 0.875x and the best γ is 0.
+///
+/// α alone fixes what token verification yields, not block verification's: with the
+/// distributions themselves (--target and --draft, the same at every position) the report
+/// adds the exact expected tokens per round of both rules, by enumerating every block:
+///   specd cost --gamma 3 --alpha 0.85 --target-ms 100 --draft-ms 20 \
+///     --target 0.6,0.3,0.1 --draft 0.5,0.25,0.25
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, allow_negative_numbers = true)]
 pub struct CostArgs {
@@ -38,9 +46,61 @@ pub struct CostArgs {
     /// Largest γ considered for the best draft length.
     #[arg(long, env = "SPECD_COST_MAX_GAMMA", default_value_t = 16)]
     max_gamma: u32,
+    /// The target's next-token distribution at every position ("0.6,0.3,0.1"), with
+    /// --draft: report each verification rule's exact tokens per round at --gamma.
+    #[arg(long, env = "SPECD_COST_TARGET", requires = "draft")]
+    target: Option<String>,
+    /// The draft's distribution over the same tokens, with --target.
+    #[arg(long, env = "SPECD_COST_DRAFT", requires = "target")]
+    draft: Option<String>,
     /// Print one JSON object instead of the table.
     #[arg(long, env = "SPECD_JSON")]
     json: bool,
+}
+
+/// The most drafted blocks (V^γ) the exact per-rule expectation enumerates.
+const MAX_ENUMERATED_BLOCKS: usize = 1_000_000;
+
+/// The same p and q after every prefix.
+struct SamePair {
+    p: DenseDist,
+    q: DenseDist,
+}
+
+impl PrefixModel for SamePair {
+    fn target(&self, _: &[u32]) -> DenseDist {
+        self.p.clone()
+    }
+    fn draft(&self, _: &[u32]) -> DenseDist {
+        self.q.clone()
+    }
+}
+
+/// Tokens per round of each rule at γ, exactly, when --target and --draft are given.
+fn tokens_per_round_by_rule(args: &CostArgs) -> anyhow::Result<Option<serde_json::Value>> {
+    let (Some(target), Some(draft)) = (&args.target, &args.draft) else { return Ok(None) };
+    let p = parse_distribution("--target", target)?;
+    let q = parse_distribution("--draft", draft)?;
+    if p.vocab_size() != q.vocab_size() {
+        return Err(invalid(format!(
+            "--target has {} entries but --draft has {}: both must cover the same tokens",
+            p.vocab_size(),
+            q.vocab_size()
+        )));
+    }
+    let blocks = (p.vocab_size() as f64).powi(args.gamma as i32);
+    if blocks > MAX_ENUMERATED_BLOCKS as f64 {
+        return Err(invalid(format!(
+            "{} tokens at γ = {} make {blocks:.0} blocks to enumerate, more than {MAX_ENUMERATED_BLOCKS}: use fewer tokens or a smaller --gamma",
+            p.vocab_size(),
+            args.gamma
+        )));
+    }
+    let model = SamePair { p, q };
+    let gamma = args.gamma as usize;
+    let tokens = |v| 1.0 + expected_accepted(&model, &[], gamma, WireFormat::Dense, v);
+    let (token, block) = (tokens(Verification::Token), tokens(Verification::Block));
+    Ok(Some(json!({ "token": token, "block": block, "block_over_token": block / token })))
 }
 
 pub fn run(args: &CostArgs) -> anyhow::Result<()> {
@@ -58,6 +118,7 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
     })?;
     let g = args.gamma;
     let (best_gamma, best_speedup) = model.best_gamma(args.max_gamma);
+    let by_rule = tokens_per_round_by_rule(args)?;
     if args.json {
         let report = json!({
             "gamma": g,
@@ -75,6 +136,7 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
             "best_speedup": best_speedup,
             "best_ms_per_token": model.ms_per_token(best_gamma),
             "speculation": if best_gamma == 0 { "off" } else { "on" },
+            "tokens_per_round_by_rule": by_rule,
         });
         outln!("{report}");
         return Ok(());
@@ -110,6 +172,15 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
         model.ms_per_token(g),
         model.speedup(g)
     );
+    if let Some(by_rule) = &by_rule {
+        let n = |key: &str| by_rule[key].as_f64().unwrap_or(f64::NAN);
+        outln!(
+            "With these p and q at every position, γ = {g}: token verification {:.4} tokens per round, block verification {:.4} ({:.4}x).",
+            n("token"),
+            n("block"),
+            n("block_over_token")
+        );
+    }
     if best_gamma == 0 {
         outln!("Best γ = 0: the draft does not pay here, so speculation switches itself off (1x).");
     } else {

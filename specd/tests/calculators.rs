@@ -114,6 +114,45 @@ fn cost_reproduces_the_design_numbers() {
 }
 
 #[test]
+fn cost_gives_each_verification_rules_tokens_per_round_for_given_distributions() {
+    // The worked p and q at both positions of γ = 2, by hand. Ratios p/q: A 1.2, B 1.2, C 0.4.
+    // Token verification: 1 + β + β² with β = 0.85: 2.5725.
+    // Block verification: after x_1 ∈ {A, B} (0.75), P_1 = 1, r_1 = Σ max(p − q, 0) = 0.15 and
+    // h_1 = 0.15 / 0.15 = 1; then h_2 = P_2 is 1 after A or B and 0.4 after C, so E[τ] =
+    // 0.75·2 + 0.25·(2·0.4 + 0.6) = 1.85. After x_1 = C (0.25), P_1 = 0.4, r_1 = 0, h_1 = 0,
+    // h_2 = 0.48 after A or B and 0.16 after C: E[τ] = 0.75·0.96 + 0.25·0.32 = 0.8. So
+    // E[τ] = 0.75·1.85 + 0.25·0.8 = 1.5875: 2.5875 tokens per round.
+    let args = ["cost", "--gamma", "2", "--alpha", "0.85", "--target-ms", "100", "--draft-ms", "20", "--json"];
+    let v = json(&[&args[..], &WORKED[..]].concat());
+    let by_rule = &v["tokens_per_round_by_rule"];
+    let get = |k: &str| by_rule[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert_close(&[get("token"), get("block")], &[2.5725, 2.5875], 1e-12);
+    assert_close(&[v["tokens_per_round"].as_f64().unwrap()], &[2.5725], 1e-12);
+    assert!(v.get("tokens_per_round_by_rule").is_some_and(|x| x.is_object()));
+    let plain = json(&args);
+    assert!(plain["tokens_per_round_by_rule"].is_null(), "{plain}");
+    let mismatch = usage_error(&[&args[..], &["--target", "0.5,0.5", "--draft", "0.2,0.3,0.5"]].concat());
+    assert!(mismatch.contains("--target has 2 entries but --draft has 3"), "{mismatch}");
+    let wide = vec!["0.01"; 100].join(",");
+    let huge = usage_error(&[
+        "cost",
+        "--gamma",
+        "4",
+        "--alpha",
+        "0.5",
+        "--target-ms",
+        "100",
+        "--draft-ms",
+        "20",
+        "--target",
+        &wide,
+        "--draft",
+        &wide,
+    ]);
+    assert!(huge.contains("blocks to enumerate"), "{huge}");
+}
+
+#[test]
 fn cost_refuses_bad_input_in_one_line() {
     let args = |alpha: &'static str, gamma: &'static str| {
         ["cost", "--gamma", gamma, "--alpha", alpha, "--target-ms", "100", "--draft-ms", "20"]

@@ -24,7 +24,7 @@ use specd_proto::v1::{
     GenerateRequest, InfoRequest, NodeInfo, SamplingParams as WireSampling, Speculation, SpeculationStats,
     StoppingCriteria, TokenIds,
 };
-use specd_sampling::{Purpose, Truncation};
+use specd_sampling::{Purpose, Truncation, Verification};
 use specd_target_node::TargetNode;
 use specd_telemetry::Metrics;
 use tokio::net::TcpListener;
@@ -72,6 +72,8 @@ pub struct ClusterOptions {
     pub gamma: GammaChoice,
     pub truncation: Truncation,
     pub rule: RuleVariant,
+    /// The coordinator's `--verify` (default: block, as the flag's).
+    pub verification: Verification,
     pub dtype: DType,
     /// What computes both nodes' passes (default: auto, as the nodes' flag).
     pub engine: Engine,
@@ -114,6 +116,7 @@ impl Default for ClusterOptions {
             gamma: GammaChoice::Fixed(4),
             truncation: Truncation::new(1e-4, 64).unwrap(),
             rule: RuleVariant::Exact,
+            verification: Verification::default(),
             dtype: DType::F32,
             engine: Engine::Auto,
             metrics: None,
@@ -240,6 +243,7 @@ impl Cluster {
             truncation: options.truncation,
             node_timeout: Duration::from_secs(30),
             rule: options.rule,
+            verification: options.verification,
             optimistic: options.optimistic,
             metrics: options.metrics.clone(),
             tls: Default::default(),

@@ -115,6 +115,7 @@ async fn coordinator(
         truncation: Truncation::new(0.0, 8).unwrap(),
         node_timeout: Duration::from_secs(10),
         rule: RuleVariant::Exact,
+        verification: specd_sampling::Verification::default(),
         optimistic: true,
         metrics: None,
         tls: Default::default(),

@@ -7,7 +7,10 @@
 //! seeds; the seeds are fixed, so the verdict is reproducible. The last check runs a
 //! coordinator with the naive rule (resample from p) and asserts the same check rejects it;
 //! the device path's audits (nodes that build their distributions with libtorch ops) are
-//! shown to reject a device rule broken on purpose in the same way.
+//! shown to reject a device rule broken on purpose in the same way, and block verification's
+//! audits (the coordinator's default, `--verify block`) a block rule whose draws repeat
+//! across rounds. Checks at γ = 2 make three tokens span two rounds or more, so each of them
+//! audits rounds that start after another round's rejection.
 //! N is `SPECD_LAW_SAMPLES` (default 200 000).
 
 use std::collections::HashMap;
@@ -24,7 +27,7 @@ use specd_node::Distributions;
 use specd_proto::v1::SamplingParams as WireSampling;
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
-use specd_sampling::{SamplingParams, Truncation};
+use specd_sampling::{SamplingParams, Truncation, Verification};
 
 pub(crate) const FALSE_FAILURE: f64 = 1e-3;
 const LENGTH: usize = 3;
@@ -88,7 +91,12 @@ pub(crate) async fn law_run(
     // its directory as it starts.
     static CHECKS: AtomicUsize = AtomicUsize::new(0);
     let check = CHECKS.fetch_add(1, Ordering::Relaxed);
-    let dir = scratch_dir(&format!("law-{check}-{}-{dense}-{:?}", gamma_name(options.gamma), options.rule));
+    let dir = scratch_dir(&format!(
+        "law-{check}-{}-{dense}-{:?}-{}",
+        gamma_name(options.gamma),
+        options.rule,
+        options.verification
+    ));
     let (target_table, draft_table) = tables_after(prompt, LENGTH);
     let prompt = Arc::new(prompt.to_vec());
     let target = target_table.write(&dir.join("target.json")).unwrap();
@@ -148,9 +156,10 @@ pub(crate) async fn law_run(
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
     let mean_batch = sequences as f64 / passes.max(1) as f64;
     eprintln!(
-        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
         options.rule,
+        options.verification,
         options.proposer.kind,
         run.by_proposer,
         run.empty_proposals,
@@ -170,10 +179,32 @@ fn small_truncation() -> ClusterOptions {
     ClusterOptions { truncation: Truncation::new(0.05, 2).unwrap(), ..ClusterOptions::default() }
 }
 
+/// Rounds of two candidates: three tokens take two rounds or more.
+fn across_rounds(options: ClusterOptions) -> ClusterOptions {
+    ClusterOptions { gamma: GammaChoice::Fixed(2), ..options }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sparse_law_at_temperature_one() {
-    let p = law_p_value(small_truncation(), SamplingParams::default(), false, samples()).await;
+    // Block verification, the default.
+    let p = law_p_value(across_rounds(small_truncation()), SamplingParams::default(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "sparse T=1: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_law_under_token_verification() {
+    let options = ClusterOptions { verification: Verification::Token, ..across_rounds(small_truncation()) };
+    let p = law_p_value(options, SamplingParams::default(), false, samples()).await;
+    assert!(p > FALSE_FAILURE, "token verification, sparse T=1: p = {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_verification_whose_draws_repeat_across_rounds_is_caught() {
+    // Keyed by the block position alone, every round of a generation reuses the acceptance
+    // and residual draws of the first: a round after a rejection knows its η fail.
+    let options = ClusterOptions { rule: RuleVariant::BlockKeyedByBlockPosition, ..across_rounds(small_truncation()) };
+    let p = law_p_value(options, SamplingParams::default(), false, samples()).await;
+    assert!(p < FALSE_FAILURE, "block verification with repeated draws passed: p = {p}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,7 +273,7 @@ fn adjusted() -> SamplingParams {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sparse_law_on_the_device_path() {
-    let p = law_p_value(on_the_device(), SamplingParams::default(), false, samples()).await;
+    let p = law_p_value(across_rounds(on_the_device()), SamplingParams::default(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "device path at T = 1: p = {p}");
 }
 

@@ -242,6 +242,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         truncation: Truncation::new(0.0, 8).unwrap(),
         node_timeout: Duration::from_secs(2),
         rule: RuleVariant::Exact,
+        verification: specd_sampling::Verification::default(),
         optimistic: true,
         metrics: None,
         tls: Default::default(),

@@ -127,6 +127,7 @@ pub(crate) mod tests {
             acceptance: vec![1.0; evaluated.len()],
             expected_acceptance: evaluated.iter().map(|(_, a)| *a).collect(),
             emitted_from: EmittedFrom::Residual,
+            in_expectation: Default::default(),
         };
         RoundReport::for_tests(outcome, evaluated.iter().map(|(s, _)| *s).collect(), [draft_ns, 0, wall_ns])
     }

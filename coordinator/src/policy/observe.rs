@@ -133,6 +133,7 @@ pub(crate) mod tests {
             acceptance: vec![1.0; evaluated],
             expected_acceptance: vec![alpha; evaluated],
             emitted_from: EmittedFrom::Bonus,
+            in_expectation: Default::default(),
         };
         let ns = |ms: f64| (ms * 1e6) as u64;
         let times = [ns(draft_ms), ns(verify_ms), ns(draft_ms + verify_ms + overhead_ms)];

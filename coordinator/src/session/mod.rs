@@ -204,7 +204,7 @@ impl SessionActor {
             .filter(|_| spec.detokenize)
             .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
         let output = Output::new(&spec.prompt, text);
-        Ok(Generation { settings, adaptive, target, draft, output, stats: Stats::default(), round: 0 })
+        Ok(Generation { settings, adaptive, target, draft, output, stats: Stats::new(spec.verification), round: 0 })
     }
 
     /// Plans the next round: its γ, the load level's mode, and whether the draft can take

@@ -69,6 +69,7 @@ mod tests {
             gamma,
             wire: Wire::Dense,
             rule: RuleVariant::Exact,
+            verification: specd_sampling::Verification::Block,
             optimistic,
             detokenize: false,
             logprobs: None,

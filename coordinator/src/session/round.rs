@@ -8,7 +8,9 @@ use specd_proto::convert::{parse_dense_rows, parse_scored_block};
 use specd_proto::v1::{Support, VerifyRequest};
 #[cfg(feature = "testing")]
 use specd_sampling::naive::{naive_verify_block_dense, naive_verify_block_sparse};
-use specd_sampling::{DenseCandidate, RoundKey, SparseCandidate, verify_block_dense, verify_block_sparse};
+use specd_sampling::{DenseCandidate, RoundKey, SparseCandidate, verify_dense, verify_sparse};
+#[cfg(feature = "testing")]
+use specd_sampling::{verify_whole_block_dense, verify_whole_block_sparse};
 
 use specd_telemetry::attributes;
 use specd_telemetry::propagation::context_map;
@@ -137,18 +139,26 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
             let block: Vec<_> = p.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
             let scored = parse_scored_block(&reply);
             match spec.rule {
-                RuleVariant::Exact => verify_block_sparse(&block, &scored, key)?,
+                RuleVariant::Exact => verify_sparse(spec.verification, &block, &scored, key)?,
                 #[cfg(feature = "testing")]
                 RuleVariant::NaiveResampleFromTarget => naive_verify_block_sparse(&block, &scored, key)?,
+                #[cfg(feature = "testing")]
+                RuleVariant::BlockKeyedByBlockPosition => {
+                    verify_whole_block_sparse(&block, &scored, RoundKey { round: 0, ..key })?
+                }
             }
         }
         Proposals::Dense(p) => {
             let rows = parse_dense_rows(&reply, gamma, vocab_size)?;
             let block: Vec<_> = p.iter().map(|(token, q)| DenseCandidate { token: *token, q }).collect();
             let outcome = match spec.rule {
-                RuleVariant::Exact => verify_block_dense(&block, &rows, key)?,
+                RuleVariant::Exact => verify_dense(spec.verification, &block, &rows, key)?,
                 #[cfg(feature = "testing")]
                 RuleVariant::NaiveResampleFromTarget => naive_verify_block_dense(&block, &rows, key)?,
+                #[cfg(feature = "testing")]
+                RuleVariant::BlockKeyedByBlockPosition => {
+                    verify_whole_block_dense(&block, &rows, RoundKey { round: 0, ..key })?
+                }
             };
             dense_rows = Some(rows);
             outcome

@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 
 use specd_proto::v1::{ProposalSource, ProposerTally, SpeculationStats};
+use specd_sampling::{AcceptedInExpectation, Verification};
 
 use crate::session::round_report::{BatchSum, RoundReport, WireBytes, source_name};
 
 /// What the generation's rounds add up to, as its messages report it
 /// ([`SpeculationStats`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     pub rounds: u64,
     pub draft_tokens: u64,
@@ -34,12 +35,52 @@ pub struct Stats {
     by_proposer: BTreeMap<ProposalSource, ProposerTally>,
     empty_proposals: u64,
     proposals_skipped: u64,
+    /// The rule that ran ([`Self::new`]).
+    verification: Verification,
+    /// Σ over drafted rounds of what each rule accepts in expectation on that round's drafts.
+    expected_accepted: AcceptedInExpectation,
+    drafted_rounds: u64,
 }
 
 impl Stats {
+    /// No rounds yet, of a generation verified by `verification`.
+    pub fn new(verification: Verification) -> Self {
+        Self {
+            rounds: 0,
+            draft_tokens: 0,
+            accepted_tokens: 0,
+            accepted_per_position: Vec::new(),
+            gamma: 0,
+            draft_ns: 0,
+            verify_ns: 0,
+            wall_ns: 0,
+            wire: WireBytes::default(),
+            draft_fallbacks: 0,
+            target_failovers: 0,
+            acceptance_sum: 0.0,
+            evaluated_positions: 0,
+            optimistic_attempts: 0,
+            optimistic_hits: 0,
+            target_batches: BatchSum::default(),
+            draft_batches: BatchSum::default(),
+            optimistic_pushed: 0,
+            by_proposer: BTreeMap::new(),
+            empty_proposals: 0,
+            proposals_skipped: 0,
+            verification,
+            expected_accepted: AcceptedInExpectation::default(),
+            drafted_rounds: 0,
+        }
+    }
+
     /// Adds a finished round.
     pub fn record(&mut self, report: &RoundReport) {
         self.rounds += 1;
+        if report.gamma > 0 {
+            self.drafted_rounds += 1;
+            self.expected_accepted.token += report.outcome.in_expectation.token;
+            self.expected_accepted.block += report.outcome.in_expectation.block;
+        }
         self.draft_tokens += report.gamma as u64;
         self.accepted_tokens += report.outcome.accepted as u64;
         if self.accepted_per_position.len() < report.gamma {
@@ -100,6 +141,10 @@ impl Stats {
             by_proposer: self.by_proposer.iter().map(|(&k, v)| (source_name(k).to_owned(), *v)).collect(),
             empty_proposals: self.empty_proposals,
             proposals_skipped: self.proposals_skipped,
+            verification: self.verification.to_string(),
+            expected_accepted_token: self.expected_accepted.token,
+            expected_accepted_block: self.expected_accepted.block,
+            drafted_rounds: self.drafted_rounds,
         }
     }
 }

@@ -78,6 +78,11 @@ pub struct BenchArgs {
     /// coordinator's default, off). With --endpoint it is the coordinator's setting.
     #[arg(long, env = "SPECD_BENCH_OPTIMISTIC", value_parser = parse_on_off, conflicts_with = "endpoint")]
     pub(super) optimistic: Option<bool>,
+    /// The verification rule for --embedded and --netns (`token` or `block`; default: the
+    /// coordinator's default, block). With --endpoint it is the coordinator's setting. The
+    /// report compares both rules on the same drafts whichever runs.
+    #[arg(long, env = "SPECD_BENCH_VERIFY", conflicts_with = "endpoint")]
+    pub(super) verify: Option<specd_sampling::Verification>,
     /// For --embedded and --netns.
     #[command(flatten)]
     pub(super) draft: DraftOptions,

@@ -21,6 +21,9 @@ pub(super) async fn run(args: &BenchArgs, prompts: &[String]) -> anyhow::Result<
     if let Some(on) = args.optimistic {
         config.optimistic = on;
     }
+    if let Some(verification) = args.verify {
+        config.verification = verification;
+    }
     let service = specd_coordinator::connect(&config).await?;
     let listener = bind("127.0.0.1:0".parse()?).await?;
     let endpoint = format!("http://{}", listener.local_addr()?);

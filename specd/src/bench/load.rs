@@ -12,6 +12,7 @@ use tonic::transport::Channel;
 use super::args::BenchArgs;
 use super::sample::{Sample, run_one};
 use super::statistics::{percentile, spread};
+use super::totals::Totals;
 
 /// What one mode measured over a pass (or over all passes): its requests and the wall time
 /// they took together. Everything reported is summed from the samples when asked.
@@ -33,6 +34,15 @@ impl Load {
 
     fn tokens_per_s(&self) -> f64 {
         self.sum(|s| s.tokens) as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// [`Totals::tokens_per_round`] over every request of the pass.
+    fn tokens_per_round(&self) -> serde_json::Value {
+        let mut totals = Totals::default();
+        for sample in &self.samples {
+            totals.add(sample);
+        }
+        totals.tokens_per_round()
     }
 
     fn report(&self) -> serde_json::Value {
@@ -61,6 +71,7 @@ impl Load {
             },
             "mean_gamma": ratio(self.sum(|s| s.stats.draft_tokens), self.sum(|s| s.stats.rounds)),
             "alpha": if evaluated == 0 { 0.0 } else { acceptance / evaluated as f64 },
+            "tokens_per_round": self.tokens_per_round(),
         })
     }
 }

@@ -33,6 +33,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         if let Some(on) = args.optimistic {
             netns.coordinator_arg.push(format!("--optimistic={}", if on { "on" } else { "off" }));
         }
+        if let Some(verification) = args.verify {
+            netns.coordinator_arg.push(format!("--verify={verification}"));
+        }
         return netns::run(&netns, &args.demo_dir, target, draft, args.json);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

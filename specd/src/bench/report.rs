@@ -69,6 +69,10 @@ pub(super) fn single_client(
         "first_round_ms": { "target_only": base_all.first_round_ms(), "speculative": spec_all.first_round_ms() },
         "alpha": alpha,
         "mean_tokens_per_round": tokens_per_round,
+        // After the first rounds: measured tokens per round (target-only rounds of an
+        // adaptive γ included), and per drafted round what token and block verification
+        // commit in expectation on the very drafts of this run.
+        "tokens_per_round": spec_decode.tokens_per_round(),
         "draft_step_ms": draft_step_ms,
         "verify_pass_ms": verify_pass_ms,
         "target_only_pass_ms": target_pass_ms,

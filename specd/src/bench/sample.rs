@@ -45,6 +45,10 @@ impl Sample {
             round_wall_ns: s.round_wall_ns.saturating_sub(f.round_wall_ns),
             acceptance_sum: (s.acceptance_sum - f.acceptance_sum).max(0.0),
             evaluated_positions: s.evaluated_positions.saturating_sub(f.evaluated_positions),
+            drafted_rounds: s.drafted_rounds.saturating_sub(f.drafted_rounds),
+            expected_accepted_token: (s.expected_accepted_token - f.expected_accepted_token).max(0.0),
+            expected_accepted_block: (s.expected_accepted_block - f.expected_accepted_block).max(0.0),
+            verification: s.verification.clone(),
             ..SpeculationStats::default()
         };
         Sample {

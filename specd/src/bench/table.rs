@@ -67,6 +67,17 @@ pub(super) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         f("verify_cost_ratio"),
         f("bound_with_measured_verify")
     );
+    let per_round = &report["tokens_per_round"];
+    if per_round["drafted_rounds"].as_u64().unwrap_or(0) > 0 {
+        let e = |key: &str| per_round[key].as_f64().unwrap_or(f64::NAN);
+        outln!(
+            "tokens per drafted round in expectation on these drafts: token verification {:.3}, block {:.3} ({:.3}×); {} ran",
+            e("expected_token"),
+            e("expected_block"),
+            e("block_over_token"),
+            per_round["verification"].as_str().unwrap_or("?")
+        );
+    }
     let agreement = &report["greedy_agreement"];
     if let Some(identical) = agreement["identical_fraction"].as_f64() {
         outln!(

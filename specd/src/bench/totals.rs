@@ -58,6 +58,13 @@ pub(super) struct Totals {
     /// Candidates proposed and accepted, by proposer (prompt and output matches apart).
     pub(super) by_proposer: std::collections::BTreeMap<String, (u64, u64)>,
     pub(super) empty_proposals: u64,
+    /// Rounds that verified candidates, and Σ over them of what each rule accepts in
+    /// expectation on their drafts.
+    pub(super) drafted_rounds: u64,
+    pub(super) expected_accepted_token: f64,
+    pub(super) expected_accepted_block: f64,
+    /// The rule the coordinator ran, as its stats name it.
+    pub(super) verification: String,
 }
 
 impl Totals {
@@ -89,6 +96,28 @@ impl Totals {
             (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
         }
         self.empty_proposals += s.stats.empty_proposals;
+        self.drafted_rounds += s.stats.drafted_rounds;
+        self.expected_accepted_token += s.stats.expected_accepted_token;
+        self.expected_accepted_block += s.stats.expected_accepted_block;
+        if !s.stats.verification.is_empty() {
+            self.verification.clone_from(&s.stats.verification);
+        }
+    }
+
+    /// Tokens per drafted round: what the rule that ran committed, and what each rule commits
+    /// in expectation on the same drafts (accepted candidates plus the one token every round
+    /// ends with).
+    pub(super) fn tokens_per_round(&self) -> serde_json::Value {
+        let per_drafted = |x: f64| if self.drafted_rounds == 0 { 0.0 } else { 1.0 + x / self.drafted_rounds as f64 };
+        let (token, block) = (per_drafted(self.expected_accepted_token), per_drafted(self.expected_accepted_block));
+        json!({
+            "measured": self.per_round(self.tokens as f64),
+            "verification": self.verification,
+            "drafted_rounds": self.drafted_rounds,
+            "expected_token": token,
+            "expected_block": block,
+            "block_over_token": if token > 0.0 { block / token } else { 0.0 },
+        })
     }
 
     pub(super) fn tokens_per_s(&self) -> f64 {

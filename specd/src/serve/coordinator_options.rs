@@ -10,7 +10,7 @@ use specd_coordinator::{
     Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, RuleVariant,
 };
 use specd_proto::tls::ClientTls;
-use specd_sampling::{MAX_GAMMA, Truncation};
+use specd_sampling::{MAX_GAMMA, Truncation, Verification};
 use tokio::net::TcpListener;
 
 use super::flag_values::{GammaFlag, parse_gamma, parse_on_off};
@@ -28,6 +28,12 @@ pub struct PolicyOptions {
     /// The largest γ the adaptive policy may choose.
     #[arg(long, env = "SPECD_MAX_GAMMA", default_value_t = 8)]
     max_gamma: u32,
+    /// How the target's pass judges a drafted block: `block` judges it as a whole (Sun et al.,
+    /// ICLR 2025) and accepts, in expectation, at least as many candidates from the same pass
+    /// as `token`, which stops at the first rejected candidate. Both keep the target's output
+    /// law exactly, and greedy output is the same under both.
+    #[arg(long, env = "SPECD_VERIFY", default_value = "block")]
+    verify: Verification,
     /// max_new_tokens when a request does not set one.
     #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 256)]
     max_new_tokens: u32,
@@ -112,6 +118,7 @@ impl PolicyOptions {
             truncation,
             node_timeout: Duration::from_secs_f64(self.node_timeout_s),
             rule: RuleVariant::Exact,
+            verification: self.verify,
             optimistic: self.optimistic,
             tls: CoordinatorTls::default(),
             admission: Admission {
