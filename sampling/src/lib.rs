@@ -16,6 +16,8 @@
 //!   its weights in [`block_weights`]; [`verification`] names the two rules
 //!   ([`Verification`]) and runs the chosen one;
 //! - `excess` (private): one block position as both rules read it, on either wire format;
+//! - [`tree_rule`]: exact verification of a tree of drafts (recursive rejection sampling over
+//!   each node's children), with the exact laws of tree rounds in [`tree_law`];
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
 //! - [`logprobs`]: a token's log-probability and the most likely alternatives, for clients;
@@ -44,6 +46,8 @@ mod rows;
 pub mod rule;
 pub mod sparse_rule;
 pub mod target_pieces;
+pub mod tree_law;
+pub mod tree_rule;
 pub mod verification;
 
 pub use block_rule::{verify_whole_block_dense, verify_whole_block_sparse};
@@ -56,5 +60,5 @@ pub use params::SamplingParams;
 pub use rng::{DrawKeys, Purpose, RoundKey, StreamKey};
 pub use rule::{AcceptedInExpectation, BlockOutcome, EmittedFrom, acceptance_probability};
 pub use sparse_rule::{SparseCandidate, verify_block_sparse};
-pub use target_pieces::{ScoredBlock, ScoredPosition, score_block};
+pub use target_pieces::{ScoredBlock, ScoredNode, ScoredPosition, score_block, score_tree};
 pub use verification::{Verification, verify_dense, verify_sparse};

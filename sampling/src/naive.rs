@@ -15,6 +15,7 @@ use crate::rng::RoundKey;
 use crate::rule::{BlockOutcome, EmittedFrom};
 use crate::sparse_rule::{SparseCandidate, verify_block_sparse_with};
 use crate::target_pieces::{ScoredBlock, ScoredPosition};
+use crate::tree_rule::{ChildDraws, DraftTree, OnReject, TreeOutcome, verify_tree_dense_with};
 
 /// The block loop of [`crate::dense_rule::verify_block_dense`] with "resample from p" at the
 /// first rejection. Do not use for generation.
@@ -54,6 +55,19 @@ fn resample_from_p(
         .complement_sample
         .ok_or(SamplingError::MissingComplementSample { position, mass: scored.complement_mass })?;
     Ok((token, EmittedFrom::Complement))
+}
+
+/// Tree verification that tries each next child against p itself, without taking the
+/// rejected children's mass off, and draws from p when every child is rejected: wrong, since
+/// a token both proposed and rejected keeps its full chance. Do not use for generation.
+pub fn naive_verify_tree_dense(
+    tree: &DraftTree,
+    q: &[Option<DenseDist>],
+    p: &[DenseDist],
+    draws: ChildDraws,
+    key: RoundKey,
+) -> Result<TreeOutcome> {
+    verify_tree_dense_with(tree, q, p, draws, key, OnReject::KeepTarget)
 }
 
 #[cfg(test)]

@@ -33,6 +33,40 @@ pub struct ScoredBlock {
     pub bonus: u32,
 }
 
+/// The target's pieces for one node of a drafted tree ([`crate::tree_rule`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScoredNode {
+    /// A node with children: p on their draft support, the mass outside and a sample of it.
+    Inner(ScoredPosition),
+    /// A node without children: a draw from p after it.
+    Leaf { bonus: u32 },
+}
+
+/// The sparse reply for a tree: `p[u]` after every node u (the root is 0), `supports[u]` the
+/// draft support node u's children were drawn from (`None` at a leaf). Draws use
+/// `(Complement, u + 1)` and `(Bonus, u + 1)`.
+pub fn score_tree(p: &[DenseDist], supports: &[Option<&[u32]>], key: RoundKey) -> Result<Vec<ScoredNode>> {
+    if p.len() != supports.len() || p.is_empty() {
+        return Err(SamplingError::ShapeMismatch(format!(
+            "{} tree nodes with {} target distributions",
+            supports.len(),
+            p.len()
+        )));
+    }
+    let mut outside = vec![true; p[0].vocab_size()];
+    p.iter()
+        .zip(supports)
+        .enumerate()
+        .map(|(u, (p_u, support))| match support {
+            Some(support) => {
+                let u_draw = key.stream(u + 1, Purpose::Complement).uniform();
+                score_position(p_u, support, &mut outside, u_draw).map(ScoredNode::Inner)
+            }
+            None => Ok(ScoredNode::Leaf { bonus: p_u.sample(key.stream(u + 1, Purpose::Bonus).uniform()) }),
+        })
+        .collect()
+}
+
 /// Builds the sparse reply from the target's effective distributions p_1..p_{γ+1} and the
 /// draft's supports S_1..S_γ. Draws use `(Complement, i)` and `(Bonus, γ+1)`. Large blocks
 /// are scored on at most `threads` threads (module `rows`), with the same numbers.
