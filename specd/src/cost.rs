@@ -4,6 +4,8 @@ use clap::Args;
 use serde_json::json;
 use specd_sampling::cost::{CostModel, MAX_GAMMA};
 use specd_sampling::law::{PrefixModel, WireFormat, expected_accepted};
+use specd_sampling::tree_law::{TreeRound, TreeShape, tree_expected_accepted};
+use specd_sampling::tree_rule::ChildDraws;
 use specd_sampling::{DenseDist, SamplingError, Verification};
 
 use crate::cli_error::invalid;
@@ -53,6 +55,11 @@ pub struct CostArgs {
     /// The draft's distribution over the same tokens, with --target.
     #[arg(long, env = "SPECD_COST_DRAFT", requires = "target")]
     draft: Option<String>,
+    /// With --target and --draft: also a tree of drafts with these children per depth
+    /// ("2,1": two children of the prefix, one below each), verified by recursive rejection
+    /// sampling without replacement (docs/rule.md), and the target positions it costs.
+    #[arg(long, env = "SPECD_COST_TREE", requires = "target", value_delimiter = ',')]
+    tree: Vec<usize>,
     /// Print one JSON object instead of the table.
     #[arg(long, env = "SPECD_JSON")]
     json: bool,
@@ -96,11 +103,38 @@ fn tokens_per_round_by_rule(args: &CostArgs) -> anyhow::Result<Option<serde_json
             args.gamma
         )));
     }
+    let vocab = p.vocab_size();
     let model = SamePair { p, q };
     let gamma = args.gamma as usize;
     let tokens = |v| 1.0 + expected_accepted(&model, &[], gamma, WireFormat::Dense, v);
     let (token, block) = (tokens(Verification::Token), tokens(Verification::Block));
-    Ok(Some(json!({ "token": token, "block": block, "block_over_token": block / token })))
+    let mut report = json!({ "token": token, "block": block, "block_over_token": block / token });
+    if !args.tree.is_empty() {
+        let shape = TreeShape { widths: args.tree.clone() };
+        if shape.widths.contains(&0) || shape.widths.len() > MAX_GAMMA as usize {
+            return Err(invalid(format!(
+                "--tree {:?}: every depth needs at least one child, and at most {MAX_GAMMA} depths",
+                shape.widths
+            )));
+        }
+        // Ordered draws at a node grow as V^width; each child's subtree is enumerated once.
+        let work: f64 = shape.widths.iter().map(|&w| (vocab as f64).powi(w as i32)).product();
+        if work > MAX_ENUMERATED_BLOCKS as f64 {
+            return Err(invalid(format!(
+                "--tree {:?} over {vocab} tokens is too large to enumerate exactly: use fewer tokens or children",
+                shape.widths
+            )));
+        }
+        let round = TreeRound { shape: &shape, draws: ChildDraws::WithoutReplacement, wire: WireFormat::Dense };
+        let tree = 1.0 + tree_expected_accepted(&model, &[], round);
+        report["tree"] = json!({
+            "widths": shape.widths,
+            "target_positions": shape.candidates() + 1,
+            "tokens_per_round": tree,
+            "over_chain_token": tree / token,
+        });
+    }
+    Ok(Some(report))
 }
 
 pub fn run(args: &CostArgs) -> anyhow::Result<()> {
@@ -180,6 +214,16 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
             n("block"),
             n("block_over_token")
         );
+        if let Some(tree) = by_rule.get("tree") {
+            outln!(
+                "A tree of widths {} ({} target positions, the chain's {}): {:.4} tokens per round ({:.4}x the chain's token verification).",
+                tree["widths"],
+                tree["target_positions"],
+                g + 1,
+                tree["tokens_per_round"].as_f64().unwrap_or(f64::NAN),
+                tree["over_chain_token"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
     }
     if best_gamma == 0 {
         outln!("Best γ = 0: the draft does not pay here, so speculation switches itself off (1x).");

@@ -129,6 +129,36 @@ fn cost_gives_each_verification_rules_tokens_per_round_for_given_distributions()
     assert_close(&[get("token"), get("block")], &[2.5725, 2.5875], 1e-12);
     assert_close(&[v["tokens_per_round"].as_f64().unwrap()], &[2.5725], 1e-12);
     assert!(v.get("tokens_per_round_by_rule").is_some_and(|x| x.is_object()));
+    // Two children of the prefix, drawn without replacement, by hand: a first child A or B
+    // is accepted surely (p/q = 1.2); a first child C is accepted with 0.4, and after its
+    // rejection p′ = norm(max(p − q, 0)) = (2/3, 1/3, 0) while the second child comes from q
+    // without C, (2/3, 1/3, 0): the same, so it is accepted surely. One candidate accepted
+    // every round: 2 tokens per round, against 1.85 for a chain of one.
+    let tree = json(&[
+        "cost",
+        "--gamma",
+        "1",
+        "--alpha",
+        "0.85",
+        "--target-ms",
+        "100",
+        "--draft-ms",
+        "20",
+        "--json",
+        "--tree",
+        "2",
+        "--target",
+        "0.6,0.3,0.1",
+        "--draft",
+        "0.5,0.25,0.25",
+    ]);
+    let t = &tree["tokens_per_round_by_rule"]["tree"];
+    assert_eq!(t["target_positions"].as_u64(), Some(3), "{tree}");
+    assert_close(
+        &[t["tokens_per_round"].as_f64().unwrap(), t["over_chain_token"].as_f64().unwrap()],
+        &[2.0, 2.0 / 1.85],
+        1e-12,
+    );
     let plain = json(&args);
     assert!(plain["tokens_per_round_by_rule"].is_null(), "{plain}");
     let mismatch = usage_error(&[&args[..], &["--target", "0.5,0.5", "--draft", "0.2,0.3,0.5"]].concat());
