@@ -10,7 +10,7 @@ use specd_proto::convert::{parse_scored_block, parse_sparse_proposal};
 use specd_proto::v1::{
     GenerateRequest, ProposedPosition, SamplingParams, ScoredPosition, Speculation, StoppingCriteria, VerifyResponse,
 };
-use specd_sampling::{MAX_GAMMA, RoundKey, SparseCandidate, Truncation, verify_block_sparse};
+use specd_sampling::{MAX_GAMMA, RoundKey, SparseCandidate, Truncation, Verification, verify_sparse};
 
 const VOCAB: usize = 50;
 const CONTEXT: usize = 64;
@@ -146,9 +146,17 @@ proptest! {
         }
         let reply = VerifyResponse { positions: scored, bonus_token_id: bonus, dense_p: Vec::new(), verify_ns: 0, batch_size: 1, logprobs: Vec::new() };
         let block: Vec<_> = parsed.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
-        if let Ok(outcome) = verify_block_sparse(&block, &parse_scored_block(&reply), RoundKey { seed, round }) {
-            prop_assert!(outcome.accepted <= block.len());
-            prop_assert_eq!(outcome.tokens.len(), outcome.accepted + 1);
+        let pieces = parse_scored_block(&reply);
+        for verification in Verification::ALL {
+            if let Ok(outcome) = verify_sparse(verification, &block, &pieces, RoundKey { seed, round }) {
+                prop_assert!(outcome.accepted <= block.len());
+                prop_assert_eq!(outcome.tokens.len(), outcome.accepted + 1);
+                // Neither rule commits a candidate the target gives no probability.
+                for (candidate, scored) in block.iter().zip(&pieces.positions).take(outcome.accepted) {
+                    let j = candidate.q.tokens().iter().position(|&t| t == candidate.token).unwrap();
+                    prop_assert!(scored.p_on_support[j] > 0.0, "{verification} committed a token of p = 0");
+                }
+            }
         }
     }
 }

@@ -24,7 +24,7 @@ use specd_proto::convert::{
 use specd_proto::v1::{DenseRow, ProposeRequest, ProposeResponse, VerifyRequest, VerifyResponse};
 use specd_sampling::{
     BlockOutcome, DenseCandidate, DenseDist, MAX_GAMMA, RoundKey, SamplingParams, SparseCandidate, Truncation,
-    block_distributions, score_block, verify_block_dense, verify_block_sparse,
+    Verification, block_distributions, score_block, verify_dense, verify_sparse,
 };
 
 const VOCAB: usize = 50;
@@ -55,8 +55,11 @@ fn coordinator_round(proposed: &ProposeResponse, reply: &VerifyResponse) {
         let possible = parsed.iter().all(|(t, q)| q.prob(*t) > 0.0);
         if possible && (reply.bonus_token_id as usize) < VOCAB {
             let block: Vec<_> = parsed.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
-            if let Ok(outcome) = verify_block_sparse(&block, &parse_scored_block(reply), key) {
-                check_outcome(&outcome, gamma);
+            let pieces = parse_scored_block(reply);
+            for verification in Verification::ALL {
+                if let Ok(outcome) = verify_sparse(verification, &block, &pieces, key) {
+                    check_outcome(&outcome, gamma);
+                }
             }
         }
     }
@@ -65,8 +68,10 @@ fn coordinator_round(proposed: &ProposeResponse, reply: &VerifyResponse) {
         let possible = parsed.iter().all(|(t, q)| q.prob(*t) > 0.0);
         if possible && let Ok(rows) = parse_dense_rows(reply, gamma, VOCAB) {
             let block: Vec<_> = parsed.iter().map(|(token, q)| DenseCandidate { token: *token, q }).collect();
-            if let Ok(outcome) = verify_block_dense(&block, &rows, key) {
-                check_outcome(&outcome, gamma);
+            for verification in Verification::ALL {
+                if let Ok(outcome) = verify_dense(verification, &block, &rows, key) {
+                    check_outcome(&outcome, gamma);
+                }
             }
         }
     }

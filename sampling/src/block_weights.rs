@@ -23,7 +23,10 @@ impl BlockWeights {
         let mut kept = Vec::with_capacity(gamma + 1);
         kept.push(1.0);
         for (i, position) in positions.iter().enumerate() {
-            kept.push((kept[i] * position.ratio()).min(1.0));
+            // Once the chain has lost all its weight it stays lost: 0·∞ (a later candidate with
+            // a subnormal q) is NaN, and NaN.min(1.0) would revive it.
+            let weight = if kept[i] > 0.0 { (kept[i] * position.ratio()).min(1.0) } else { 0.0 };
+            kept.push(weight);
         }
         // Once P is 0 it stays 0, and max(0·p − q, 0) = 0: no pass over the vocabulary.
         let excess: Vec<f64> = positions
@@ -38,8 +41,8 @@ impl BlockWeights {
                 }
                 let (r, weight) = (excess[i], kept[i]);
                 let denominator = r + (1.0 - weight);
-                // 0/0 happens only with P_i = 1 and p_{i+1} = q_{i+1}: then every later P is
-                // 1 and every later h is 1, so passing here cannot leave an empty residual.
+                // 0/0 happens only with P_i = 1 and p_{i+1} = q_{i+1}: then P_{i+1} = 1 and
+                // h_{i+1} = 1, so passing here never leaves the round at an empty residual.
                 if denominator > 0.0 { r / denominator } else { 1.0 }
             })
             .collect();
@@ -81,5 +84,37 @@ pub(crate) fn in_expectation(positions: &[impl PositionView]) -> AcceptedInExpec
     AcceptedInExpectation {
         token: token_expected_accepted(positions),
         block: BlockWeights::of(positions).expected_accepted(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::DenseDist;
+    use crate::excess::DensePosition;
+
+    #[test]
+    fn a_chain_that_lost_its_weight_is_not_revived_by_a_later_infinite_ratio() {
+        // x_1 has p = 0; x_2 has a subnormal q, so p/q overflows to ∞ and 0·∞ is NaN.
+        let p1 = DenseDist::new(vec![0.0, 1.0]).unwrap();
+        let q1 = DenseDist::new(vec![0.5, 0.5]).unwrap();
+        let p2 = DenseDist::new(vec![0.5, 0.5]).unwrap();
+        let q2 = DenseDist::from_weights(vec![1e-320, 1.0]).unwrap();
+        let positions = [DensePosition { p: &p1, q: &q1, token: 0 }, DensePosition { p: &p2, q: &q2, token: 0 }];
+        let weights = BlockWeights::of(&positions);
+        assert_eq!(weights.kept, vec![1.0, 0.0, 0.0]);
+        assert_eq!(weights.pass[1], 0.0, "a block through a token of p = 0 must never pass");
+        assert_eq!(weights.stop_law()[0], 1.0);
+    }
+
+    #[test]
+    fn the_stop_law_sums_to_one() {
+        let p = DenseDist::new(vec![0.6, 0.3, 0.1]).unwrap();
+        let q = DenseDist::new(vec![0.5, 0.25, 0.25]).unwrap();
+        for tokens in [[0, 1, 2], [2, 2, 2], [1, 0, 0]] {
+            let positions: Vec<_> = tokens.iter().map(|&token| DensePosition { p: &p, q: &q, token }).collect();
+            let law = BlockWeights::of(&positions).stop_law();
+            assert!((law.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{tokens:?}: {law:?}");
+        }
     }
 }

@@ -46,11 +46,12 @@ pub struct BlockOutcome {
     pub accepted: usize,
     /// The committed tokens: the accepted candidates, then the emitted token.
     pub tokens: Vec<u32>,
-    /// The acceptance probability min(1, p/q) of each candidate that was evaluated
-    /// (accepted ones, and the first rejected one).
+    /// min(1, p/q) of each candidate up to the first one not committed: under token
+    /// verification the accepted ones and the first rejected one, under block verification
+    /// positions 1..=min(τ + 1, γ).
     pub acceptance: Vec<f64>,
-    /// Σ_x min(p_i(x), q_i(x)) for every evaluated position: the probability that the
-    /// position's candidate is accepted given the accepted prefix before it, a
+    /// Σ_x min(p_i(x), q_i(x)) for the same positions: the probability that token
+    /// verification accepts the position's candidate given the prefix before it, a
     /// lower-variance estimate of α than counting accepts.
     pub expected_acceptance: Vec<f64>,
     pub emitted_from: EmittedFrom,

@@ -142,8 +142,8 @@ fn chi2_p_value(model: &dyn PrefixModel, gamma: usize, wire: WireFormat, runs: u
 
 #[test]
 fn three_token_law_of_block_verification_across_rounds() {
-    // γ = 1 and 2: three tokens span two or more rounds, so each audit sees rounds that start
-    // after a rejection.
+    // γ = 1 and 2: at γ = 1 three tokens always take two rounds or more, at γ = 2 unless the
+    // first round accepts both, so each audit sees rounds that start after another's stop.
     let model = HashedModel { seed: 2024, vocab_size: 3 };
     for gamma in [1, 2] {
         for wire in [WireFormat::Dense, sparse()] {
@@ -156,7 +156,7 @@ fn three_token_law_of_block_verification_across_rounds() {
 #[test]
 fn three_token_law_catches_draws_reused_across_rounds() {
     // Two wrong keyings, each caught by the audit above on tables where it bites (chosen by
-    // running both over a handful of seeds; the choice is recorded in docs/randomness.md).
+    // running both over a handful of seeds; docs/randomness.md records what they showed).
     // Keyed by the block position alone, every round of a generation reuses the same η and
     // residual draws.
     let model = HashedModel { seed: 2024, vocab_size: 3 };

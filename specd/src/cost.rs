@@ -67,6 +67,9 @@ pub struct CostArgs {
 
 /// The most drafted blocks (V^γ) the exact per-rule expectation enumerates.
 const MAX_ENUMERATED_BLOCKS: usize = 1_000_000;
+/// The most numbers it holds at once: every block keeps its 2γ + 1 distributions of V
+/// numbers (5·10^7 f64 is 400 MB).
+const MAX_ENUMERATED_NUMBERS: f64 = 5e7;
 
 /// The same p and q after every prefix.
 struct SamePair {
@@ -96,9 +99,10 @@ fn tokens_per_round_by_rule(args: &CostArgs) -> anyhow::Result<Option<serde_json
         )));
     }
     let blocks = (p.vocab_size() as f64).powi(args.gamma as i32);
-    if blocks > MAX_ENUMERATED_BLOCKS as f64 {
+    let numbers = blocks * f64::from(2 * args.gamma + 1) * p.vocab_size() as f64;
+    if blocks > MAX_ENUMERATED_BLOCKS as f64 || numbers > MAX_ENUMERATED_NUMBERS {
         return Err(invalid(format!(
-            "{} tokens at γ = {} make {blocks:.0} blocks to enumerate, more than {MAX_ENUMERATED_BLOCKS}: use fewer tokens or a smaller --gamma",
+            "{} tokens at γ = {} make {blocks:.0} blocks to enumerate, too many to hold (at most {MAX_ENUMERATED_BLOCKS} blocks and {MAX_ENUMERATED_NUMBERS:e} numbers): use fewer tokens or a smaller --gamma",
             p.vocab_size(),
             args.gamma
         )));

@@ -180,6 +180,24 @@ fn cost_gives_each_verification_rules_tokens_per_round_for_given_distributions()
         &wide,
     ]);
     assert!(huge.contains("blocks to enumerate"), "{huge}");
+    // Few blocks, but each holds five rows of 1 000 numbers: refused before it fills memory.
+    let wide = vec!["0.001"; 1000].join(",");
+    let heavy = usage_error(&[
+        "cost",
+        "--gamma",
+        "2",
+        "--alpha",
+        "0.5",
+        "--target-ms",
+        "100",
+        "--draft-ms",
+        "20",
+        "--target",
+        &wide,
+        "--draft",
+        &wide,
+    ]);
+    assert!(heavy.contains("too many to hold"), "{heavy}");
 }
 
 #[test]

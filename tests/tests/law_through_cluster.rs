@@ -9,8 +9,9 @@
 //! the device path's audits (nodes that build their distributions with libtorch ops) are
 //! shown to reject a device rule broken on purpose in the same way, and block verification's
 //! audits (the coordinator's default, `--verify block`) a block rule whose draws repeat
-//! across rounds. Checks at γ = 2 make three tokens span two rounds or more, so each of them
-//! audits rounds that start after another round's rejection.
+//! across rounds. At γ = 2 a round commits at most three tokens, and most three-token
+//! continuations take two rounds or more, so those checks audit rounds that start after
+//! another round's stop.
 //! N is `SPECD_LAW_SAMPLES` (default 200 000); the checks that must reject a broken rule
 //! take N / 8, which their measured power allows by far ([`power_samples`]).
 
@@ -188,7 +189,7 @@ fn small_truncation() -> ClusterOptions {
     ClusterOptions { truncation: Truncation::new(0.05, 2).unwrap(), ..ClusterOptions::default() }
 }
 
-/// Rounds of two candidates: three tokens take two rounds or more.
+/// Rounds of two candidates: three tokens take two rounds unless the first round accepts both.
 fn across_rounds(options: ClusterOptions) -> ClusterOptions {
     ClusterOptions { gamma: GammaChoice::Fixed(2), ..options }
 }
@@ -218,7 +219,10 @@ async fn block_verification_whose_draws_repeat_across_rounds_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dense_law_at_temperature_one() {
-    let p = law_p_value(ClusterOptions::default(), SamplingParams::default(), true, samples()).await;
+    // Token verification on the dense wire; block verification, the default, is audited on
+    // it by vocab_padding's dense check.
+    let options = ClusterOptions { verification: Verification::Token, ..ClusterOptions::default() };
+    let p = law_p_value(options, SamplingParams::default(), true, samples()).await;
     assert!(p > FALSE_FAILURE, "dense T=1: p = {p}");
 }
 

@@ -148,3 +148,35 @@ impl Stats {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use specd_sampling::{BlockOutcome, EmittedFrom};
+
+    use super::*;
+
+    fn round(gamma: usize, accepted: usize, token: f64, block: f64) -> RoundReport {
+        let outcome = BlockOutcome {
+            accepted,
+            tokens: vec![0; accepted + 1],
+            acceptance: Vec::new(),
+            expected_acceptance: Vec::new(),
+            emitted_from: EmittedFrom::Bonus,
+            in_expectation: AcceptedInExpectation { token, block },
+        };
+        RoundReport::for_tests(outcome, vec![ProposalSource::Model; gamma], [0, 0, 0])
+    }
+
+    #[test]
+    fn the_stats_sum_both_rules_expectations_over_drafted_rounds_only() {
+        let mut stats = Stats::new(Verification::Token);
+        stats.record(&round(3, 2, 1.5, 1.75));
+        stats.record(&round(0, 0, 0.0, 0.0));
+        stats.record(&round(2, 0, 0.25, 0.5));
+        let wire = stats.to_wire();
+        assert_eq!((wire.rounds, wire.drafted_rounds), (3, 2));
+        assert_eq!((wire.expected_accepted_token, wire.expected_accepted_block), (1.75, 2.25));
+        assert_eq!(wire.verification, "token");
+        assert_eq!(wire.accepted_tokens, 2);
+    }
+}

@@ -9,7 +9,9 @@ use super::totals::{Measurement, PassRates};
 use crate::serve::GammaFlag;
 
 /// (1 − α^(γ+1)) / ((1 − α)(γc + 1)), Leviathan et al. (2023) Theorem 3.8, for a real γ
-/// (the mean of an adaptive schedule); γ + 1 at α = 1.
+/// (the mean of an adaptive schedule); γ + 1 at α = 1. It counts tokens as token
+/// verification commits them; block verification (the default) commits at least as many, so
+/// a measured speedup may exceed it by that margin.
 fn analytic_bound(alpha: f64, gamma: f64, c: f64) -> f64 {
     let tokens = if alpha >= 1.0 { gamma + 1.0 } else { (1.0 - alpha.powf(gamma + 1.0)) / (1.0 - alpha) };
     tokens / (gamma * c + 1.0)

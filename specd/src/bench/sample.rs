@@ -106,10 +106,14 @@ mod tests {
 
     #[test]
     fn after_the_first_round_is_the_rest_of_the_request() {
-        let stats = |rounds, verify_ms: u64, acceptance_sum| SpeculationStats {
+        let stats = |rounds, verify_ms: u64, acceptance_sum: f64| SpeculationStats {
             rounds,
             verify_ns: verify_ms * 1_000_000,
             acceptance_sum,
+            drafted_rounds: rounds,
+            expected_accepted_token: acceptance_sum,
+            expected_accepted_block: 2.0 * acceptance_sum,
+            verification: "block".into(),
             ..SpeculationStats::default()
         };
         let first = Sample {
@@ -132,6 +136,9 @@ mod tests {
         let rest = whole.after_first_round();
         assert_eq!((rest.tokens, rest.wall, rest.token_ids), (7, Duration::from_millis(60), (4..=10).collect()));
         assert_eq!((rest.stats.rounds, rest.stats.verify_ns, rest.stats.acceptance_sum), (3, 45_000_000, 3.5));
+        let s = &rest.stats;
+        assert_eq!((s.drafted_rounds, s.expected_accepted_token, s.expected_accepted_block), (3, 3.5, 7.0));
+        assert_eq!(s.verification, "block");
         let one_round = Sample { first_round: None, ..whole };
         assert_eq!(one_round.after_first_round().tokens, 0);
     }
