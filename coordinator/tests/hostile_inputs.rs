@@ -113,7 +113,7 @@ proptest! {
             max_new_tokens: 16,
             truncation: Truncation::new(1e-4, 8).unwrap(),
             rule: RuleVariant::Exact,
-            verification: specd_sampling::Verification::Block,
+            verification: Verification::Block,
             optimistic: true,
             generation_config: true,
         };

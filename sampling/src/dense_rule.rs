@@ -1,12 +1,12 @@
 //! The block rule on full distributions: the reference path.
 
-use crate::block_weights;
 use crate::dist::DenseDist;
 use crate::error::{Result, SamplingError};
 use crate::excess::{DensePosition, PositionView};
-use crate::kernels::{overlap_and_excess, sample_index};
+use crate::kernels::sample_index;
 use crate::rng::{Purpose, RoundKey};
 use crate::rule::{BlockOutcome, EmittedFrom};
+use crate::token_rule::verify_tokens;
 
 /// One candidate with the dense q it was drawn from.
 #[derive(Debug, Clone, Copy)]
@@ -37,40 +37,11 @@ pub(crate) fn verify_block_dense_with(
 ) -> Result<BlockOutcome> {
     let positions = dense_positions(candidates, p)?;
     let gamma = positions.len();
-    let in_expectation = block_weights::in_expectation(&positions);
-    let mut tokens = Vec::with_capacity(gamma + 1);
-    let mut acceptance = Vec::with_capacity(gamma);
-    let mut expected_acceptance = Vec::with_capacity(gamma);
-    for (i, position) in positions.iter().enumerate() {
-        let index = i + 1;
-        let a = position.ratio().min(1.0);
-        acceptance.push(a);
-        let (overlap, residual_mass) = overlap_and_excess(position.p.probs(), position.q.probs());
-        expected_acceptance.push(overlap);
-        if key.stream(index, Purpose::Accept).uniform() < a {
-            tokens.push(position.token);
-            continue;
-        }
+    let reject = |index: usize, position: &DensePosition<'_>| {
         let u = key.stream(index, Purpose::Residual).uniform();
-        tokens.push(on_reject(position.p, position.q, residual_mass, u));
-        return Ok(BlockOutcome {
-            accepted: i,
-            tokens,
-            acceptance,
-            expected_acceptance,
-            emitted_from: EmittedFrom::Residual,
-            in_expectation,
-        });
-    }
-    tokens.push(p[gamma].sample(key.stream(gamma + 1, Purpose::Bonus).uniform()));
-    Ok(BlockOutcome {
-        accepted: gamma,
-        tokens,
-        acceptance,
-        expected_acceptance,
-        emitted_from: EmittedFrom::Bonus,
-        in_expectation,
-    })
+        Ok((on_reject(position.p, position.q, position.excess_mass(1.0), u), EmittedFrom::Residual))
+    };
+    verify_tokens(&positions, key, reject, || p[gamma].sample(key.stream(gamma + 1, Purpose::Bonus).uniform()))
 }
 
 /// Checks a dense block (γ + 1 target rows, one vocabulary, every candidate possible under

@@ -49,8 +49,7 @@ impl PositionView for DensePosition<'_> {
     }
 
     fn overlap(&self) -> f64 {
-        let (p, q) = (self.p.probs(), self.q.probs());
-        lane_sum(0..p.len(), |i| p[i].min(q[i]))
+        self.p.overlap(self.q)
     }
 
     fn excess_mass(&self, s: f64) -> f64 {

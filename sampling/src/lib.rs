@@ -16,6 +16,7 @@
 //!   its weights in [`block_weights`]; [`verification`] names the two rules
 //!   ([`Verification`]) and runs the chosen one;
 //! - `excess` (private): one block position as both rules read it, on either wire format;
+//!   `token_rule` (private): token verification's loop, which both wire formats share;
 //! - [`tree_rule`]: exact verification of a tree of drafts (recursive rejection sampling over
 //!   each node's children), with the exact laws of tree rounds in [`tree_law`];
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
@@ -46,6 +47,7 @@ mod rows;
 pub mod rule;
 pub mod sparse_rule;
 pub mod target_pieces;
+mod token_rule;
 pub mod tree_law;
 pub mod tree_rule;
 pub mod verification;

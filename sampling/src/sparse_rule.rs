@@ -1,6 +1,5 @@
 //! The block rule on the sparse wire format: what the coordinator runs every round.
 
-use crate::block_weights;
 use crate::dist::SparseDist;
 use crate::error::{Result, SamplingError};
 use crate::excess::{PositionView, SparsePosition};
@@ -8,6 +7,7 @@ use crate::rng::Purpose;
 use crate::rng::RoundKey;
 use crate::rule::{BlockOutcome, EmittedFrom};
 use crate::target_pieces::{ScoredBlock, ScoredPosition};
+use crate::token_rule::verify_tokens;
 
 /// One candidate with the sparse q (support S and q on S) it was drawn from.
 #[derive(Debug, Clone, Copy)]
@@ -43,33 +43,8 @@ pub(crate) fn verify_block_sparse_with(
     residual: SparseResidual,
 ) -> Result<BlockOutcome> {
     let positions = sparse_positions(candidates, scored)?;
-    let gamma = positions.len();
-    let in_expectation = block_weights::in_expectation(&positions);
-    let mut tokens = Vec::with_capacity(gamma + 1);
-    let mut acceptance = Vec::with_capacity(gamma);
-    let mut expected_acceptance = Vec::with_capacity(gamma);
-    for (i, position) in positions.iter().enumerate() {
-        let index = i + 1;
-        let a = position.ratio().min(1.0);
-        acceptance.push(a);
-        expected_acceptance.push(position.overlap());
-        if key.stream(index, Purpose::Accept).uniform() < a {
-            tokens.push(position.token());
-            continue;
-        }
-        let (token, emitted_from) = residual(index, position.q, position.scored, key)?;
-        tokens.push(token);
-        return Ok(BlockOutcome { accepted: i, tokens, acceptance, expected_acceptance, emitted_from, in_expectation });
-    }
-    tokens.push(scored.bonus);
-    Ok(BlockOutcome {
-        accepted: gamma,
-        tokens,
-        acceptance,
-        expected_acceptance,
-        emitted_from: EmittedFrom::Bonus,
-        in_expectation,
-    })
+    let reject = |index: usize, position: &SparsePosition<'_>| residual(index, position.q, position.scored, key);
+    verify_tokens(&positions, key, reject, || scored.bonus)
 }
 
 /// Checks a sparse block (one scored position per candidate, each reply consistent with its

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{HashedModel, Rule, cell_index, generate, run_round};
+use common::{HashedModel, Rule, cell_index, generate, mean_and_error, run_round};
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::{
     PrefixModel, WireFormat, expected_accepted, max_law_difference, speculative_sequence_law_with, target_sequence_law,
@@ -78,19 +78,6 @@ fn at_gamma_one_block_verification_is_token_verification_draw_for_draw() {
             assert_eq!((token.tokens, token.emitted_from), (block.tokens, block.emitted_from), "seed {seed}");
         }
     }
-}
-
-/// The mean and its standard error over `n` draws of `value(seed)`.
-fn mean_and_error(n: u64, value: impl Fn(u64) -> f64) -> (f64, f64) {
-    let (mut sum, mut squares) = (0.0, 0.0);
-    for seed in 0..n {
-        let x = value(seed);
-        sum += x;
-        squares += x * x;
-    }
-    let mean = sum / n as f64;
-    let variance = (squares / n as f64 - mean * mean).max(0.0);
-    (mean, (variance / n as f64).sqrt())
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{HashedModel, Rule, cell_index, run_round};
+use common::{HashedModel, Rule, cell_index, mean_and_error, run_round};
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::{PrefixModel, WireFormat, expected_accepted, max_law_difference, target_sequence_law};
 use specd_sampling::naive::naive_verify_tree_dense;
@@ -151,17 +151,6 @@ fn a_chain_is_token_verification_draw_for_draw() {
             assert_eq!(tree.accepted(), token.accepted, "seed {seed}, {wire:?}");
         }
     }
-}
-
-fn mean_and_error(n: u64, value: impl Fn(u64) -> f64) -> (f64, f64) {
-    let (mut sum, mut squares) = (0.0, 0.0);
-    for seed in 0..n {
-        let x = value(seed);
-        sum += x;
-        squares += x * x;
-    }
-    let mean = sum / n as f64;
-    (mean, ((squares / n as f64 - mean * mean).max(0.0) / n as f64).sqrt())
 }
 
 #[test]

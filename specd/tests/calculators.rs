@@ -163,40 +163,16 @@ fn cost_gives_each_verification_rules_tokens_per_round_for_given_distributions()
     assert!(plain["tokens_per_round_by_rule"].is_null(), "{plain}");
     let mismatch = usage_error(&[&args[..], &["--target", "0.5,0.5", "--draft", "0.2,0.3,0.5"]].concat());
     assert!(mismatch.contains("--target has 2 entries but --draft has 3"), "{mismatch}");
-    let wide = vec!["0.01"; 100].join(",");
-    let huge = usage_error(&[
-        "cost",
-        "--gamma",
-        "4",
-        "--alpha",
-        "0.5",
-        "--target-ms",
-        "100",
-        "--draft-ms",
-        "20",
-        "--target",
-        &wide,
-        "--draft",
-        &wide,
-    ]);
+    // Refused before enumerating: too many blocks (100^4), or few blocks each holding five
+    // rows of 1 000 numbers.
+    let refusal = |gamma: &str, entries: usize| {
+        let uniform = vec![format!("{}", 1.0 / entries as f64); entries].join(",");
+        let flags = ["--target-ms", "100", "--draft-ms", "20", "--target", &uniform, "--draft", &uniform];
+        usage_error(&[&["cost", "--gamma", gamma, "--alpha", "0.5"][..], &flags[..]].concat())
+    };
+    let huge = refusal("4", 100);
     assert!(huge.contains("blocks to enumerate"), "{huge}");
-    // Few blocks, but each holds five rows of 1 000 numbers: refused before it fills memory.
-    let wide = vec!["0.001"; 1000].join(",");
-    let heavy = usage_error(&[
-        "cost",
-        "--gamma",
-        "2",
-        "--alpha",
-        "0.5",
-        "--target-ms",
-        "100",
-        "--draft-ms",
-        "20",
-        "--target",
-        &wide,
-        "--draft",
-        &wide,
-    ]);
+    let heavy = refusal("2", 1000);
     assert!(heavy.contains("too many to hold"), "{heavy}");
 }
 

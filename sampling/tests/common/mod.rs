@@ -214,3 +214,15 @@ pub fn run_round(
 pub fn cell_index(seq: &[u32], v: usize) -> usize {
     seq.iter().fold(0, |acc, &t| acc * v + t as usize)
 }
+
+/// The mean of `value(seed)` over seeds 0..n and its standard error.
+pub fn mean_and_error(n: u64, value: impl Fn(u64) -> f64) -> (f64, f64) {
+    let (mut sum, mut squares) = (0.0, 0.0);
+    for seed in 0..n {
+        let x = value(seed);
+        sum += x;
+        squares += x * x;
+    }
+    let mean = sum / n as f64;
+    (mean, ((squares / n as f64 - mean * mean).max(0.0) / n as f64).sqrt())
+}
