@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::dist::DenseDist;
 use crate::law::{PrefixModel, WireFormat};
-use crate::tree_rule::ChildDraws;
+use crate::tree_rule::{ChildDraws, DenseRunning, Running};
 
 /// Children per depth: `widths[d]` children under every node at depth d (the root is at
 /// depth 0); nodes deeper than the list are leaves. A chain of γ is `[1; γ]`.
@@ -87,29 +87,6 @@ fn ordered_draws(q: &[f64], k: usize, draws: ChildDraws) -> Vec<(Vec<u32>, f64)>
     out
 }
 
-/// One step of the rule at a node: the acceptance of `x` and the next p′, q′.
-struct Step {
-    accept: f64,
-    p: Vec<f64>,
-    q: Vec<f64>,
-}
-
-fn step(p: &[f64], q: &[f64], x: u32, draws: ChildDraws) -> Step {
-    let accept = (p[x as usize] / q[x as usize]).min(1.0);
-    let excess: Vec<f64> = p.iter().zip(q).map(|(p, q)| (p - q).max(0.0)).collect();
-    let mass: f64 = excess.iter().sum();
-    let p_next = if mass > 0.0 { excess.iter().map(|e| e / mass).collect() } else { p.to_vec() };
-    let mut q_next = q.to_vec();
-    if draws == ChildDraws::WithoutReplacement {
-        q_next[x as usize] = 0.0;
-        let left: f64 = q_next.iter().sum();
-        if left > 0.0 {
-            q_next.iter_mut().for_each(|v| *v /= left);
-        }
-    }
-    Step { accept, p: p_next, q: q_next }
-}
-
 /// The sequences a round commits from the node after `context` at `depth`, with their
 /// probabilities.
 fn node_law(
@@ -127,10 +104,11 @@ fn node_law(
     let mut below: BTreeMap<u32, Vec<(Vec<u32>, f64)>> = BTreeMap::new();
     let mut out: BTreeMap<Vec<u32>, f64> = BTreeMap::new();
     for (seq, weight) in ordered_draws(q.probs(), k, round.draws) {
-        let (mut p_now, mut q_now, mut reach) = (p.probs().to_vec(), q.probs().to_vec(), weight);
+        // The rule's own running residual, so that the law is that of the code that runs.
+        let (mut at, mut reach) = (DenseRunning::exact(p.probs().to_vec(), q.probs().to_vec()), weight);
         for &x in &seq {
-            let s = step(&p_now, &q_now, x, round.draws);
-            if s.accept > 0.0 {
+            let accept = at.ratio(x).min(1.0);
+            if accept > 0.0 {
                 let sub = below.entry(x).or_insert_with(|| {
                     context.push(x);
                     let law = node_law(model, context, depth + 1, round);
@@ -140,13 +118,13 @@ fn node_law(
                 for (tail, w) in sub.iter() {
                     let mut committed = vec![x];
                     committed.extend(tail);
-                    *out.entry(committed).or_default() += reach * s.accept * w;
+                    *out.entry(committed).or_default() += reach * accept * w;
                 }
             }
-            reach *= 1.0 - s.accept;
-            (p_now, q_now) = (s.p, s.q);
+            reach *= 1.0 - accept;
+            at.reject(x, round.draws);
         }
-        for (y, &w) in p_now.iter().enumerate() {
+        for (y, &w) in at.p.iter().enumerate() {
             if w > 0.0 {
                 *out.entry(vec![y as u32]).or_default() += reach * w;
             }
@@ -204,18 +182,18 @@ pub fn tree_expected_accepted(model: &dyn PrefixModel, prefix: &[u32], round: Tr
         let mut below: BTreeMap<u32, f64> = BTreeMap::new();
         let mut total = 0.0;
         for (seq, weight) in ordered_draws(q.probs(), k, round.draws) {
-            let (mut p_now, mut q_now, mut reach) = (p.probs().to_vec(), q.probs().to_vec(), weight);
+            let (mut at, mut reach) = (DenseRunning::exact(p.probs().to_vec(), q.probs().to_vec()), weight);
             for &x in &seq {
-                let s = step(&p_now, &q_now, x, round.draws);
+                let accept = at.ratio(x).min(1.0);
                 let sub = *below.entry(x).or_insert_with(|| {
                     context.push(x);
                     let e = expected(model, context, depth + 1, round);
                     context.pop();
                     e
                 });
-                total += reach * s.accept * (1.0 + sub);
-                reach *= 1.0 - s.accept;
-                (p_now, q_now) = (s.p, s.q);
+                total += reach * accept * (1.0 + sub);
+                reach *= 1.0 - accept;
+                at.reject(x, round.draws);
             }
         }
         total

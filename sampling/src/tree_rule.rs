@@ -154,7 +154,7 @@ impl TreeOutcome {
 }
 
 /// What the rule needs at one node with children: the running residual p′ and q′.
-trait Running {
+pub(crate) trait Running {
     /// p′(x) / q′(x) for a token drawn from q′.
     fn ratio(&self, token: u32) -> f64;
     /// After rejecting `token`: p′ ← norm(max(p′ − q′, 0)), and q′ loses `token` when the
@@ -173,10 +173,17 @@ pub(crate) enum OnReject {
 }
 
 /// Dense p′ and q′.
-struct DenseRunning {
-    p: Vec<f64>,
+pub(crate) struct DenseRunning {
+    pub(crate) p: Vec<f64>,
     q: Vec<f64>,
     on_reject: OnReject,
+}
+
+impl DenseRunning {
+    /// The exact rule's p′ and q′ at a node, before its first child.
+    pub(crate) fn exact(p: Vec<f64>, q: Vec<f64>) -> Self {
+        Self { p, q, on_reject: OnReject::Residual }
+    }
 }
 
 impl Running for DenseRunning {
