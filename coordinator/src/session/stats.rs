@@ -11,7 +11,7 @@ use crate::session::round_report::{BatchSum, RoundReport, WireBytes, source_name
 
 /// What the generation's rounds add up to, as its messages report it
 /// ([`SpeculationStats`]).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Stats {
     pub rounds: u64,
     pub draft_tokens: u64,
@@ -45,32 +45,7 @@ pub struct Stats {
 impl Stats {
     /// No rounds yet, of a generation verified by `verification`.
     pub fn new(verification: Verification) -> Self {
-        Self {
-            rounds: 0,
-            draft_tokens: 0,
-            accepted_tokens: 0,
-            accepted_per_position: Vec::new(),
-            gamma: 0,
-            draft_ns: 0,
-            verify_ns: 0,
-            wall_ns: 0,
-            wire: WireBytes::default(),
-            draft_fallbacks: 0,
-            target_failovers: 0,
-            acceptance_sum: 0.0,
-            evaluated_positions: 0,
-            optimistic_attempts: 0,
-            optimistic_hits: 0,
-            target_batches: BatchSum::default(),
-            draft_batches: BatchSum::default(),
-            optimistic_pushed: 0,
-            by_proposer: BTreeMap::new(),
-            empty_proposals: 0,
-            proposals_skipped: 0,
-            verification,
-            expected_accepted: AcceptedInExpectation::default(),
-            drafted_rounds: 0,
-        }
+        Self { verification, ..Self::default() }
     }
 
     /// Adds a finished round.
