@@ -2,8 +2,7 @@
 
 use crate::dist::DenseDist;
 use crate::error::{Result, SamplingError};
-use crate::excess::{DensePosition, PositionView};
-use crate::kernels::sample_index;
+use crate::excess::{DensePosition, PositionView, draw_dense_excess};
 use crate::rng::{Purpose, RoundKey};
 use crate::rule::{BlockOutcome, EmittedFrom};
 use crate::token_rule::verify_tokens;
@@ -80,17 +79,7 @@ pub(crate) fn dense_positions<'a>(
 /// Draw from r ∝ max(0, p - q), whose total is `residual_mass`, with the uniform `u`; falls
 /// back to p when r has no mass.
 pub fn sample_residual(p: &DenseDist, q: &DenseDist, residual_mass: f64, u: f64) -> u32 {
-    let (p_probs, q_probs) = (p.probs(), q.probs());
-    let residual = |i: usize| {
-        let d = p_probs[i] - q_probs[i];
-        if d > 0.0 { d } else { 0.0 }
-    };
-    if residual_mass > 0.0
-        && let Some(token) = sample_index(p_probs.len(), residual, residual_mass, u)
-    {
-        return token as u32;
-    }
-    p.sample(u)
+    draw_dense_excess(p, q, 1.0, residual_mass, u)
 }
 
 #[cfg(test)]

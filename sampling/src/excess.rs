@@ -58,15 +58,19 @@ impl PositionView for DensePosition<'_> {
     }
 
     fn draw_excess(&self, s: f64, mass: f64, stream: StreamKey) -> Result<(u32, EmittedFrom)> {
-        let (p, q) = (self.p.probs(), self.q.probs());
-        let u = stream.uniform();
-        let token = if mass > 0.0 {
-            sample_index(p.len(), |i| (s * p[i] - q[i]).max(0.0), mass, u).map(|t| t as u32)
-        } else {
-            None
-        };
-        Ok((token.unwrap_or_else(|| self.p.sample(u)), EmittedFrom::Residual))
+        Ok((draw_dense_excess(self.p, self.q, s, mass, stream.uniform()), EmittedFrom::Residual))
     }
+}
+
+/// A draw from max(s·p − q, 0) / `mass` with the uniform `u`; from p when that has no mass.
+pub(crate) fn draw_dense_excess(p: &DenseDist, q: &DenseDist, s: f64, mass: f64, u: f64) -> u32 {
+    let (p_probs, q_probs) = (p.probs(), q.probs());
+    let token = if mass > 0.0 {
+        sample_index(p_probs.len(), |i| (s * p_probs[i] - q_probs[i]).max(0.0), mass, u).map(|t| t as u32)
+    } else {
+        None
+    };
+    token.unwrap_or_else(|| p.sample(u))
 }
 
 /// A position on the sparse wire: q on its support, and the target's pieces for it.
