@@ -23,6 +23,10 @@ pub enum DemoError {
     #[error("corpus: {0}")]
     Corpus(String),
 
+    /// A training checkpoint cannot be used.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: PathBuf, message: String },
+
     /// The spec to build is not one that can be trained.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -78,17 +78,22 @@ pub fn write_checkpoint(
     )?;
     let tok_dst = tmp.join("tokenizer.json");
     std::fs::copy(tokenizer_json, &tok_dst).map_err(io(tokenizer_json))?;
-    // From the host: a model trained on a GPU is written like one trained here.
+    write_weights(vs, &tmp.join("model.safetensors"))?;
+    write_json(&tmp.join(BUILD_FILE), build)?;
+    replace_dir(&tmp, dir)
+}
+
+/// Writes the variables of `vs` to one safetensors file, in name order and from the host: a
+/// model trained on a GPU is written like one trained here.
+pub fn write_weights(vs: &VarStore, path: &Path) -> Result<()> {
     let mut named: Vec<(String, Tensor)> = vs
         .variables()
         .into_iter()
         .map(|(name, t)| Ok((name, t.f_to_device(tch::Device::Cpu)?.f_contiguous()?)))
         .collect::<Result<_>>()?;
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    let weights = tmp.join("model.safetensors");
-    Tensor::write_safetensors(&named, &weights)?;
-    write_json(&tmp.join(BUILD_FILE), build)?;
-    replace_dir(&tmp, dir)
+    Tensor::write_safetensors(&named, path)?;
+    Ok(())
 }
 
 /// Moves `from` to `to`, replacing what was there.
@@ -111,8 +116,13 @@ pub fn read_build(dir: &Path) -> Option<Value> {
 }
 
 /// Loads exported weights back into a store declared with the same shape (a cached stage).
-pub fn read_weights(vs: &mut VarStore, dir: &Path) -> Result<()> {
+pub fn read_weights(vs: &VarStore, dir: &Path) -> Result<()> {
+    read_weights_file(vs, &dir.join("model.safetensors"))
+}
+
+/// Loads weights [`write_weights`] wrote into a store declared with the same shape.
+pub fn read_weights_file(vs: &VarStore, path: &Path) -> Result<()> {
     let _no_grad = tch::no_grad_guard();
-    vs.read_safetensors(dir.join("model.safetensors"))?;
+    vs.read_safetensors(path)?;
     Ok(())
 }

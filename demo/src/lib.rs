@@ -5,7 +5,8 @@
 //! - [`spec`]: the shapes and budgets ([`Preset::Demo`], [`Preset::Tiny`]); [`matmul`]: the
 //!   number format of the training's matrix products, chosen by the CPU;
 //! - [`corpus`]: the Python standard library's sources (or any directory of `.py` files);
-//! - [`bpe`]: the tokenizer; [`net`]: the trainable model; [`train`]: the optimiser loop;
+//! - [`bpe`]: the tokenizer; [`net`]: the trainable model; [`train`]: the optimiser loop,
+//!   with [`adamw`], whose state [`checkpoint`] saves so that a stopped stage resumes;
 //! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
 //! - [`progress`]: how the build reports itself;
 //! - [`pair`]: the build itself, stage by stage; [`step_time`]: how long a training step
@@ -22,9 +23,12 @@
 //!
 //! Each stage (tokenizer, target, draft) is written to its own directory with the key it
 //! was built from; a later build with the same spec, seed and corpus reuses every stage
-//! whose key matches, so an interrupted build resumes at the stage it was in.
+//! whose key matches, and a stage stopped part-way resumes from its last checkpoint with the
+//! bytes an uninterrupted build would have written.
 
+pub mod adamw;
 pub mod bpe;
+pub mod checkpoint;
 pub mod corpus;
 pub mod error;
 pub mod evaluate;

@@ -2,11 +2,13 @@
 //! directory with the key it was built from, and reused while that key matches.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use specd_model::DeviceSpec;
 use tch::nn::VarStore;
 
+use crate::checkpoint::StageCheckpoint;
 use crate::error::{DemoError, Result};
 use crate::evaluate::{self, PairReport};
 use crate::matmul::MatmulKind;
@@ -16,8 +18,9 @@ use crate::spec::DemoSpec;
 use crate::train::{Windows, distillation_loss, next_token_loss, optimise};
 use crate::{bpe, corpus, export};
 
-/// Bumped whenever a change here changes the bytes a build writes.
-const FORMAT: u32 = 1;
+/// Bumped whenever a change here changes the bytes a build writes (2: the optimiser's own
+/// AdamW, whose state checkpoints save).
+const FORMAT: u32 = 2;
 const PAIR_FILE: &str = "specd-demo.json";
 
 /// What to build and where.
@@ -32,6 +35,8 @@ pub struct BuildOptions {
     pub matmul: MatmulKind,
     /// Where the models train (and are evaluated); the files are written from the host.
     pub device: DeviceSpec,
+    /// How often a training stage saves a checkpoint to resume from (zero: every step).
+    pub checkpoint_every: Duration,
 }
 
 /// `key` with `"device": kind` added when the build does not train on the CPU: CPU keys
@@ -130,42 +135,62 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let target = TrainableLlama::new(&target_vs.root(), &target_cfg)?;
     if is_current(&target_dir, &target_key) {
         progress.note("target: cached");
-        export::read_weights(&mut target_vs, &target_dir)?;
+        export::read_weights(&target_vs, &target_dir)?;
     } else {
         progress.stage("training target", spec.target_steps);
         let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed);
+        let mut checkpoint = StageCheckpoint::new(&target_dir, &target_key, opts.checkpoint_every);
         let t = spec.context as i64;
-        let loss = optimise(&target_vs, spec.target_steps, spec.target_lr, &mut windows, progress, |batch| {
-            let logits = target.forward(&batch.f_narrow(1, 0, t)?, compute)?;
-            next_token_loss(&logits, &batch.f_narrow(1, 1, t)?)
-        })?;
+        let loss = optimise(
+            &target_vs,
+            spec.target_steps,
+            spec.target_lr,
+            &mut windows,
+            progress,
+            Some(&mut checkpoint),
+            |batch| {
+                let logits = target.forward(&batch.f_narrow(1, 0, t)?, compute)?;
+                next_token_loss(&logits, &batch.f_narrow(1, 1, t)?)
+            },
+        )?;
         progress.note(&format!("target: final training loss {loss:.3}"));
         export::write_checkpoint(&target_dir, &target_cfg, &target_vs, &tokenizer_json, &json!({"key": target_key}))?;
+        checkpoint.remove()?;
     }
     target_vs.freeze();
 
     // Draft: imitate the target's distributions on the same kind of windows.
     let draft_cfg = spec.llama_config(spec.draft);
     tch::manual_seed(opts.seed.wrapping_add(1) as i64);
-    let mut draft_vs = VarStore::new(device);
+    let draft_vs = VarStore::new(device);
     let draft = TrainableLlama::new(&draft_vs.root(), &draft_cfg)?;
     if is_current(&draft_dir, &draft_key) {
         progress.note("draft: cached");
-        export::read_weights(&mut draft_vs, &draft_dir)?;
+        export::read_weights(&draft_vs, &draft_dir)?;
     } else {
         progress.stage("distilling draft", spec.draft_steps);
         let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed.wrapping_add(1));
+        let mut checkpoint = StageCheckpoint::new(&draft_dir, &draft_key, opts.checkpoint_every);
         let t = spec.context as i64;
-        let loss = optimise(&draft_vs, spec.draft_steps, spec.draft_lr, &mut windows, progress, |batch| {
-            let ids = batch.f_narrow(1, 0, t)?;
-            let teacher = {
-                let _no_grad = tch::no_grad_guard();
-                target.forward(&ids, compute)?
-            };
-            distillation_loss(&draft.forward(&ids, compute)?, &teacher)
-        })?;
+        let loss = optimise(
+            &draft_vs,
+            spec.draft_steps,
+            spec.draft_lr,
+            &mut windows,
+            progress,
+            Some(&mut checkpoint),
+            |batch| {
+                let ids = batch.f_narrow(1, 0, t)?;
+                let teacher = {
+                    let _no_grad = tch::no_grad_guard();
+                    target.forward(&ids, compute)?
+                };
+                distillation_loss(&draft.forward(&ids, compute)?, &teacher)
+            },
+        )?;
         progress.note(&format!("draft: final distillation loss {loss:.3}"));
         export::write_checkpoint(&draft_dir, &draft_cfg, &draft_vs, &tokenizer_json, &json!({"key": draft_key}))?;
+        checkpoint.remove()?;
     }
 
     progress.stage("evaluating on held-out files", 0);

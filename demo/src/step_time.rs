@@ -33,7 +33,7 @@ pub fn seconds_per_step(
     let mut windows = Windows::new(&stream, spec.context, spec.batch, 0);
     let mut time_one = || -> Result<f64> {
         let started = Instant::now();
-        optimise(&vs, 1, 1e-4, &mut windows, &mut Quiet, |batch| {
+        optimise(&vs, 1, 1e-4, &mut windows, &mut Quiet, None, |batch| {
             let ids = batch.f_narrow(1, 0, t)?;
             let logits = model.forward(&ids, compute)?;
             match &teacher {

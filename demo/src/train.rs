@@ -1,11 +1,14 @@
 //! The optimisation loop both models share: seeded windows of the token stream, AdamW with
-//! warm-up and cosine decay, gradient clipping, and progress reports.
+//! warm-up and cosine decay, gradient clipping, progress reports, and checkpoints that a
+//! stopped build resumes from.
 
 use std::time::Instant;
 
-use tch::nn::{self, OptimizerConfig};
+use tch::nn;
 use tch::{Kind, Tensor};
 
+use crate::adamw::{AdamW, AdamWConfig};
+use crate::checkpoint::{StageCheckpoint, TrainingPosition};
 use crate::error::Result;
 use crate::progress::Progress;
 
@@ -23,6 +26,16 @@ impl<'a> Windows<'a> {
     /// Windows of `len` tokens plus the one after each (the last label).
     pub fn new(stream: &'a [u32], len: usize, batch: usize, seed: u64) -> Self {
         Self { stream, len, batch, state: seed ^ 0x9e37_79b9_7f4a_7c15 }
+    }
+
+    /// The generator's state: the windows drawn after [`restore_state`](Self::restore_state)
+    /// with it are the ones that would have followed.
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
+    pub fn restore_state(&mut self, state: u64) {
+        self.state = state;
     }
 
     fn next_u64(&mut self) -> u64 {
@@ -62,37 +75,53 @@ pub fn learning_rate(step: usize, steps: usize, peak: f64) -> f64 {
 }
 
 /// Runs `steps` AdamW steps on the variables of `vs`; `loss` maps a batch `[B, T + 1]` to a
-/// scalar. Returns the mean loss of the last tenth of the steps.
+/// scalar. With a checkpoint, training resumes from it when it holds this stage, and saves
+/// to it as it goes. Returns the mean loss of the last tenth of the steps.
 pub fn optimise(
     vs: &nn::VarStore,
     steps: usize,
     peak_lr: f64,
     windows: &mut Windows<'_>,
     progress: &mut dyn Progress,
+    mut checkpoint: Option<&mut StageCheckpoint>,
     mut loss: impl FnMut(&Tensor) -> Result<Tensor>,
 ) -> Result<f64> {
-    let mut opt = nn::AdamW { wd: 0.1, beta2: 0.95, ..Default::default() }.build(vs, peak_lr)?;
+    let mut optimiser = AdamW::new(vs, AdamWConfig::default())?;
+    let mut position = TrainingPosition { steps_done: 0, windows_state: windows.state(), tail_sum: 0.0, tail_steps: 0 };
+    if let Some(checkpoint) = checkpoint.as_deref()
+        && let Some(saved) = checkpoint.restore(vs, &mut optimiser)?
+        && saved.steps_done <= steps
+    {
+        position = saved;
+        windows.restore_state(saved.windows_state);
+        progress.note(&format!("resuming at step {} of {steps} from {}", saved.steps_done, checkpoint.dir().display()));
+    }
     let started = Instant::now();
+    let resumed_at = position.steps_done;
     let tokens_per_step = (windows.batch * windows.len) as f64;
     let tail_from = steps - (steps / 10).max(1).min(steps);
-    let (mut tail_sum, mut tail_n) = (0.0, 0usize);
-    for step in 0..steps {
-        opt.set_lr(learning_rate(step, steps, peak_lr));
+    for step in position.steps_done..steps {
         let batch = windows.next_batch()?.f_to_device(vs.device())?;
         let l = loss(&batch)?;
-        opt.zero_grad();
+        optimiser.zero_grad();
         l.f_backward()?;
-        opt.clip_grad_norm(1.0);
-        opt.step();
+        optimiser.step(learning_rate(step, steps, peak_lr))?;
         let value = l.f_double_value(&[])?;
         if step >= tail_from {
-            tail_sum += value;
-            tail_n += 1;
+            position.tail_sum += value;
+            position.tail_steps += 1;
+        }
+        position.steps_done = step + 1;
+        position.windows_state = windows.state();
+        if let Some(checkpoint) = checkpoint.as_deref_mut()
+            && step + 1 < steps
+        {
+            checkpoint.maybe_save(vs, &optimiser, position)?;
         }
         let elapsed = started.elapsed().as_secs_f64().max(1e-9);
-        progress.step(step + 1, value, tokens_per_step * (step + 1) as f64 / elapsed);
+        progress.step(step + 1, value, tokens_per_step * (step + 1 - resumed_at) as f64 / elapsed);
     }
-    Ok(tail_sum / tail_n.max(1) as f64)
+    Ok(position.tail_sum / position.tail_steps.max(1) as f64)
 }
 
 /// Mean next-token cross-entropy of `logits` `[B, T, V]` against `labels` `[B, T]`.

@@ -43,7 +43,8 @@ pub struct DemoArgs {
     /// Seed of the initial weights and of the order training windows are drawn in.
     #[arg(long, env = "SPECD_DEMO_SEED", default_value_t = 1)]
     pub seed: u64,
-    /// `demo` (what make demo serves) or `tiny` (seconds; for tests).
+    /// `demo` (tens of minutes on 2 cores), `shipped` (the recipe of the pair in the
+    /// repository's models/demo: hours on 2 cores, resumable) or `tiny` (seconds; for tests).
     #[arg(long, env = "SPECD_DEMO_PRESET", default_value = "demo", value_parser = parse_preset)]
     pub preset: Preset,
     /// Instead of the preset's step counts, fit the training into about this many minutes
@@ -67,6 +68,11 @@ pub struct DemoArgs {
     /// bf16 is emulated. Part of every stage's cache key.
     #[arg(long, env = "SPECD_DEMO_MATMUL", default_value = "auto", value_parser = parse_matmul)]
     pub matmul: MatmulChoice,
+    /// Minutes between the checkpoints a training stage saves (beside its directory, as
+    /// `.target.partial`): a build stopped part-way resumes from the last one and writes the
+    /// same bytes as one never stopped. 0 saves after every step.
+    #[arg(long, env = "SPECD_DEMO_CHECKPOINT_MINUTES", default_value_t = 5.0)]
+    pub checkpoint_minutes: f64,
     /// Print the result as JSON.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
@@ -95,8 +101,9 @@ fn parse_matmul(s: &str) -> Result<MatmulChoice, String> {
 fn parse_preset(s: &str) -> Result<Preset, String> {
     match s {
         "demo" => Ok(Preset::Demo),
+        "shipped" => Ok(Preset::Shipped),
         "tiny" => Ok(Preset::Tiny),
-        other => Err(format!("unknown preset {other:?} (demo or tiny)")),
+        other => Err(format!("unknown preset {other:?} (demo, shipped or tiny)")),
     }
 }
 
@@ -104,6 +111,21 @@ fn parse_preset(s: &str) -> Result<Preset, String> {
 /// evaluation and writing files.
 const TARGET_SHARE: f64 = 0.62;
 const DRAFT_SHARE: f64 = 0.28;
+
+/// Training steps of each model that fit a time budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StepBudget {
+    target_steps: usize,
+    draft_steps: usize,
+}
+
+/// `--minutes`' rule: each model gets its share of the budget, divided by the seconds one of
+/// its steps measured on this host; at least one step each.
+fn steps_for_minutes(minutes: f64, target_step_s: f64, draft_step_s: f64) -> StepBudget {
+    let budget = minutes * 60.0;
+    let steps = |share: f64, step_s: f64| ((budget * share / step_s.max(1e-9)).floor() as usize).max(1);
+    StepBudget { target_steps: steps(TARGET_SHARE, target_step_s), draft_steps: steps(DRAFT_SHARE, draft_step_s) }
+}
 
 impl DemoArgs {
     fn spec(&self, matmul: MatmulKind) -> anyhow::Result<DemoSpec> {
@@ -125,9 +147,9 @@ impl DemoArgs {
             );
             let target_s = demo::seconds_per_step(&spec, spec.target, None, matmul, self.device)?;
             let draft_s = demo::seconds_per_step(&spec, spec.draft, Some(spec.target), matmul, self.device)?;
-            let budget = minutes * 60.0;
-            spec.target_steps = ((budget * TARGET_SHARE / target_s) as usize).max(1);
-            spec.draft_steps = ((budget * DRAFT_SHARE / draft_s) as usize).max(1);
+            let fit = steps_for_minutes(minutes, target_s, draft_s);
+            spec.target_steps = fit.target_steps;
+            spec.draft_steps = fit.draft_steps;
             eprintln!(
                 "{:.2} s per target step, {:.2} s per draft step: --target-steps {} --draft-steps {}",
                 target_s, draft_s, spec.target_steps, spec.draft_steps
@@ -148,11 +170,14 @@ struct Bars {
     stage: String,
     steps: usize,
     started: Instant,
+    /// Steps already done when this process took the stage up (a resumed checkpoint's), so
+    /// that the rate and the ETA count only this run's steps.
+    resumed_at: Option<usize>,
 }
 
 impl Bars {
     fn new() -> Self {
-        Self { bar: None, stage: String::new(), steps: 0, started: Instant::now() }
+        Self { bar: None, stage: String::new(), steps: 0, started: Instant::now(), resumed_at: None }
     }
 
     fn finish(&mut self) {
@@ -168,6 +193,7 @@ impl Progress for Bars {
         self.stage = name.to_owned();
         self.steps = steps;
         self.started = Instant::now();
+        self.resumed_at = None;
         if steps == 0 {
             eprintln!("{name}…");
             return;
@@ -185,15 +211,23 @@ impl Progress for Bars {
 
     fn step(&mut self, step: usize, loss: f64, tokens_per_s: f64) {
         let msg = format!("loss {loss:.3}, {tokens_per_s:.0} tok/s");
+        let resumed_at = *self.resumed_at.get_or_insert_with(|| {
+            self.started = Instant::now();
+            step - 1
+        });
         match &self.bar {
             Some(bar) if !bar.is_hidden() => {
+                if step - 1 == resumed_at && resumed_at > 0 {
+                    bar.set_position(resumed_at as u64);
+                    bar.reset_eta();
+                }
                 bar.set_position(step as u64);
                 bar.set_message(msg);
             }
             _ => {
                 if step == self.steps || step.is_multiple_of((self.steps / 10).max(1)) {
                     let elapsed = self.started.elapsed().as_secs_f64();
-                    let eta = elapsed / step as f64 * (self.steps - step) as f64;
+                    let eta = elapsed / (step - resumed_at) as f64 * (self.steps - step) as f64;
                     eprintln!("{}: step {step}/{}, {msg}, ETA {eta:.0} s", self.stage, self.steps);
                 }
             }
@@ -202,8 +236,8 @@ impl Progress for Bars {
 
     fn note(&mut self, text: &str) {
         match &self.bar {
-            Some(bar) => bar.println(text),
-            None => eprintln!("{text}"),
+            Some(bar) if !bar.is_hidden() => bar.println(text),
+            _ => eprintln!("{text}"),
         }
     }
 }
@@ -231,6 +265,9 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         }
     );
     let spec = args.spec(matmul)?;
+    if !(args.checkpoint_minutes.is_finite() && args.checkpoint_minutes >= 0.0) {
+        return Err(invalid(format!("--checkpoint-minutes must be 0 or more, got {}", args.checkpoint_minutes)));
+    }
     let opts = BuildOptions {
         out: args.out.clone(),
         corpus: args.corpus.clone(),
@@ -238,6 +275,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         spec,
         matmul,
         device: args.device,
+        checkpoint_every: Duration::from_secs_f64(args.checkpoint_minutes * 60.0),
     };
     let started = Instant::now();
     let mut bars = Bars::new();
@@ -270,4 +308,24 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     );
     outln!("acceptance α = mean Σ min(p, q): {:.3} at T = 1, {:.3} greedy", r.alpha_t1, r.alpha_greedy);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minutes_become_steps_by_each_models_measured_step_time() {
+        // 10 minutes, a target step of 3 s and a draft step of 1 s: 62 % of 600 s is 372 s,
+        // 124 target steps; 28 % is 168 s, 168 draft steps.
+        assert_eq!(steps_for_minutes(10.0, 3.0, 1.0), StepBudget { target_steps: 124, draft_steps: 168 });
+        // A host twice as fast gets twice the steps for the same minutes.
+        assert_eq!(steps_for_minutes(10.0, 1.5, 0.5), StepBudget { target_steps: 248, draft_steps: 336 });
+        // What the steps cost together stays within the budget.
+        let fit = steps_for_minutes(7.3, 2.9, 0.7);
+        let spent = fit.target_steps as f64 * 2.9 + fit.draft_steps as f64 * 0.7;
+        assert!(spent <= 7.3 * 60.0 * (TARGET_SHARE + DRAFT_SHARE), "{spent}");
+        // A budget too small for one step still trains one of each.
+        assert_eq!(steps_for_minutes(0.001, 30.0, 30.0), StepBudget { target_steps: 1, draft_steps: 1 });
+    }
 }

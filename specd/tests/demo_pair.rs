@@ -1,7 +1,7 @@
 //! `specd models demo` and `specd bench` on the `tiny` preset (seconds to build): the pair
 //! loads in transformers with the same tokenizer and logits as specd's, builds are
-//! deterministic for a seed and cached, `--minutes` produces a loadable pair, and the bench
-//! JSON is complete and consistent.
+//! deterministic for a seed and cached, a build killed part-way resumes to the same bytes,
+//! `--minutes` produces a loadable pair, and the bench JSON is complete and consistent.
 
 mod common;
 
@@ -168,6 +168,52 @@ fn the_matmul_kind_follows_this_cpu_and_the_flag() {
 }
 
 #[test]
+fn a_build_killed_part_way_resumes_to_the_bytes_of_one_never_stopped() {
+    let steps = ["--target-steps", "400", "--draft-steps", "200", "--checkpoint-minutes", "0"];
+    let (straight, _) = build(11, &steps);
+    let out = std::env::temp_dir().join(format!("specd-demo-resumed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut args = vec!["models", "demo", "--preset", "tiny", "--out", out.to_str().unwrap(), "--seed", "11"];
+    args.extend_from_slice(&steps);
+    // Killed (SIGKILL: nothing runs on the way out) once the target's stage has saved a
+    // checkpoint, and again once the draft's has.
+    for partial in [".target.partial", ".draft.partial"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("specd runs");
+        let position = out.join(partial).join("position.json");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !position.exists() {
+            assert!(child.try_wait().unwrap().is_none(), "the build ended before {partial} was saved");
+            assert!(std::time::Instant::now() < deadline, "no {partial} within 2 minutes");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let output = specd(&args);
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    // The last run took up the draft's stage part-way (the target's was finished by the
+    // second run, which resumed it).
+    let resumed = log.lines().find(|l| l.starts_with("resuming at step ")).unwrap_or_else(|| panic!("{log}"));
+    let step: usize = resumed["resuming at step ".len()..].split(' ').next().unwrap().parse().unwrap();
+    assert!((1..200).contains(&step), "{resumed}");
+    assert!(log.contains("target: cached"), "{log}");
+    for model in ["target", "draft"] {
+        let weights = |dir: &Path| std::fs::read(dir.join(model).join("model.safetensors")).unwrap();
+        assert!(weights(&straight) == weights(&out), "{model}: resumed bytes differ from the straight build's");
+    }
+    assert!(!out.join(".target.partial").exists() && !out.join(".draft.partial").exists(), "checkpoints removed");
+    for dir in [straight, out] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
 fn a_minutes_budget_builds_a_pair_transformers_loads() {
     let (dir, report) = build(3, &["--minutes", "0.1"]);
     assert!(report["report"]["alpha_t1"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));
@@ -183,6 +229,7 @@ fn bad_arguments_are_refused_with_exit_code_2() {
         &["models", "demo", "--preset", "tiny", "--minutes", "0"],
         &["models", "demo", "--preset", "tiny", "--corpus", "/nonexistent/dir"],
         &["models", "demo", "--preset", "tiny", "--target-steps", "0"],
+        &["models", "demo", "--preset", "tiny", "--checkpoint-minutes", "-1"],
         &["models", "demo", "--preset", "tiny", "--device", "tpu"],
         // No machine has a hundredth CUDA device: refused before any work.
         &["models", "demo", "--preset", "tiny", "--device", "cuda:99"],
