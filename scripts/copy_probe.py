@@ -9,7 +9,10 @@ model that copies predicts the second copy almost perfectly (loss well under 1 n
 right nearly always); one that does not scores both copies alike, and greedy prompt lookup
 then gains only from the output repeating itself (BENCHMARKS.md, issue #27).
 
-usage: copy_probe.py MODEL_DIR [MODEL_DIR ...] [--blocks N]
+usage: copy_probe.py MODEL_DIR [MODEL_DIR ...] [--blocks N] [--card CARD_JSON]
+
+With --card, the (one) model's figures are also written into a shipped pair's card.json
+under "copy_probe" (`specd models demo --ship-to` leaves it null).
 """
 
 import argparse
@@ -81,10 +84,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", help="Hugging Face checkpoint directories")
     parser.add_argument("--blocks", type=int, default=40, help="functions to copy (default 40)")
+    parser.add_argument("--card", help="a shipped pair's card.json to record the figures in")
     args = parser.parse_args()
+    if args.card and len(args.models) != 1:
+        parser.error("--card records one model's figures: give one MODEL_DIR")
     texts = blocks(args.blocks)
     for model_dir in args.models:
-        print(json.dumps(probe(model_dir, texts)))
+        figures = probe(model_dir, texts)
+        print(json.dumps(figures))
+        if args.card:
+            with open(args.card, encoding="utf-8") as f:
+                card = json.load(f)
+            figures["blocks"] = len(texts)
+            figures["model"] = "target"
+            card["copy_probe"] = figures
+            with open(args.card, "w", encoding="utf-8") as f:
+                f.write(json.dumps(card, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

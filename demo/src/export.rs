@@ -1,13 +1,15 @@
 //! Writes one model of the pair as a Hugging Face checkpoint directory that transformers and
 //! [`specd_model::LlamaModel::load`] both read: `config.json`, `generation_config.json`,
-//! `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`.
+//! `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`; a build's stage adds the
+//! key it was built from, a shipped model its `SHA256SUMS`.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use specd_model::LlamaConfig;
-use tch::Tensor;
+use specd_model::checksums::{CHECKSUMS_FILE, sha256_of};
 use tch::nn::VarStore;
+use tch::{Kind, Tensor};
 
 use crate::error::{DemoError, Result};
 use crate::spec::END_OF_TEXT_STR;
@@ -24,7 +26,32 @@ pub fn write_json(path: &Path, value: &Value) -> Result<()> {
     std::fs::write(path, text + "\n").map_err(io(path))
 }
 
-fn config_json(cfg: &LlamaConfig) -> Value {
+/// The number format a checkpoint's weights are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsFormat {
+    F32,
+    /// Half the bytes; what the shipped target is stored as.
+    Bf16,
+}
+
+impl WeightsFormat {
+    fn kind(self) -> Kind {
+        match self {
+            Self::F32 => Kind::Float,
+            Self::Bf16 => Kind::BFloat16,
+        }
+    }
+
+    /// The name transformers reads in `config.json`'s `torch_dtype`.
+    fn torch_dtype(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::Bf16 => "bfloat16",
+        }
+    }
+}
+
+fn config_json(cfg: &LlamaConfig, format: WeightsFormat) -> Value {
     json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -45,8 +72,16 @@ fn config_json(cfg: &LlamaConfig) -> Value {
         "mlp_bias": false,
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_ids.first(),
-        "torch_dtype": "float32",
+        "torch_dtype": format.torch_dtype(),
     })
+}
+
+/// How a checkpoint directory is written: a build's stage (f32, with the key it was built
+/// from) or a shipped model (its own number format, with `SHA256SUMS` checked at load).
+#[derive(Debug, Clone, Copy)]
+pub enum CheckpointKind<'a> {
+    Stage { build: &'a Value },
+    Shipped { format: WeightsFormat },
 }
 
 /// Writes the checkpoint into `dir` (created or replaced whole: files go to a sibling
@@ -56,12 +91,16 @@ pub fn write_checkpoint(
     cfg: &LlamaConfig,
     vs: &VarStore,
     tokenizer_json: &Path,
-    build: &Value,
+    kind: CheckpointKind<'_>,
 ) -> Result<()> {
+    let format = match kind {
+        CheckpointKind::Stage { .. } => WeightsFormat::F32,
+        CheckpointKind::Shipped { format } => format,
+    };
     let tmp = temporary_sibling(dir);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    write_json(&tmp.join("config.json"), &config_json(cfg))?;
+    write_json(&tmp.join("config.json"), &config_json(cfg, format))?;
     write_json(
         &tmp.join("generation_config.json"),
         &json!({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids, "do_sample": true}),
@@ -78,18 +117,46 @@ pub fn write_checkpoint(
     )?;
     let tok_dst = tmp.join("tokenizer.json");
     std::fs::copy(tokenizer_json, &tok_dst).map_err(io(tokenizer_json))?;
-    write_weights(vs, &tmp.join("model.safetensors"))?;
-    write_json(&tmp.join(BUILD_FILE), build)?;
+    write_weights_as(vs, &tmp.join("model.safetensors"), format)?;
+    match kind {
+        CheckpointKind::Stage { build } => write_json(&tmp.join(BUILD_FILE), build)?,
+        CheckpointKind::Shipped { .. } => write_checksums(&tmp)?,
+    }
     replace_dir(&tmp, dir)
+}
+
+/// Lists every file of `dir` with its SHA-256 in `dir/SHA256SUMS`, as `sha256sum` writes it
+/// (so `sha256sum -c SHA256SUMS` checks it too), in name order.
+pub fn write_checksums(dir: &Path) -> Result<()> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != CHECKSUMS_FILE)
+        .collect();
+    names.sort();
+    let mut text = String::new();
+    for name in names {
+        let path = dir.join(&name);
+        let digest = sha256_of(&path).map_err(io(&path))?;
+        text.push_str(&format!("{digest}  {name}\n"));
+    }
+    let list = dir.join(CHECKSUMS_FILE);
+    std::fs::write(&list, text).map_err(io(&list))
 }
 
 /// Writes the variables of `vs` to one safetensors file, in name order and from the host: a
 /// model trained on a GPU is written like one trained here.
 pub fn write_weights(vs: &VarStore, path: &Path) -> Result<()> {
+    write_weights_as(vs, path, WeightsFormat::F32)
+}
+
+fn write_weights_as(vs: &VarStore, path: &Path, format: WeightsFormat) -> Result<()> {
     let mut named: Vec<(String, Tensor)> = vs
         .variables()
         .into_iter()
-        .map(|(name, t)| Ok((name, t.f_to_device(tch::Device::Cpu)?.f_contiguous()?)))
+        .map(|(name, t)| Ok((name, t.f_to_device(tch::Device::Cpu)?.f_to_kind(format.kind())?.f_contiguous()?)))
         .collect::<Result<_>>()?;
     named.sort_by(|a, b| a.0.cmp(&b.0));
     Tensor::write_safetensors(&named, path)?;

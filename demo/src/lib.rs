@@ -44,7 +44,7 @@ pub mod train;
 pub use error::{DemoError, Result};
 pub use evaluate::PairReport;
 pub use matmul::MatmulKind;
-pub use pair::{BuildOptions, BuildOutcome, build};
+pub use pair::{BuildOptions, BuildOutcome, ShippedPair, build};
 pub use progress::{Progress, Quiet};
 pub use spec::{DemoSpec, Preset, Shape};
 pub use step_time::seconds_per_step;

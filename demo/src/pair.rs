@@ -11,6 +11,7 @@ use tch::nn::VarStore;
 use crate::checkpoint::StageCheckpoint;
 use crate::error::{DemoError, Result};
 use crate::evaluate::{self, PairReport};
+use crate::export::{CheckpointKind, WeightsFormat};
 use crate::matmul::MatmulKind;
 use crate::net::TrainableLlama;
 use crate::progress::Progress;
@@ -37,6 +38,17 @@ pub struct BuildOptions {
     pub device: DeviceSpec,
     /// How often a training stage saves a checkpoint to resume from (zero: every step).
     pub checkpoint_every: Duration,
+    /// Also write the pair as the repository ships it: the target in bf16, both models with
+    /// `SHA256SUMS`, evaluated as stored.
+    pub ship_to: Option<PathBuf>,
+}
+
+/// The pair as written to [`BuildOptions::ship_to`].
+#[derive(Debug, Clone)]
+pub struct ShippedPair {
+    pub dir: PathBuf,
+    /// Held-out figures of the shipped files (the target's weights rounded to bf16).
+    pub report: PairReport,
 }
 
 /// `key` with `"device": kind` added when the build does not train on the CPU: CPU keys
@@ -60,6 +72,7 @@ pub struct BuildOutcome {
     pub cached: bool,
     pub corpus_root: PathBuf,
     pub train_tokens: usize,
+    pub shipped: Option<ShippedPair>,
 }
 
 fn parameters(vs: &VarStore) -> u64 {
@@ -69,6 +82,12 @@ fn parameters(vs: &VarStore) -> u64 {
 /// Builds the pair into `opts.out/{target,draft}`, reusing cached stages.
 pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOutcome> {
     opts.spec.validate().map_err(DemoError::InvalidInput)?;
+    if opts.ship_to.as_ref().is_some_and(|dir| dir == &opts.out) {
+        return Err(DemoError::InvalidInput(format!(
+            "the shipped pair must go elsewhere than the build's own directory {}",
+            opts.out.display()
+        )));
+    }
     std::fs::create_dir_all(&opts.out).map_err(|source| DemoError::Io { path: opts.out.clone(), source })?;
     let root = match &opts.corpus {
         Some(dir) => dir.clone(),
@@ -154,7 +173,14 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
             },
         )?;
         progress.note(&format!("target: final training loss {loss:.3}"));
-        export::write_checkpoint(&target_dir, &target_cfg, &target_vs, &tokenizer_json, &json!({"key": target_key}))?;
+        let build = json!({"key": target_key});
+        export::write_checkpoint(
+            &target_dir,
+            &target_cfg,
+            &target_vs,
+            &tokenizer_json,
+            CheckpointKind::Stage { build: &build },
+        )?;
         checkpoint.remove()?;
     }
     target_vs.freeze();
@@ -189,7 +215,14 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
             },
         )?;
         progress.note(&format!("draft: final distillation loss {loss:.3}"));
-        export::write_checkpoint(&draft_dir, &draft_cfg, &draft_vs, &tokenizer_json, &json!({"key": draft_key}))?;
+        let build = json!({"key": draft_key});
+        export::write_checkpoint(
+            &draft_dir,
+            &draft_cfg,
+            &draft_vs,
+            &tokenizer_json,
+            CheckpointKind::Stage { build: &build },
+        )?;
         checkpoint.remove()?;
     }
 
@@ -199,6 +232,18 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         .next_batch()?
         .f_to_device(device)?;
     let report = evaluate::evaluate(&target, &draft, &held)?;
+    let shipped = match &opts.ship_to {
+        None => None,
+        Some(dir) => {
+            progress.stage("writing the shipped pair", 0);
+            round_to_bf16(&target_vs)?;
+            let target_format = CheckpointKind::Shipped { format: WeightsFormat::Bf16 };
+            export::write_checkpoint(&dir.join("target"), &target_cfg, &target_vs, &tokenizer_json, target_format)?;
+            let draft_format = CheckpointKind::Shipped { format: WeightsFormat::F32 };
+            export::write_checkpoint(&dir.join("draft"), &draft_cfg, &draft_vs, &tokenizer_json, draft_format)?;
+            Some(ShippedPair { dir: dir.clone(), report: evaluate::evaluate(&target, &draft, &held)? })
+        }
+    };
     let outcome = BuildOutcome {
         target_dir,
         draft_dir,
@@ -208,6 +253,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         cached: all_cached,
         corpus_root: root,
         train_tokens: train_stream.len(),
+        shipped,
     };
     export::write_json(
         &opts.out.join(PAIR_FILE),
@@ -218,6 +264,17 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         ),
     )?;
     Ok(outcome)
+}
+
+/// Rounds every weight of `vs` to the nearest bf16 in place, so that the model computes what
+/// its bf16 file will.
+fn round_to_bf16(vs: &VarStore) -> Result<()> {
+    let _no_grad = tch::no_grad_guard();
+    for (_, mut t) in vs.variables() {
+        let rounded = t.f_to_kind(tch::Kind::BFloat16)?.f_to_kind(t.kind())?;
+        let _ = t.f_copy_(&rounded)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -26,6 +26,15 @@ fn flags(cpuinfo: &str) -> impl Iterator<Item = &str> {
         .split_whitespace()
 }
 
+/// The CPU's `model name` in `/proc/cpuinfo` (as in "AMD EPYC 7B13"), for records of where a
+/// figure was measured; `None` where there is none.
+pub fn cpu_model_name() -> Option<String> {
+    cpuinfo().lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        (key.trim() == "model name").then(|| value.trim().to_owned())
+    })
+}
+
 /// Whether the CPU has bfloat16 matrix units (x86 AMX: the `amx_bf16` flag), on which bf16
 /// matmuls outrun f32 ones. Without them (AVX-512 BF16 alone converts and dots vectors)
 /// libtorch's bf16 serving passes are slower than its f32 ones. `false` where

@@ -54,6 +54,10 @@ pub enum ModelError {
     )]
     UnusedTensors { path: PathBuf, tensors: Vec<String> },
 
+    /// A file's SHA-256 differs from the one the checkpoint's `SHA256SUMS` lists for it.
+    #[error("{path} is corrupted or was changed: its SHA-256 is {found}, SHA256SUMS says {expected}")]
+    Checksum { path: PathBuf, expected: String, found: String },
+
     /// The tokenizer file cannot be loaded or used.
     #[error("tokenizer {path}: {message}")]
     Tokenizer { path: PathBuf, message: String },
@@ -163,6 +167,7 @@ impl ModelError {
             | Self::TensorShape { .. }
             | Self::TensorDtype { .. }
             | Self::UnusedTensors { .. }
+            | Self::Checksum { .. }
             | Self::Tokenizer { .. }
             | Self::Device(_) => ErrorClass::FailedPrecondition,
             Self::WorkerGone(_) => ErrorClass::Unavailable,

@@ -16,6 +16,7 @@
 //!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
 //!   0.1], "rules": [{"prefix": [0], "probs": [...]}, {"suffix": [1], "probs": [...]}]}`,
 //!   and its logits are `ln p` with [`table::ZERO_PROB_LOGIT`] for `p = 0`.
+//! - [`checksums`]: a checkpoint's `SHA256SUMS`, checked at load when it is there;
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint; `checkpoint_text`: a
 //!   checkpoint's name and optional tokenizer, as both engines read and use them.
 //! - [`worker`]: the dedicated model thread and its clonable [`ModelHandle`];
@@ -43,6 +44,7 @@
 pub mod attention;
 pub mod batching;
 mod checkpoint_text;
+pub mod checksums;
 pub mod config;
 pub mod cpu_features;
 pub mod device;

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::checksums::verify_checksums;
 use crate::config::LlamaConfig;
 use crate::engine::Engine;
 use crate::error::{ModelError, Result};
@@ -16,10 +17,15 @@ use crate::table::TableModel;
 /// A model that can move to its worker thread.
 pub type BoxedModel = Box<dyn LanguageModel + Send>;
 
-/// Opens `path`: a directory is a Hugging Face checkpoint, a `.json` file a table model.
+/// Opens `path`: a directory is a Hugging Face checkpoint (checked against its `SHA256SUMS`
+/// first, when it has one), a `.json` file a table model.
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
     set_model_thread_count(opts.threads);
     if path.is_dir() {
+        let checked = verify_checksums(path)?;
+        if checked > 0 {
+            tracing::info!(files = checked, dir = %path.display(), "checkpoint files match SHA256SUMS");
+        }
         match opts.engine.resolve(&LlamaConfig::from_dir(path)?, opts)? {
             Engine::Host => Ok(Box::new(HostLlama::load(path, opts)?)),
             _ => Ok(Box::new(LlamaModel::load(path, opts)?)),

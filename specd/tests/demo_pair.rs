@@ -213,6 +213,68 @@ fn a_build_killed_part_way_resumes_to_the_bytes_of_one_never_stopped() {
     }
 }
 
+/// The fields a shipped pair's card must have, named here rather than taken from specd.
+const CARD_FIELDS: [&str; 14] = [
+    "command",
+    "seed",
+    "preset",
+    "commit",
+    "host",
+    "device",
+    "matmul",
+    "steps",
+    "tokens_seen",
+    "corpus",
+    "parameters",
+    "held_out_loss",
+    "alpha",
+    "copy_probe",
+];
+
+#[test]
+fn a_shipped_pair_has_its_card_and_checksums_and_a_corrupted_file_is_refused_by_name() {
+    let ship = std::env::temp_dir().join(format!("specd-demo-shipped-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ship);
+    let (build_dir, report) = build(5, &["--ship-to", ship.to_str().unwrap()]);
+    let card: Value = serde_json::from_slice(&std::fs::read(ship.join("card.json")).unwrap()).expect("card JSON");
+    for field in CARD_FIELDS {
+        assert!(card.get(field).is_some(), "card.json lacks {field}: {card}");
+    }
+    assert_eq!(card["seed"], 5);
+    assert_eq!(card["steps"]["target"], 12, "the tiny preset's steps");
+    assert_eq!(card["tokens_seen"]["target"], 12 * 4 * 64, "steps × batch × context");
+    assert!(card["command"].as_str().unwrap().contains("--ship-to"), "{}", card["command"]);
+    assert_eq!(card["alpha"]["t0_8"], report["shipped"]["report"]["alpha_t08"]);
+    assert!(ship.join("README.md").is_file());
+    // The target is stored in bf16: half the f32 build's bytes, give or take the header.
+    let size = |p: PathBuf| std::fs::metadata(p).unwrap().len() as f64;
+    let ratio = size(ship.join("target/model.safetensors")) / size(build_dir.join("target/model.safetensors"));
+    assert!((0.45..0.55).contains(&ratio), "bf16 over f32 bytes {ratio}");
+    // sha256sum itself agrees with the lists.
+    for model in ["target", "draft"] {
+        let check =
+            Command::new("sha256sum").args(["-c", "--quiet", "SHA256SUMS"]).current_dir(ship.join(model)).output();
+        let check = check.expect("sha256sum runs");
+        assert!(check.status.success(), "{model}: {}", String::from_utf8_lossy(&check.stdout));
+    }
+    let logits = |dir: &Path| specd(&["logits", "--model", dir.to_str().unwrap(), "--text", "import os", "--json"]);
+    let loaded = logits(&ship.join("target"));
+    assert!(loaded.status.success(), "{}", String::from_utf8_lossy(&loaded.stderr));
+    // One byte changed in the weights: refused at load, naming the file.
+    let weights = ship.join("target/model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&weights, bytes).unwrap();
+    let refused = logits(&ship.join("target"));
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a corrupted checkpoint loaded");
+    assert!(message.contains("model.safetensors") && message.contains("SHA256SUMS"), "{message}");
+    for dir in [build_dir, ship] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 #[test]
 fn a_minutes_budget_builds_a_pair_transformers_loads() {
     let (dir, report) = build(3, &["--minutes", "0.1"]);
@@ -230,6 +292,7 @@ fn bad_arguments_are_refused_with_exit_code_2() {
         &["models", "demo", "--preset", "tiny", "--corpus", "/nonexistent/dir"],
         &["models", "demo", "--preset", "tiny", "--target-steps", "0"],
         &["models", "demo", "--preset", "tiny", "--checkpoint-minutes", "-1"],
+        &["models", "demo", "--preset", "tiny", "--out", "/tmp/specd-same", "--ship-to", "/tmp/specd-same"],
         &["models", "demo", "--preset", "tiny", "--device", "tpu"],
         // No machine has a hundredth CUDA device: refused before any work.
         &["models", "demo", "--preset", "tiny", "--device", "cuda:99"],

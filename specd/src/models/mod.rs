@@ -11,6 +11,8 @@ use specd_model::DeviceSpec;
 use crate::cli_error::invalid;
 use crate::serve::parse_device;
 
+mod card;
+
 /// Build models: `specd models demo` builds the demo pair offline.
 #[derive(Debug, clap::Args)]
 pub struct ModelsArgs {
@@ -73,6 +75,11 @@ pub struct DemoArgs {
     /// same bytes as one never stopped. 0 saves after every step.
     #[arg(long, env = "SPECD_DEMO_CHECKPOINT_MINUTES", default_value_t = 5.0)]
     pub checkpoint_minutes: f64,
+    /// Also write the pair as the repository ships it into this directory: the target's
+    /// weights in bf16, a SHA256SUMS in each model's directory (checked at load), and the
+    /// model card (card.json, README.md) with the figures of the files as stored.
+    #[arg(long, env = "SPECD_DEMO_SHIP_TO")]
+    pub ship_to: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
@@ -96,6 +103,30 @@ impl MatmulChoice {
 
 fn parse_matmul(s: &str) -> Result<MatmulChoice, String> {
     if s == "auto" { Ok(MatmulChoice::Auto) } else { s.parse().map(MatmulChoice::Fixed) }
+}
+
+fn preset_name(preset: Preset) -> &'static str {
+    match preset {
+        Preset::Demo => "demo",
+        Preset::Shipped => "shipped",
+        Preset::Tiny => "tiny",
+    }
+}
+
+/// This process's command line, each argument quoted where a shell would need it.
+fn command_line() -> String {
+    let quote = |a: String| {
+        if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,".contains(c)) {
+            a
+        } else {
+            format!("'{}'", a.replace('\'', "'\\''"))
+        }
+    };
+    let mut args = std::env::args();
+    let program = args
+        .next()
+        .map(|p| std::path::Path::new(&p).file_name().map_or(p.clone(), |n| n.to_string_lossy().into_owned()));
+    program.into_iter().chain(args).map(quote).collect::<Vec<_>>().join(" ")
 }
 
 fn parse_preset(s: &str) -> Result<Preset, String> {
@@ -250,6 +281,12 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     {
         return Err(invalid(format!("--corpus {} is not a directory", dir.display())));
     }
+    if args.ship_to.as_ref().is_some_and(|dir| dir == &args.out) {
+        return Err(invalid(format!(
+            "--ship-to {} is --out's directory: the shipped pair must go elsewhere than the build's stages",
+            args.out.display()
+        )));
+    }
     // Refused before any work (exit code 2) when the device is not there.
     args.device.to_device().map_err(|e| invalid(format!("--device {}: {e}", args.device)))?;
     let matmul = args.matmul.resolve(args.device);
@@ -276,17 +313,31 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         matmul,
         device: args.device,
         checkpoint_every: Duration::from_secs_f64(args.checkpoint_minutes * 60.0),
+        ship_to: args.ship_to.clone(),
+    };
+    let provenance = card::Provenance {
+        command: command_line(),
+        seed: args.seed,
+        preset: preset_name(args.preset).into(),
+        spec: opts.spec.clone(),
+        matmul,
+        device: args.device,
     };
     let started = Instant::now();
     let mut bars = Bars::new();
     let outcome = demo::build(&opts, &mut bars)?;
     bars.finish();
     let r = outcome.report;
+    if let Some(shipped) = &outcome.shipped {
+        let card = card::card(&provenance, &outcome, &shipped.report);
+        card::write(&shipped.dir, &card)?;
+    }
     if args.json {
         let json = serde_json::json!({
             "target": outcome.target_dir, "draft": outcome.draft_dir, "cached": outcome.cached,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters,
             "report": r, "matmul": matmul, "device": args.device.to_string(), "seconds": started.elapsed().as_secs_f64(),
+            "shipped": outcome.shipped.as_ref().map(|s| serde_json::json!({"dir": s.dir, "report": s.report})),
         });
         outln!("{json}");
         return Ok(());
@@ -306,7 +357,23 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         r.target_loss,
         r.draft_loss
     );
-    outln!("acceptance α = mean Σ min(p, q): {:.3} at T = 1, {:.3} greedy", r.alpha_t1, r.alpha_greedy);
+    outln!(
+        "acceptance α = mean Σ min(p, q): {:.3} at T = 1, {:.3} at T = 0.8, {:.3} greedy",
+        r.alpha_t1,
+        r.alpha_t08,
+        r.alpha_greedy
+    );
+    if let Some(shipped) = &outcome.shipped {
+        let s = shipped.report;
+        outln!(
+            "shipped to {} (target in bf16): held-out loss {:.3} and {:.3}; α {:.3} at T = 0.8, {:.3} greedy",
+            shipped.dir.display(),
+            s.target_loss,
+            s.draft_loss,
+            s.alpha_t08,
+            s.alpha_greedy
+        );
+    }
     Ok(())
 }
 
