@@ -19,24 +19,36 @@ export PYTHON_SYS_EXECUTABLE := $(PYTHON)
 export VIRTUAL_ENV := $(VENV)
 export PATH := $(VENV)/bin:$(PATH)
 export SPECD_PYTHON := $(PYTHON)
-TORCH_LIB = $(VENV)/lib/python3.11/site-packages/torch/lib
-export LD_LIBRARY_PATH := $(TORCH_LIB):$(LD_LIBRARY_PATH)
+# specd finds libtorch by its RUNPATH; the CUDA runtime test looks for the wheel's libraries on
+# LD_LIBRARY_PATH. The venv's Python version is whatever `python3` made it, so the directory is
+# looked up when a recipe runs (the venv may not exist when this file is read).
+TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
+OUTER_LD_LIBRARY_PATH := $(LD_LIBRARY_PATH)
+export LD_LIBRARY_PATH = $(TORCH_LIB)$(if $(OUTER_LD_LIBRARY_PATH),:$(OUTER_LD_LIBRARY_PATH))
 
 CARGO ?= cargo
 
-.PHONY: all build test lint fmt demo bench torch pydeps deploy-check gpu-bundle-check gpu-dry-run fuzz clean help
+.PHONY: all build test lint demo demo-rebuild demo-ship bench torch pydeps deploy-check gpu-bundle-check gpu-dry-run fuzz clean help
 
 all: build
 
 help:
-	@echo "make demo   - run the main job on the embedded default (see README)"
-	@echo "make test   - install what is missing, then lint and run every test"
-	@echo "make build  - build target/release/specd"
-	@echo "make bench  - run the criterion benchmarks (sampling round, model verify vs decode)"
-	@echo "make fuzz   - build the fuzz targets (stable cargo-fuzz) and fuzz each for 20 s"
+	@echo "make demo         - all three roles on loopback with the shipped demo pair (models/demo): a streamed completion, the speedup, curl"
+	@echo "make test         - install what is missing, then lint and run every test (under an hour on 2 cores)"
+	@echo "make demo-rebuild - train a demo pair here (specd models demo, about 30-60 minutes on 2 cores) and run the demo with it"
+	@echo "make demo-ship    - train the shipped pair's recipe (hours on 2 cores; resumes where it stopped) and write it to models/demo"
+	@echo "make build        - build target/release/specd"
+	@echo "make all          - the same as make build (what plain make runs)"
+	@echo "make lint         - rustfmt, clippy (release, every target) and the no-file-circles check"
+	@echo "make bench        - run the criterion benchmarks (sampling round, model verify vs decode)"
+	@echo "make fuzz         - build the fuzz targets (stable cargo-fuzz) and fuzz each for 20 s"
 	@echo "make deploy-check - render and validate deploy/k8s, specd --check-config on every container"
 	@echo "make gpu-bundle-check - build the GPU check's bundle (target/gpu-check) and check it fits in 64 MiB"
-	@echo "make gpu-dry-run - run that bundle's stages on the CPU (--quick): every one a CPU can run must pass"
+	@echo "make gpu-dry-run  - run that bundle's stages on the CPU (--quick): every one a CPU can run must pass"
+	@echo "make torch        - install torch $(TORCH_VER) into .venv (what specd links)"
+	@echo "make pydeps       - install the tests' Python packages into .venv (transformers, grpcio, openai, ...)"
+	@echo "make clean        - remove the build outputs"
+	@echo "make help         - this list"
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -121,6 +133,18 @@ bench: torch
 
 demo: build
 	./scripts/demo.sh
+
+# A pair trained on this host (the `demo` preset, sized for tens of minutes), then the demo
+# with it; the stages are cached in models/demo-build.
+demo-rebuild: build
+	./target/release/specd models demo --out models/demo-build
+	SPECD_DEMO_DIR=models/demo-build ./scripts/demo.sh
+
+# The shipped pair's recipe: hours on 2 cores, checkpointed every 5 minutes, so running it
+# again resumes where it stopped; then the copy probe (transformers) into its card.
+demo-ship: build pydeps
+	./target/release/specd models demo --preset shipped --matmul f32 --out models/shipped-build --ship-to models/demo
+	$(PYTHON) scripts/copy_probe.py models/demo/target --card models/demo/card.json
 
 clean:
 	$(CARGO) clean

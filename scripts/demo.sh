@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The demo behind `make demo`: the demo model pair (built offline on first use, then cached in
-# models/demo), all three roles as real gRPC servers on loopback (`specd up`), a streamed
-# completion of a code prompt, then the speedup over target-only decoding on that prompt.
+# The demo behind `make demo`: the demo model pair (the one the repository ships in models/demo,
+# checked against its SHA256SUMS at load; without it, one built here into models/demo-build),
+# all three roles as real gRPC servers on loopback (`specd up`), a streamed completion of a
+# code prompt, then the speedup over target-only decoding on that prompt.
 set -euo pipefail
 specd=${SPECD_BIN:-./target/release/specd}
 models=${SPECD_DEMO_DIR:-models/demo}
@@ -20,7 +21,13 @@ if [ -z "${SPECD_DTYPE:-}" ]; then
 fi
 
 echo "== 1. The demo pair (a Llama target trained on Python sources, a draft distilled from it) =="
-"$specd" models demo --out "$models"
+if [ -f "$models/target/config.json" ] && [ -f "$models/draft/config.json" ]; then
+  echo "using $models$( [ -f "$models/card.json" ] && echo " (its figures and how it was made: $models/card.json)")"
+else
+  echo "no pair in $models: building one here (specd models demo --out models/demo-build; tens of minutes)"
+  "$specd" models demo --out models/demo-build
+  models=models/demo-build
+fi
 echo
 
 echo "== 2. specd up: target node, draft node and coordinator over gRPC on loopback (target in $SPECD_DTYPE, draft in ${SPECD_DRAFT_DTYPE:-$SPECD_DTYPE}) =="

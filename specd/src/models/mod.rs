@@ -36,8 +36,9 @@ pub enum ModelsCommand {
 /// with AVX-512 BF16 and no AMX (bf16 matmuls); a CPU with AMX takes less.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Where to write tokenizer/, target/, draft/ and specd-demo.json.
-    #[arg(long, env = "SPECD_DEMO_DIR", default_value = "models/demo")]
+    /// Where to write tokenizer/, target/, draft/ and specd-demo.json (the stages, each
+    /// cached with its key). The repository's shipped pair is models/demo.
+    #[arg(long, env = "SPECD_DEMO_BUILD_DIR", default_value = "models/demo-build")]
     pub out: PathBuf,
     /// Directory of .py files to train on (default: Python's standard library).
     #[arg(long, env = "SPECD_DEMO_CORPUS")]
