@@ -42,7 +42,7 @@ pub struct AuditArgs {
     #[arg(long, env = "SPECD_AUDIT_SAMPLES", default_value_t = 20_000)]
     samples: u64,
     /// Draft length of the speculative arm (default: the coordinator's policy).
-    #[arg(long, env = "SPECD_GAMMA")]
+    #[arg(long, env = "SPECD_AUDIT_GAMMA")]
     gamma: Option<u32>,
     /// Use the dense reference wire format in the speculative arm.
     #[arg(long, env = "SPECD_DENSE")]

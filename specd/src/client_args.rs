@@ -15,7 +15,7 @@ pub struct ClientArgs {
     #[arg(long, env = "SPECD_ENDPOINT", default_value = "http://127.0.0.1:50051")]
     pub endpoint: String,
     /// Bearer token, for a coordinator started with --api-token.
-    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "SPECD_CLIENT_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
     /// The prompt as text (tokenised by the model's tokenizer).
     #[arg(long, env = "SPECD_PROMPT", conflicts_with = "token_ids", required_unless_present = "token_ids")]

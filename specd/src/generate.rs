@@ -20,7 +20,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     client: ClientArgs,
     /// Tokens to generate at most (default: the coordinator's).
-    #[arg(long, env = "SPECD_MAX_NEW_TOKENS")]
+    #[arg(long, env = "SPECD_GENERATE_MAX_NEW_TOKENS")]
     max_new_tokens: Option<u32>,
     #[command(flatten)]
     sampling: SamplingFlags,
@@ -28,7 +28,7 @@ pub struct GenerateArgs {
     #[arg(long, env = "SPECD_SEED")]
     seed: Option<u64>,
     /// Draft length (0: target-only); default: the coordinator's policy.
-    #[arg(long, env = "SPECD_GAMMA")]
+    #[arg(long, env = "SPECD_GENERATE_GAMMA")]
     gamma: Option<u32>,
     /// Use the dense reference wire format.
     #[arg(long, env = "SPECD_DENSE")]

@@ -2,7 +2,7 @@
 //!
 //! Row `i` of the output scores the token that follows input token `i`, which is what the
 //! target node computes for a speculative block. `--model` takes a Hugging Face checkpoint
-//! directory (Llama, Mistral, Qwen2) or a table-model `.json` file (format in
+//! directory (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text) or a table-model `.json` file (format in
 //! `specd_model::table`).
 
 use std::path::PathBuf;

@@ -127,6 +127,32 @@ mod tests {
         Cli::try_parse_from(std::iter::once("specd").chain(args.iter().copied())).unwrap().command.runs_a_target_model()
     }
 
+    /// The environment variables a subcommand's flags read.
+    fn env_names(subcommand: &str) -> std::collections::BTreeSet<String> {
+        use clap::CommandFactory as _;
+        let cli = Cli::command();
+        let sub = cli.find_subcommand(subcommand).unwrap_or_else(|| panic!("no subcommand {subcommand}"));
+        sub.get_arguments().filter_map(|a| a.get_env()).map(|e| e.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn clients_read_no_variable_a_server_reads() {
+        // A coordinator's SPECD_GAMMA is its default for every request; a client reading it
+        // too would pin γ on the requests of whoever set it for the server in the same shell.
+        let servers: std::collections::BTreeSet<String> =
+            ["coordinator", "up", "target", "draft"].into_iter().flat_map(env_names).collect();
+        assert!(servers.contains("SPECD_GAMMA") && servers.contains("SPECD_API_TOKEN"), "{servers:?}");
+        for client in ["generate", "audit"] {
+            let shared: Vec<String> = env_names(client).intersection(&servers).cloned().collect();
+            assert!(shared.is_empty(), "{client} reads {shared:?}, which a server also reads");
+        }
+        // bench --embedded runs the nodes itself, with their flags and names, but takes the
+        // requests' settings under its own.
+        let coordinator = env_names("coordinator");
+        let shared: Vec<String> = env_names("bench").intersection(&coordinator).cloned().collect();
+        assert!(shared.is_empty(), "bench reads {shared:?}, which the coordinator also reads");
+    }
+
     #[test]
     fn only_processes_that_run_a_target_model_start_again() {
         let up = ["up", "--target-model", "t", "--draft-model", "d"];

@@ -1,5 +1,6 @@
 //! Mutual TLS between the coordinator and the nodes: with `--tls-client-ca`, a node lets in
-//! only clients whose certificate that CA signed. The certificates are made in the test.
+//! only clients whose certificate that CA signed; and `specd up`'s gRPC API over TLS. The
+//! certificates are made in the test.
 
 use std::path::{Path, PathBuf};
 
@@ -119,4 +120,60 @@ async fn nodes_with_mutual_tls_let_in_only_certificates_of_their_ca() {
         Err(e) => Err(e.to_string()),
     };
     assert!(plain_info.is_err(), "plain text got in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_serves_its_grpc_api_over_tls_with_a_client_ca() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/mtls-up");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = Ca::new("specd test CA");
+    let ca_pem = ca.write(&dir.join("ca.pem"));
+    let (server_cert, server_key) = ca.leaf(&dir, "up", ExtendedKeyUsagePurpose::ServerAuth);
+    let (client_cert, client_key) = ca.leaf(&dir, "client", ExtendedKeyUsagePurpose::ClientAuth);
+    let model = dir.join("model.json");
+    std::fs::write(&model, r#"{"vocab_size": 4, "default": [0.4, 0.3, 0.2, 0.1]}"#).unwrap();
+    let up = [
+        "up",
+        "--target-model",
+        arg(&model),
+        "--draft-model",
+        arg(&model),
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "off",
+        "--tls-cert",
+        arg(&server_cert),
+        "--tls-key",
+        arg(&server_key),
+        "--tls-client-ca",
+        arg(&ca_pem),
+    ];
+    let (_up, endpoint) = start(&up, &[]);
+    let request = GenerateRequest {
+        prompt: Some(Prompt::TokenIds(TokenIds { ids: vec![1] })),
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(8), ignore_eos: true, ..Default::default() }),
+        ..Default::default()
+    };
+    let generate = |identity: Option<(PathBuf, PathBuf)>| {
+        let (ca_pem, request, url) = (ca_pem.clone(), request.clone(), format!("https://{endpoint}"));
+        async move {
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(&ca_pem).unwrap()));
+            if let Some((cert, key)) = identity {
+                tls = tls.identity(Identity::from_pem(std::fs::read(cert).unwrap(), std::fs::read(key).unwrap()));
+            }
+            let endpoint = Endpoint::from_shared(url).unwrap().tls_config(tls).map_err(|e| e.to_string())?;
+            let channel = endpoint.connect().await.map_err(|e| format!("connect: {e}"))?;
+            GenerationClient::new(channel).generate(request).await.map(|r| r.into_inner()).map_err(|e| e.to_string())
+        }
+    };
+    let reply = generate(Some((client_cert, client_key))).await.expect("a generation over mutual TLS");
+    assert_eq!(reply.token_ids.len(), 8);
+    assert!(generate(None).await.is_err(), "a client without a certificate got in");
+    let plain = match GenerationClient::connect(format!("http://{endpoint}")).await {
+        Ok(mut client) => client.generate(request).await.map(drop).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    assert!(plain.is_err(), "plain text got in");
 }

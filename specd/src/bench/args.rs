@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long, env = "SPECD_DEMO_DIR", default_value = "models/demo")]
     pub(super) demo_dir: PathBuf,
     /// Bearer token, for a coordinator started with --api-token.
-    #[arg(long, env = "SPECD_API_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "SPECD_CLIENT_API_TOKEN", hide_env_values = true)]
     pub(super) api_token: Option<String>,
     /// Prompts file: prompts separated by lines holding only `---` (default: built-in code
     /// prompts).
@@ -55,13 +55,13 @@ pub struct BenchArgs {
     #[arg(long, env = "SPECD_BENCH_PROMPT_SET", default_value = "code", value_parser = ["code", "grounded"])]
     pub(super) prompt_set: String,
     /// Draft length of the speculative runs: a number, or `auto` (the coordinator's policy).
-    #[arg(long, env = "SPECD_GAMMA", default_value = "auto", value_parser = parse_gamma)]
+    #[arg(long, env = "SPECD_BENCH_GAMMA", default_value = "auto", value_parser = parse_gamma)]
     pub(super) gamma: GammaFlag,
     /// Sampling temperature of both modes; 0 is greedy.
     #[arg(long, env = "SPECD_TEMPERATURE", default_value_t = 0.8)]
     pub(super) temperature: f64,
     /// Tokens generated per request.
-    #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 128)]
+    #[arg(long, env = "SPECD_BENCH_MAX_NEW_TOKENS", default_value_t = 128)]
     pub(super) max_new_tokens: u32,
     /// Passes over the prompts; the speedup's median, min and max are over these.
     #[arg(long, env = "SPECD_BENCH_REPEAT", default_value_t = 3)]

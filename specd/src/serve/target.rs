@@ -15,7 +15,8 @@ use super::shutdown::serve_until_signal;
 /// Run a target node: the big model, scoring whole blocks in one forward pass.
 #[derive(Debug, Args)]
 pub struct TargetArgs {
-    /// Checkpoint directory (Llama, Mistral, Qwen2 in Hugging Face format) or table-model .json.
+    /// Checkpoint directory in Hugging Face format (Llama, Mistral, Qwen2, Qwen3 or Gemma 3
+    /// text) or table-model .json.
     #[arg(long, env = "SPECD_MODEL")]
     model: PathBuf,
     /// Address to serve on.

@@ -12,7 +12,7 @@ use super::draft_options::{DraftOptions, ProposerOptions, draft_model_path};
 use super::loopback::LoopbackNodes;
 use super::node_options::NodeOptions;
 use super::runtime::{announce, bind, log_openmp_wait, run_role};
-use super::service_options::{MetricsOptions, TelemetryArgs};
+use super::service_options::{MetricsOptions, ServerTlsArgs, TelemetryArgs};
 use super::shutdown::{DrainArgs, serve_until_signal};
 
 /// Where `specd up` serves the HTTP API unless told otherwise (vLLM's port).
@@ -46,6 +46,9 @@ pub struct UpArgs {
     telemetry: TelemetryArgs,
     #[command(flatten)]
     drain: DrainArgs,
+    /// TLS on the coordinator's gRPC API (the nodes listen on loopback only, in plain text).
+    #[command(flatten)]
+    tls: ServerTlsArgs,
     #[command(flatten)]
     metrics: MetricsOptions,
     #[command(flatten)]
@@ -65,6 +68,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
     let draft_model = draft_model_path("--draft-model", args.draft_model.as_ref(), proposer.kind)?;
     let mut draft_config = args.draft.apply(args.node.config(draft_model)?);
     let grace = args.drain.grace()?;
+    let server_tls = args.tls.tls()?;
     if args.check.check_config {
         args.policy.config(Vec::new(), Vec::new())?;
         let target = check_model(&target_config.model)?;
@@ -98,6 +102,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         let nodes = LoopbackNodes::start(target_config, draft_config, proposer).await?;
         let mut config = args.policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
         config.metrics = metrics;
+        config.tls.server = server_tls;
         let service = specd_coordinator::connect(&config).await?;
         announce_http(http.as_ref())?;
         announce(&public)?;
