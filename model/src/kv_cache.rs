@@ -89,6 +89,24 @@ impl KvCache {
     }
 }
 
+impl KvCache {
+    /// Moves the rows at `base + slots[j]` to `base + j` in every layer (the accepted path of
+    /// a token tree scored at `base`), reading them all before writing any.
+    pub(crate) fn keep_rows(&mut self, base: usize, slots: &[usize]) -> Result<()> {
+        if slots.iter().enumerate().all(|(j, &slot)| slot == j) {
+            return Ok(());
+        }
+        let device = self.keys.first().map_or(Device::Cpu, Tensor::device);
+        let index: Vec<i64> = slots.iter().map(|&slot| (base + slot) as i64).collect();
+        let index = Tensor::from_slice(&index).f_to_device(device)?;
+        for all in self.keys.iter().chain(&self.values) {
+            let rows = all.f_index_select(1, &index)?;
+            all.f_narrow(1, base as i64, slots.len() as i64)?.f_copy_(&rows)?;
+        }
+        Ok(())
+    }
+}
+
 fn allocate(shape: &[i64], kind: Kind, device: Device, zeroed: bool) -> Result<Tensor> {
     Ok(if zeroed { Tensor::f_zeros(shape, (kind, device))? } else { Tensor::f_empty(shape, (kind, device))? })
 }

@@ -3,6 +3,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::token_tree::TokenTree;
 
 /// Identifies one session (one generation's KV cache) on one model.
 pub type SessionId = u64;
@@ -252,6 +253,42 @@ pub trait LanguageModel {
         items.iter().map(|item| self.forward_last(item.session, item.tokens, item.rows)).collect()
     }
 
+    /// Scores every node of `tree` as if appended after the session's tokens: row `i`
+    /// scores the token after node `i`, which attends to the session's tokens and to its
+    /// own ancestors, at position `len + depth(i)`. Rows equal those of forwarding each
+    /// node's path alone, within floating-point tolerance. Afterwards the session's tokens
+    /// past its length before the call are not valid until [`Self::keep_tree_path`] keeps
+    /// one path (or [`Self::truncate`] drops them all).
+    ///
+    /// The default forwards each node's path in turn (exact for any model, one pass a node);
+    /// a backend that can scores the whole tree in one pass with a tree mask.
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        let base = self.session_len(session)?;
+        let mut data = Vec::new();
+        let mut vocab = 0;
+        for node in 0..tree.len() {
+            self.truncate(session, base)?;
+            let row = self.forward_last(session, &tree.path_tokens(&tree.path_to(node)), 1)?.into_host()?;
+            vocab = row.vocab();
+            data.extend_from_slice(row.as_slice());
+        }
+        self.truncate(session, base)?;
+        Logits::new(vocab, data)
+    }
+
+    /// After [`Self::forward_tree`] of `tree` at length `base`, keeps the nodes of `path`
+    /// (from a root down, each the child of the one before; empty keeps none): the session
+    /// then holds `base + path.len()` tokens, its cache as if the path had been forwarded
+    /// alone. The default truncates to `base` and forwards the path again.
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        tree.check_path(path)?;
+        self.truncate(session, base)?;
+        if !path.is_empty() {
+            self.forward_last(session, &tree.path_tokens(path), 1)?;
+        }
+        Ok(())
+    }
+
     /// How many sequences shared the last forward pass this caller made (1 when forwards
     /// are not batched); read by nodes to report their mean batch size.
     fn last_batch_size(&self) -> usize {
@@ -345,6 +382,12 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     }
     fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
         (**self).forward_batch(items)
+    }
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        (**self).forward_tree(session, tree)
+    }
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        (**self).keep_tree_path(session, base, tree, path)
     }
     fn last_batch_size(&self) -> usize {
         (**self).last_batch_size()

@@ -16,6 +16,8 @@
 //!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
 //!   0.1], "rules": [{"prefix": [0], "probs": [...]}, {"suffix": [1], "probs": [...]}]}`,
 //!   and its logits are `ln p` with [`table::ZERO_PROB_LOGIT`] for `p = 0`.
+//! - [`token_tree`]: a tree of candidate tokens that one pass scores, each node attending
+//!   to its ancestors ([`LanguageModel::forward_tree`], `keep_tree_path`);
 //! - [`checksums`]: a checkpoint's `SHA256SUMS`, checked at load when it is there;
 //! - [`tokenizer`]: `tokenizer.json` and the vocabulary fingerprint; `checkpoint_text`: a
 //!   checkpoint's name and optional tokenizer, as both engines read and use them.
@@ -65,6 +67,7 @@ pub mod rope;
 mod sessions;
 pub mod slowed;
 pub mod table;
+pub mod token_tree;
 pub mod tokenizer;
 mod weights;
 pub mod worker;
@@ -86,5 +89,6 @@ pub use options::LoadOptions;
 pub use pinning::{TeamPinning, pin_model_team};
 pub use slowed::Slowed;
 pub use table::TableModel;
+pub use token_tree::TokenTree;
 pub use tokenizer::TextTokenizer;
 pub use worker::{ModelHandle, ModelWorker};

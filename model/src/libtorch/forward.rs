@@ -13,6 +13,7 @@ use crate::libtorch::segments::{PositionTables, Segment};
 use crate::libtorch::weights::Weights;
 use crate::rope::RopeTables;
 use crate::sessions::SessionTable;
+use crate::token_tree::TokenTree;
 
 /// What a pass computes with: the weights, the shape, and what the later families add.
 #[derive(Debug)]
@@ -93,10 +94,25 @@ fn position_tables(
     let mut sin = Vec::with_capacity(segments.len());
     let mut segment_masks = Vec::with_capacity(segments.len());
     for s in segments {
-        let (c, n) = rope.cos_sin(s.past, s.tokens.len())?;
-        cos.push(c);
-        sin.push(n);
-        segment_masks.push(attention_mask(s.past, s.tokens.len(), s.keys, window, masks)?);
+        match s.tree {
+            None => {
+                let (c, n) = rope.cos_sin(s.past, s.tokens.len())?;
+                cos.push(c);
+                sin.push(n);
+                segment_masks.push(attention_mask(s.past, s.tokens.len(), s.keys, window, masks)?);
+            }
+            Some(tree) => {
+                // Each node at the position of its depth: the tables of the deepest level,
+                // gathered by depth.
+                let depths: Vec<i64> = (0..tree.len()).map(|i| tree.depth(i) as i64).collect();
+                let levels = depths.iter().max().map_or(1, |d| *d as usize + 1);
+                let (c, n) = rope.cos_sin(s.past, levels)?;
+                let index = Tensor::from_slice(&depths).f_to_device(c.device())?;
+                cos.push(c.f_index_select(0, &index)?);
+                sin.push(n.f_index_select(0, &index)?);
+                segment_masks.push(Some(tree_mask(s.past, tree, s.keys, window, masks)?));
+            }
+        }
     }
     // Rotary embeddings are per position, so they apply to the concatenated runs at once.
     let (cos, sin) = if segments.len() == 1 {
@@ -157,7 +173,32 @@ fn attention_mask(
         let first = window.map_or(0, |w| (query + 1).saturating_sub(w));
         row[first..=query].fill(0.0);
     }
+    mask_tensor(&mask, n, keys, width, shape)
+}
+
+/// The additive `[n, keys]` mask of a tree's nodes at cache slots `past..past + n`: node
+/// `i`, at position `past + depth(i)`, sees the cache before `past` and its own ancestors
+/// (itself included), each within the sliding window of its position where there is one.
+fn tree_mask(past: usize, tree: &TokenTree, keys: usize, window: Option<usize>, shape: MaskShape) -> Result<Tensor> {
+    let n = tree.len();
+    let width = if shape.padded { keys.next_multiple_of(MASK_ALIGNMENT) } else { keys };
+    let mut mask = vec![f32::NEG_INFINITY; n * width];
+    for (i, row) in mask.chunks_exact_mut(width).enumerate() {
+        let query = past + tree.depth(i);
+        let first = window.map_or(0, |w| (query + 1).saturating_sub(w));
+        row[first.min(past)..past].fill(0.0);
+        for node in tree.path_to(i) {
+            if past + tree.depth(node) >= first {
+                row[past + node] = 0.0;
+            }
+        }
+    }
+    mask_tensor(&mask, n, keys, width, shape)?.ok_or_else(|| ModelError::InvalidInput("an empty token tree".into()))
+}
+
+/// A host mask of `n` rows of `width` as a `[n, keys]` tensor in the pass's dtype and place.
+fn mask_tensor(mask: &[f32], n: usize, keys: usize, width: usize, shape: MaskShape) -> Result<Option<Tensor>> {
     let mask =
-        Tensor::from_slice(&mask).f_view([n as i64, width as i64])?.f_to_kind(shape.kind)?.f_to_device(shape.device)?;
+        Tensor::from_slice(mask).f_view([n as i64, width as i64])?.f_to_kind(shape.kind)?.f_to_device(shape.device)?;
     Ok(Some(if width == keys { mask } else { mask.f_narrow(1, 0, keys as i64)? }))
 }

@@ -34,6 +34,7 @@ use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, Sessi
 use crate::options::LoadOptions;
 use crate::rope::{Rope, RopeTables};
 use crate::sessions::{SessionTable, resolve_capacity};
+use crate::token_tree::TokenTree;
 use attention_plan::AttentionPlan;
 use dims::Dims;
 use forward::Net;
@@ -167,7 +168,7 @@ impl LlamaModel {
         let rows = rows_returned(rows, tokens.len());
         let s = self.sessions.get(session)?;
         let keys = self.net.attention.keys(s.len + tokens.len(), s.capacity);
-        Ok(Segment { session, past: s.len, tokens, rows, keys })
+        Ok(Segment { session, past: s.len, tokens, rows, keys, tree: None })
     }
 
     /// Grows the session's cache, by whole chunks within the budget, when `extra` more tokens
@@ -257,6 +258,27 @@ impl LanguageModel for LlamaModel {
         let segment = self.segment(session, tokens, rows)?;
         let mut logits = self.forward_and_commit(&[segment])?;
         Ok(logits.remove(0))
+    }
+
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        let segment = Segment { tree: Some(tree), ..self.segment(session, tree.tokens(), tree.len())? };
+        let mut logits = self.forward_and_commit(&[segment])?;
+        Ok(logits.remove(0))
+    }
+
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        tree.check_path(path)?;
+        let s = self.sessions.get_mut(session)?;
+        if s.len != base + tree.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "session {session} holds {} tokens, not the {base} before a tree of {} nodes and the tree: \
+                 keep_tree_path follows forward_tree",
+                s.len,
+                tree.len()
+            )));
+        }
+        s.state.keep_rows(base, path)?;
+        self.sessions.truncate(session, base + path.len())
     }
 
     fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {

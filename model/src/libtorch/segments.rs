@@ -4,6 +4,7 @@
 use tch::Tensor;
 
 use crate::language_model::SessionId;
+use crate::token_tree::TokenTree;
 
 /// One session's run of tokens in a forward pass, at positions `past..past + tokens.len()`.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +18,10 @@ pub(crate) struct Segment<'a> {
     /// after the run, or that length rounded up to a bucket (`--attention-keys`), the
     /// positions past the length masked out.
     pub(crate) keys: usize,
+    /// The tokens are the nodes of this tree: each at position `past + depth`, attending to
+    /// the cache before `past` and to its own ancestors only. `None`: a run, each token at
+    /// `past + i` attending to everything before it.
+    pub(crate) tree: Option<&'a TokenTree>,
 }
 
 /// The rotary tables and masks of one kind of layer for one pass.
