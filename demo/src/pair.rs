@@ -272,7 +272,7 @@ fn round_to_bf16(vs: &VarStore) -> Result<()> {
     let _no_grad = tch::no_grad_guard();
     for (_, mut t) in vs.variables() {
         let rounded = t.f_to_kind(tch::Kind::BFloat16)?.f_to_kind(t.kind())?;
-        let _ = t.f_copy_(&rounded)?;
+        t.f_copy_(&rounded)?;
     }
     Ok(())
 }
