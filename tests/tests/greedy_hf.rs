@@ -28,7 +28,7 @@ fn request(prompt: Vec<u32>, gamma: u32) -> GenerateRequest {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn greedy_speculation_equals_target_only_on_hf_models() {
     greedy_identity(ClusterOptions::default(), 50).await;
 }
@@ -37,7 +37,7 @@ async fn greedy_speculation_equals_target_only_on_hf_models() {
 /// libtorch ops (`--distributions device`, on CPU tensors here). Speculation on the device
 /// path equals target-only decoding on it, and that equals target-only decoding on the host
 /// path: the device's p is the host's, not only consistent with itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn greedy_speculation_equals_target_only_on_the_device_path() {
     let on_device = ClusterOptions { distributions: Distributions::Device, ..ClusterOptions::default() };
     let device_plain = greedy_identity(on_device, 20).await;
@@ -88,7 +88,7 @@ async fn greedy_identity(options: ClusterOptions, prompts: usize) -> Vec<Vec<u32
 /// passes are below the default minimum pass time): 16 clients at once, speculative and
 /// target-only requests mixed, so verify passes, decode steps and prefills of different
 /// sessions share forward passes on both nodes. The stats must show that they did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn greedy_speculation_equals_target_only_with_batched_concurrent_sessions() {
     let batch = BatchPolicy { min_pass: Duration::ZERO, ..BatchPolicy::default() };
     let options = ClusterOptions { dtype: DType::F64, batch, ..ClusterOptions::default() };

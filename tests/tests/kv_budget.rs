@@ -142,7 +142,7 @@ fn assert_names_the_numbers(status: &tonic::Status, in_use: u64, budget: u64) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn the_budget_admits_whole_requests_and_refuses_the_next_naming_the_numbers() {
     let budget = PER_SESSION * 5 / 2;
     let cluster = start("kv_budget_admission", KvBudget::Bytes(budget), None).await;
@@ -164,7 +164,7 @@ async fn the_budget_admits_whole_requests_and_refuses_the_next_naming_the_number
     cluster.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_pass_out_of_memory_fails_its_request_and_the_node_serves_on() {
     // The target's second pass (the first session's second round) fails to allocate.
     let cluster = start("kv_budget_oom", KvBudget::Bytes(4 * PER_SESSION), Some(2)).await;
@@ -188,7 +188,7 @@ async fn a_pass_out_of_memory_fails_its_request_and_the_node_serves_on() {
     cluster.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn both_nodes_reserve_a_generations_reach_and_grow_no_further() {
     // A slower target, so that a generation lasts long enough to be watched.
     let model = one_b_shaped_checkpoint(&scratch_dir("kv_budget_reach"));

@@ -194,21 +194,21 @@ fn across_rounds(options: ClusterOptions) -> ClusterOptions {
     ClusterOptions { gamma: GammaChoice::Fixed(2), ..options }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_at_temperature_one() {
     // Block verification, the default.
     let p = law_p_value(across_rounds(small_truncation()), SamplingParams::default(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "sparse T=1: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_under_token_verification() {
     let options = ClusterOptions { verification: Verification::Token, ..across_rounds(small_truncation()) };
     let p = law_p_value(options, SamplingParams::default(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "token verification, sparse T=1: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn block_verification_whose_draws_repeat_across_rounds_is_caught() {
     // Keyed by the block position alone, every round of a generation reuses the acceptance
     // and residual draws of the first: a round after a rejection knows its η fail.
@@ -217,7 +217,7 @@ async fn block_verification_whose_draws_repeat_across_rounds_is_caught() {
     assert!(p < FALSE_FAILURE, "block verification with repeated draws passed: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn dense_law_at_temperature_one() {
     // Token verification on the dense wire; block verification, the default, is audited on
     // it by vocab_padding's dense check.
@@ -226,13 +226,13 @@ async fn dense_law_at_temperature_one() {
     assert!(p > FALSE_FAILURE, "dense T=1: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_top_k_top_p_and_penalties() {
     let p = law_p_value(small_truncation(), adjusted(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "sparse with adjustments: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_adaptive_gamma() {
     // γ changes from round to round (a speculative start, a target-only probe, then the
     // policy's choice): every round is exact for its γ, so the law is the target's.
@@ -241,7 +241,7 @@ async fn sparse_law_with_adaptive_gamma() {
     assert!(p > FALSE_FAILURE, "sparse with adaptive γ: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_a_draft_that_keeps_dying() {
     // Every connection to the draft is cut after a random lifetime (mean 20 ms), whatever it
     // carries: sessions lose their draft at random rounds and finish target-only. Each round
@@ -252,7 +252,7 @@ async fn sparse_law_with_a_draft_that_keeps_dying() {
     assert!(p > FALSE_FAILURE, "sparse with draft losses: p = {p} ({fallbacks} fallbacks)");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_batching_across_sessions() {
     // Batching forced on (a table model's passes are far below the default minimum pass
     // time): the 8 clients' verify and draft passes share forward passes, each session's
@@ -284,19 +284,19 @@ fn adjusted() -> SamplingParams {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_on_the_device_path() {
     let p = law_p_value(across_rounds(on_the_device()), SamplingParams::default(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "device path at T = 1: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_top_k_top_p_and_penalties_on_the_device_path() {
     let p = law_p_value(on_the_device(), adjusted(), false, samples()).await;
     assert!(p > FALSE_FAILURE, "device path with adjustments: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_device_path_whose_penalties_forget_the_block_is_caught() {
     // The bug no reply validation sees: every block position penalised as if no token had
     // been speculated before it. The same audit as above must reject it (this also shows
@@ -306,7 +306,7 @@ async fn a_device_path_whose_penalties_forget_the_block_is_caught() {
     assert!(p < FALSE_FAILURE, "the broken device rule passed: p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn broken_coordinator_is_caught() {
     let options = ClusterOptions { rule: RuleVariant::NaiveResampleFromTarget, ..ClusterOptions::default() };
     let p = law_p_value(options, SamplingParams::default(), true, power_samples()).await;

@@ -76,7 +76,7 @@ async fn generate(
     (tokens, stats)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn same_seed_same_tokens_with_and_without_optimistic_drafting() {
     let dir = scratch_dir("optimistic-same-seed");
     let (target_table, draft_table) = tables(LENGTH);
@@ -103,7 +103,7 @@ async fn same_seed_same_tokens_with_and_without_optimistic_drafting() {
     off.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn greedy_with_optimistic_drafting_equals_target_only_on_hf_models() {
     let target = hf_fixture("llama_gqa_untied");
     let prompts: Vec<Vec<u32>> = {
@@ -184,7 +184,7 @@ async fn law_check(options: ClusterOptions, n: u64) -> (f64, u64) {
     (p_value, hits)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn law_with_optimistic_drafting() {
     let n = samples();
     let (p, hits) = law_check(options(1, true), n).await;
@@ -195,7 +195,7 @@ async fn law_with_optimistic_drafting() {
 /// The same audit with both nodes building their distributions with libtorch ops
 /// (`--distributions device`, CPU tensors): the draft's guesses and blocks drafted ahead come
 /// from the device path too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn law_with_optimistic_drafting_on_the_device_path() {
     let n = samples();
     let options = ClusterOptions { distributions: Distributions::Device, ..options(1, true) };
@@ -204,7 +204,7 @@ async fn law_with_optimistic_drafting_on_the_device_path() {
     assert!(p > FALSE_FAILURE, "optimistic drafting on the device path: p = {p} ({hits} hits)");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn lookahead_reusing_the_acceptance_draws_is_caught() {
     let n = samples();
     let broken = ClusterOptions { lookahead_purpose: Purpose::Accept, ..options(1, true) };
@@ -220,7 +220,7 @@ async fn lookahead_reusing_the_acceptance_draws_is_caught() {
 /// `SPECD_MEASURE_RTT_MS` (default 0) between coordinator and draft. The delays are sleeps,
 /// so the figures hold on a loaded machine better than model runs do. Run with
 /// `cargo test --release -p specd-e2e --test cluster -- --ignored --nocapture optimistic::measure`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 #[ignore = "a measurement, not a test"]
 async fn measure_optimistic_drafting_on_loopback() {
     let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default);

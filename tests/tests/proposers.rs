@@ -70,22 +70,22 @@ async fn audit(kind: ProposerKind) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn law_with_the_ngram_proposer() {
     audit(ProposerKind::Ngram).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn law_with_the_suffix_proposer() {
     audit(ProposerKind::Suffix).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn law_with_the_model_and_ngram_proposer() {
     audit(ProposerKind::ModelNgram).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_rule_that_mistreats_one_hot_q_is_caught() {
     let options = options(ProposerKind::Ngram, RuleVariant::NaiveResampleFromTarget);
     let run = law_run(options, SamplingParams::default(), false, POWER_SAMPLES, &PROMPT).await;
@@ -143,7 +143,7 @@ async fn same_seed_pairs(pairs: u64, wrong: bool) -> (f64, u64) {
     (p_value, suffix_proposed)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn suffix_sessions_repeating_a_held_seed_keep_the_law() {
     let (p, proposed) = same_seed_pairs(SAME_SEED_PAIRS, false).await;
     assert!(p > FALSE_FAILURE, "p = {p}");
@@ -174,7 +174,7 @@ fn greedy(prompt: Vec<u32>, gamma: u32) -> GenerateRequest {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn greedy_output_is_the_targets_with_each_proposer() {
     // f64 models, as in `greedy_hf`: a block's scores equal one-token passes' to ~1e-15.
     let target = hf_fixture("llama_gqa_untied");
@@ -213,7 +213,7 @@ async fn greedy_output_is_the_targets_with_each_proposer() {
 /// paying: a `model+ngram` draft then draws every candidate from its model, even after a
 /// match; without it, the same request's first candidate is the copy. And
 /// `OpenSessionResponse.copies_besides_model`, which such a draft sets.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_model_and_ngram_draft_asked_for_its_model_only_copies_nothing() {
     let (target, draft) = (hf_fixture("llama_gqa_untied"), hf_fixture("llama_tied"));
     let options = ClusterOptions { proposer: proposer(ProposerKind::ModelNgram), ..ClusterOptions::default() };
@@ -278,7 +278,7 @@ fn modelless_config() -> NodeConfig {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_suffix_node_under_32_concurrent_sessions_stays_within_its_memory_bound() {
     const SESSIONS: usize = 32;
     const BUDGET: usize = 2048;

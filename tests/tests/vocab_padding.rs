@@ -184,20 +184,20 @@ fn small_truncation() -> ClusterOptions {
     ClusterOptions { truncation: Truncation::new(0.05, 2).unwrap(), ..ClusterOptions::default() }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_draft_without_the_targets_padding_row_keeps_the_law_sparse() {
     let check = law_check("sparse", small_truncation(), false, samples()).await;
     assert!(check.fallbacks > 0, "the target sampled the padding id and the draft could not follow");
     assert!(check.p_value > FALSE_FAILURE, "sparse: p = {}", check.p_value);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_draft_without_the_targets_padding_row_keeps_the_law_dense() {
     let p = law_check("dense", ClusterOptions::default(), true, samples()).await.p_value;
     assert!(p > FALSE_FAILURE, "dense (q padded with zeros): p = {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn the_check_rejects_the_naive_rule_on_the_padded_pair() {
     let options = ClusterOptions { rule: RuleVariant::NaiveResampleFromTarget, ..ClusterOptions::default() };
     let p = law_check("naive", options, true, samples()).await.p_value;
@@ -208,7 +208,7 @@ async fn the_check_rejects_the_naive_rule_on_the_padded_pair() {
 /// the law, drafts, and is never dropped for proposing the padding id (which it would be,
 /// 30% of its draws, without the limit), on both wires, and with its q built on the device
 /// (where the row is cut to the target's ids before the distribution).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_draft_with_a_padding_row_the_target_lacks_keeps_the_law() {
     let on_the_device = ClusterOptions { distributions: Distributions::Device, ..small_truncation() };
     for (name, options, dense) in [
@@ -225,7 +225,7 @@ async fn a_draft_with_a_padding_row_the_target_lacks_keeps_the_law() {
 
 /// A real tokenizer difference (one id names another string) is refused, naming both
 /// fingerprints.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_real_tokenizer_difference_is_refused_by_name() {
     let dir = scratch_dir("vocab-padding-refused");
     let (target_table, draft_table) = padded_tables();
