@@ -18,7 +18,8 @@
 //! - `excess` (private): one block position as both rules read it, on either wire format;
 //!   `token_rule` (private): token verification's loop, which both wire formats share;
 //! - [`tree_rule`]: exact verification of a tree of drafts (recursive rejection sampling over
-//!   each node's children), with the exact laws of tree rounds in [`tree_law`];
+//!   each node's children), with the exact laws of tree rounds in [`tree_law`] and the
+//!   target's distributions after every node, each on its own path, in [`tree_distributions`];
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
 //! - [`logprobs`]: a token's log-probability and the most likely alternatives, for clients;
@@ -48,6 +49,7 @@ pub mod rule;
 pub mod sparse_rule;
 pub mod target_pieces;
 mod token_rule;
+pub mod tree_distributions;
 pub mod tree_law;
 pub mod tree_rule;
 pub mod verification;
@@ -63,4 +65,5 @@ pub use rng::{DrawKeys, Purpose, RoundKey, StreamKey};
 pub use rule::{AcceptedInExpectation, BlockOutcome, EmittedFrom, acceptance_probability};
 pub use sparse_rule::{SparseCandidate, verify_block_sparse};
 pub use target_pieces::{ScoredBlock, ScoredNode, ScoredPosition, score_block, score_tree};
+pub use tree_distributions::tree_distributions;
 pub use verification::{Verification, verify_dense, verify_sparse};
