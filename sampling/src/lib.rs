@@ -20,6 +20,7 @@
 //! - [`tree_rule`]: exact verification of a tree of drafts (recursive rejection sampling over
 //!   each node's children), with the exact laws of tree rounds in [`tree_law`] and the
 //!   target's distributions after every node, each on its own path, in [`tree_distributions`];
+//!   [`tree_drafting`] draws a node's children as a draft does;
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
 //! - [`logprobs`]: a token's log-probability and the most likely alternatives, for clients;
@@ -50,6 +51,7 @@ pub mod sparse_rule;
 pub mod target_pieces;
 mod token_rule;
 pub mod tree_distributions;
+pub mod tree_drafting;
 pub mod tree_law;
 pub mod tree_rule;
 pub mod verification;
@@ -66,4 +68,5 @@ pub use rule::{AcceptedInExpectation, BlockOutcome, EmittedFrom, acceptance_prob
 pub use sparse_rule::{SparseCandidate, verify_block_sparse};
 pub use target_pieces::{ScoredBlock, ScoredNode, ScoredPosition, score_block, score_tree};
 pub use tree_distributions::tree_distributions;
+pub use tree_drafting::{ChildSource, draw_children};
 pub use verification::{Verification, verify_dense, verify_sparse};

@@ -12,7 +12,10 @@ use specd_sampling::law::{PrefixModel, WireFormat, expected_accepted, max_law_di
 use specd_sampling::naive::naive_verify_tree_dense;
 use specd_sampling::tree_law::{TreeRound, TreeShape, tree_expected_accepted, tree_sequence_law};
 use specd_sampling::tree_rule::{ChildDraws, DraftTree, TreeOutcome, verify_tree_dense, verify_tree_sparse};
-use specd_sampling::{DenseDist, Purpose, RoundKey, SparseDist, StreamKey, Truncation, Verification, score_tree};
+use specd_sampling::{
+    ChildSource, DenseDist, Purpose, RoundKey, SparseDist, StreamKey, Truncation, Verification, draw_children,
+    score_tree,
+};
 
 const FALSE_FAILURE: f64 = 1e-3;
 const TOLERANCE: f64 = 1e-12;
@@ -48,7 +51,7 @@ fn the_law_of_tree_rounds_chained_is_the_target_law() {
 }
 
 /// A tree of `shape` drafted after `context` as a draft node would: children drawn one after
-/// another (stream `(Draft, node)`), nodes numbered breadth first.
+/// another with `draw_children` (stream `(Draft, node)`), nodes numbered breadth first.
 struct Drafted {
     tree: DraftTree,
     /// Per node: the q its children were drawn from (`None` at a leaf), dense and sparse.
@@ -83,28 +86,16 @@ fn draft_tree(
             WireFormat::Sparse(t) => Some(q.truncate(t)),
             WireFormat::Dense => None,
         };
-        // The tokens in the order the draft node walks them (a sparse q's own order), with
-        // what is left of their mass.
-        let (order, mut left): (Vec<u32>, Vec<f64>) = match &sparse {
-            Some(s) => (s.tokens().to_vec(), s.probs().to_vec()),
-            None => ((0..q.vocab_size() as u32).collect(), q.probs().to_vec()),
+        let source = match &sparse {
+            Some(s) => ChildSource::Sparse(s),
+            None => ChildSource::Dense(&q),
         };
-        for _ in 0..width {
-            let mass: f64 = left.iter().sum();
-            if mass <= 0.0 {
-                break;
-            }
-            let child = tree.tokens.len() + 1;
-            let u = StreamKey::new(key.seed, key.round, child as u32, Purpose::Draft).uniform();
-            let i = DenseDist::from_weights(left.clone()).unwrap().sample(u) as usize;
-            let x = order[i];
+        let first_child = tree.tokens.len() + 1;
+        for x in draw_children(source, width, draws, key, first_child).unwrap() {
             tree.parents.push(node);
             tree.tokens.push(x);
             prefixes.push([prefixes[node].clone(), vec![x]].concat());
             depth.push(depth[node] + 1);
-            if draws == ChildDraws::WithoutReplacement {
-                left[i] = 0.0;
-            }
         }
         dense_q.push(Some(q));
         sparse_q.push(sparse);
