@@ -40,7 +40,8 @@ pub struct BenchArgs {
     pub(super) embedded: bool,
     #[command(flatten)]
     pub(super) netns: NetnsOptions,
-    /// The demo pair's directory (`specd models demo --out`), for --embedded and --netns.
+    /// The demo pair's directory, for --embedded and --netns: the shipped pair, or a build's
+    /// `specd models demo --out` (models/demo-build by default).
     #[arg(long, env = "SPECD_DEMO_DIR", default_value = "models/demo")]
     pub(super) demo_dir: PathBuf,
     /// Bearer token, for a coordinator started with --api-token.
@@ -136,8 +137,8 @@ impl BenchArgs {
         draft_delay(self.draft_delay_ms)?;
         if (self.embedded || self.netns.netns) && !self.demo_dir.join("target/config.json").is_file() {
             return Err(invalid(format!(
-                "no demo pair in {} (build it with `specd models demo --out {}`, or `make demo`)",
-                self.demo_dir.display(),
+                "no demo pair in {} (the repository ships one in models/demo; or build one with \
+                 `specd models demo`, which writes models/demo-build, and pass --demo-dir models/demo-build)",
                 self.demo_dir.display()
             )));
         }
