@@ -137,8 +137,8 @@ impl BenchArgs {
         draft_delay(self.draft_delay_ms)?;
         if (self.embedded || self.netns.netns) && !self.demo_dir.join("target/config.json").is_file() {
             return Err(invalid(format!(
-                "no demo pair in {} (the repository ships one in models/demo; or build one with \
-                 `specd models demo`, which writes models/demo-build, and pass --demo-dir models/demo-build)",
+                "no demo pair in {} (models/demo holds the shipped pair when the checkout has it; \
+                 `specd models demo` builds one into models/demo-build: pass --demo-dir models/demo-build)",
                 self.demo_dir.display()
             )));
         }
