@@ -71,6 +71,8 @@ pub struct BuildOutcome {
     /// True when every stage came from the cache.
     pub cached: bool,
     pub corpus_root: PathBuf,
+    /// SHA-256 over the corpus's file names and contents (every stage's key holds it).
+    pub corpus_fingerprint: String,
     pub train_tokens: usize,
     pub shipped: Option<ShippedPair>,
 }
@@ -252,6 +254,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         draft_parameters: parameters(&draft_vs),
         cached: all_cached,
         corpus_root: root,
+        corpus_fingerprint: corpus.fingerprint.clone(),
         train_tokens: train_stream.len(),
         shipped,
     };

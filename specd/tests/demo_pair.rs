@@ -244,6 +244,8 @@ fn a_shipped_pair_has_its_card_and_checksums_and_a_corrupted_file_is_refused_by_
     assert_eq!(card["steps"]["target"], 12, "the tiny preset's steps");
     assert_eq!(card["tokens_seen"]["target"], 12 * 4 * 64, "steps × batch × context");
     assert!(card["command"].as_str().unwrap().contains("--ship-to"), "{}", card["command"]);
+    let build: Value = serde_json::from_slice(&std::fs::read(build_dir.join("specd-demo.json")).unwrap()).unwrap();
+    assert_eq!(card["corpus"]["fingerprint"], build["corpus"], "the corpus the stages were keyed by");
     assert_eq!(card["alpha"]["t0_8"], report["shipped"]["report"]["alpha_t08"]);
     assert!(ship.join("README.md").is_file());
     // The target is stored in bf16: half the f32 build's bytes, give or take the header.

@@ -60,7 +60,11 @@ pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairRepor
         "matmul": provenance.matmul.name(),
         "steps": {"target": spec.target_steps, "draft": spec.draft_steps},
         "tokens_seen": {"target": spec.target_steps * tokens_per_step, "draft": spec.draft_steps * tokens_per_step},
-        "corpus": {"root": outcome.corpus_root, "training_tokens": outcome.train_tokens},
+        "corpus": {
+            "root": outcome.corpus_root,
+            "fingerprint": outcome.corpus_fingerprint,
+            "training_tokens": outcome.train_tokens,
+        },
         "parameters": {"target": outcome.target_parameters, "draft": outcome.draft_parameters},
         "weights": {"target": "bf16", "draft": "f32"},
         "held_out_loss": {"target": shipped.target_loss, "draft": shipped.draft_loss, "positions": shipped.positions},
