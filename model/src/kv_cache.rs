@@ -87,9 +87,7 @@ impl KvCache {
         let keys = keys as i64;
         Ok((all_keys.f_narrow(1, 0, keys)?.f_transpose(1, 2)?, all_values.f_narrow(1, 0, keys)?.f_transpose(1, 2)?))
     }
-}
 
-impl KvCache {
     /// Moves the rows at `base + slots[j]` to `base + j` in every layer (the accepted path of
     /// a token tree scored at `base`), reading them all before writing any.
     pub(crate) fn keep_rows(&mut self, base: usize, slots: &[usize]) -> Result<()> {

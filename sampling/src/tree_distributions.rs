@@ -8,7 +8,7 @@ use crate::effective::{TokenHistory, effective_distribution};
 use crate::error::{Result, SamplingError};
 use crate::params::SamplingParams;
 use crate::rows::map_positions;
-use crate::tree_rule::DraftTree;
+use crate::tree_rule::{ChildDraws, DraftTree};
 
 /// `rows[u]` holds the logits after node `u` of `tree` (row 0: after the committed tokens);
 /// returns p after every node, in node order, on at most `threads` threads.
@@ -20,16 +20,14 @@ pub fn tree_distributions(
     tree: &DraftTree,
     threads: usize,
 ) -> Result<Vec<DenseDist>> {
-    if rows.len() != tree.len() || tree.parents.len() != tree.tokens.len() {
+    // The tree's own shape check; repeated sibling tokens do not matter to the distributions.
+    tree.validate(ChildDraws::WithReplacement)?;
+    if rows.len() != tree.len() {
         return Err(SamplingError::ShapeMismatch(format!(
-            "{} logit rows for a tree of {} nodes (root included) with {} parents",
+            "{} logit rows for a tree of {} nodes (root included)",
             rows.len(),
-            tree.len(),
-            tree.parents.len()
+            tree.len()
         )));
-    }
-    if let Some((i, &parent)) = tree.parents.iter().enumerate().find(|(i, parent)| **parent > *i) {
-        return Err(SamplingError::ShapeMismatch(format!("node {} has parent {parent}, not before it", i + 1)));
     }
     let vocab_size = rows.iter().map(|row| row.len()).max().unwrap_or(0);
     map_positions(rows.len(), vocab_size, threads, Vec::new, |history: &mut Vec<u32>, u| {
