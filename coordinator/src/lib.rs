@@ -90,6 +90,9 @@ pub struct CoordinatorConfig {
     /// verifies this one, guessing that every candidate is accepted and which bonus token
     /// comes; a right guess saves the next round its draft time. Exact either way.
     pub optimistic: bool,
+    /// Draft trees of this shape instead of chains (docs/rule.md#trees-of-drafts): one target
+    /// pass scores several alternatives at a node; `None`: chains.
+    pub tree: Option<specd_sampling::TreeShape>,
     /// Where to record rounds, tokens, latencies and finish reasons (`specd-telemetry`).
     pub metrics: Option<specd_telemetry::Metrics>,
     pub tls: CoordinatorTls,
@@ -126,6 +129,7 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
         rule: config.rule,
         verification: config.verification,
         optimistic: config.optimistic,
+        tree: config.tree.clone(),
         generation_config: config.generation_config,
     };
     let service = GenerationService::new(pool, defaults)

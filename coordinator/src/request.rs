@@ -6,7 +6,7 @@ use specd_proto::v1::{
     StoppingCriteria, TargetLawRequest,
 };
 use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
-use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, Truncation, Verification};
+use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, TreeShape, Truncation, Verification};
 
 use crate::error::CoordinatorError;
 use crate::nodes::ModelFacts;
@@ -55,7 +55,7 @@ impl GammaChoice {
 }
 
 /// The coordinator's defaults for what a request leaves unset, and its rule.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Defaults {
     /// The policy when a request leaves γ unset.
     pub gamma: GammaChoice,
@@ -66,6 +66,8 @@ pub struct Defaults {
     pub verification: Verification,
     /// Ask the draft to draft each next block ahead (optimistic drafting).
     pub optimistic: bool,
+    /// Draft trees of this shape instead of chains (`--tree`); `None`: chains.
+    pub tree: Option<TreeShape>,
     /// The model's generation_config.json values are the defaults of what a request leaves
     /// unset (temperature, top_p, top_k, repetition_penalty).
     pub generation_config: bool,
@@ -87,7 +89,12 @@ pub struct GenerationSpec {
     pub rule: RuleVariant,
     pub verification: Verification,
     /// Ask the draft to draft each next block ahead (optimistic drafting, docs/architecture.md).
+    /// Never with a tree: a tree is not drafted ahead.
     pub optimistic: bool,
+    /// Draft trees of this shape (docs/rule.md#trees-of-drafts), with their depth capped by
+    /// each round's γ, where the draft draws trees and no log-probabilities are asked for;
+    /// `None`: chains.
+    pub tree: Option<TreeShape>,
     /// Decode the output to text (the target has a tokenizer).
     pub detokenize: bool,
     /// Log-probabilities asked for, with this many alternatives per token.
@@ -182,7 +189,8 @@ pub fn validate(
         wire: if speculation.dense { Wire::Dense } else { Wire::Sparse(defaults.truncation) },
         rule: defaults.rule,
         verification: defaults.verification,
-        optimistic: defaults.optimistic,
+        optimistic: defaults.optimistic && defaults.tree.is_none(),
+        tree: defaults.tree.clone(),
         detokenize: facts.has_tokenizer,
         logprobs: match request.logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => {
@@ -264,6 +272,7 @@ mod tests {
             rule: RuleVariant::Exact,
             verification: Verification::Block,
             optimistic: true,
+            tree: None,
             generation_config: true,
         }
     }

@@ -14,6 +14,7 @@
 //! - [`proposer`]: the proposers' pure logic (n-gram lookup, the suffix index) and
 //!   `--proposer`'s values;
 //! - [`propose`]: one block, run on the model thread, and the block drafted ahead;
+//! - [`propose_tree`]: one tree of candidates (`ProposeRequest.tree_widths`), from the model;
 //! - [`lookup`]: a draft node with no model: sessions, proposals, the suffix index;
 //! - [`service`]: the `specd.v1.DraftService` implementation;
 //! - [`run`] / [`serve`]: the server; sessions, errors and configuration come from
@@ -21,6 +22,7 @@
 
 pub mod lookup;
 pub mod propose;
+pub mod propose_tree;
 pub mod proposer;
 pub mod service;
 

@@ -73,7 +73,7 @@ pub struct BatchTally {
 }
 
 impl BatchTally {
-    fn record(&mut self, model: &dyn LanguageModel) {
+    pub(crate) fn record(&mut self, model: &dyn LanguageModel) {
         self.forward_passes += 1;
         self.batched_sequences += model.last_batch_size() as u32;
     }
@@ -239,7 +239,7 @@ pub fn draft_ahead_step(
 
 /// Forwards what the cache lacks of the history (after a candidate: that candidate alone)
 /// and returns the logits of its last token, the row that scores the next one.
-fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Result<Logits, NodeError> {
+pub(crate) fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Result<Logits, NodeError> {
     let history = &mut state.history;
     // Never an empty feed: the last token is re-fed when the cache already covers it.
     let keep = history.cached().min(history.len() - 1);
@@ -264,7 +264,7 @@ fn most_likely(logits: &Logits, state: &SessionState) -> Result<u32, NodeError> 
 
 /// The last row of logits the model left in a tensor, `[1, V]`, cut to the ids the
 /// session draws from.
-fn last_row(logits: &Logits, state: &SessionState) -> Result<tch::Tensor, NodeError> {
+pub(crate) fn last_row(logits: &Logits, state: &SessionState) -> Result<tch::Tensor, NodeError> {
     let vocab = state.vocab_limit.map_or(logits.vocab(), |limit| limit.min(logits.vocab()));
     let row = logits.tensor()?;
     let row = row.f_narrow(0, logits.rows() as i64 - 1, 1).and_then(|row| row.f_narrow(1, 0, vocab as i64));
@@ -272,7 +272,7 @@ fn last_row(logits: &Logits, state: &SessionState) -> Result<tch::Tensor, NodeEr
 }
 
 /// The effective q after the history, from the last row of host `logits`.
-fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::DenseDist, NodeError> {
+pub(crate) fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::DenseDist, NodeError> {
     let row = logits.row(logits.rows() - 1).expect("host logits have a row per token");
     // Rows past the target's vocabulary (padding) get q = 0: the draft never proposes an id
     // the target lacks, and its q is still exactly what it draws from.

@@ -11,7 +11,7 @@ use specd_proto::v1::{
     InfoRequest, NgramSpan, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse,
     PushedBlock, ReleaseRequest, ReleaseResponse,
 };
-use specd_sampling::{MAX_GAMMA, Truncation};
+use specd_sampling::{MAX_GAMMA, TreeShape, Truncation};
 use specd_telemetry::attributes;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -21,6 +21,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::propose::{Ahead, Proposal, ProposeJob, draft_ahead, propose};
+use crate::propose_tree::{TreeJob, propose_tree};
 use crate::{DraftNode, Proposer};
 
 /// Replies and pushed blocks queued on one stream: the blocks a session keeps ahead, the
@@ -69,19 +70,19 @@ impl DraftService for DraftNode {
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
-        let (only_after_match, copies_besides_model) = match &self.proposer {
+        let (only_after_match, copies_besides_model, draws_trees) = match &self.proposer {
             Proposer::Model { node, ngram } => {
                 node.open(request.into_inner()).instrument(span).await?;
-                (None, ngram.is_some())
+                (None, ngram.is_some(), true)
             }
             Proposer::Lookup(node) => {
                 span.in_scope(|| node.open(request.into_inner()))?;
-                (node.proposes_only_after_match(), false)
+                (node.proposes_only_after_match(), false, false)
             }
         };
         let proposes_only_after_match =
             only_after_match.map(|span| NgramSpan { min: span.min as u32, max: span.max as u32 });
-        Ok(Response::new(OpenSessionResponse { proposes_only_after_match, copies_besides_model }))
+        Ok(Response::new(OpenSessionResponse { proposes_only_after_match, copies_besides_model, draws_trees }))
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {
@@ -153,6 +154,9 @@ impl DraftNode {
             let wire = req.truncation.ok_or_else(|| NodeError::InvalidRequest("truncation is missing".into()))?;
             Some(Truncation::try_from(&wire)?)
         };
+        if !req.tree_widths.is_empty() {
+            return self.propose_tree(req, truncation).await;
+        }
         let job = ProposeJob {
             round: req.round,
             rollback_to: req.rollback_to as usize,
@@ -185,6 +189,35 @@ impl DraftNode {
             elided,
             forward_passes: passes.forward_passes,
             batched_sequences: passes.batched_sequences,
+        })
+    }
+
+    /// A tree's Propose: from the model only (an n-gram or suffix proposer has one
+    /// continuation per match, not a distribution to draw several children from).
+    async fn propose_tree(
+        &self,
+        req: ProposeRequest,
+        truncation: Option<Truncation>,
+    ) -> Result<ProposeResponse, NodeError> {
+        let Proposer::Model { node, .. } = &self.proposer else {
+            return Err(NodeError::InvalidRequest("a draft with no model proposes chains, not trees".into()));
+        };
+        let widths = req.tree_widths.iter().map(|&w| w as usize).collect();
+        let shape = TreeShape::new(widths).map_err(NodeError::InvalidRequest)?;
+        let job = TreeJob {
+            round: req.round,
+            rollback_to: req.rollback_to as usize,
+            pending: req.pending_token_ids,
+            shape,
+            truncation,
+        };
+        let proposal = node.run(&req.session_id, move |m, state| propose_tree(m, state, &job)).await?;
+        Ok(ProposeResponse {
+            positions: proposal.positions,
+            draft_ns: proposal.draft_ns,
+            forward_passes: proposal.passes.forward_passes,
+            batched_sequences: proposal.passes.batched_sequences,
+            ..Default::default()
         })
     }
 

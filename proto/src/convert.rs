@@ -3,7 +3,7 @@
 //! Everything that arrives from a peer is validated here, once: a node never trusts a
 //! distribution or a block shape it did not compute itself.
 
-use specd_sampling::{DenseDist, SamplingParams, ScoredBlock, ScoredPosition, SparseDist, Truncation};
+use specd_sampling::{DenseDist, SamplingParams, ScoredBlock, ScoredNode, ScoredPosition, SparseDist, Truncation};
 
 use crate::error::ProtoError;
 use crate::v1;
@@ -62,6 +62,7 @@ pub fn sparse_proposal(token: u32, q: &SparseDist) -> v1::ProposedPosition {
         q: q.probs().to_vec(),
         dense_q: Vec::new(),
         source: v1::ProposalSource::Model.into(),
+        parent: 0,
     }
 }
 
@@ -74,6 +75,7 @@ pub fn deterministic_proposal(token: u32, source: v1::ProposalSource) -> v1::Pro
         q: vec![1.0],
         dense_q: Vec::new(),
         source: source.into(),
+        parent: 0,
     }
 }
 
@@ -83,7 +85,14 @@ pub fn deterministic_dense_proposal(token: u32, vocab_size: usize, source: v1::P
     if let Some(q) = dense_q.get_mut(token as usize) {
         *q = 1.0;
     }
-    v1::ProposedPosition { token_id: token, support: Vec::new(), q: Vec::new(), dense_q, source: source.into() }
+    v1::ProposedPosition {
+        token_id: token,
+        support: Vec::new(),
+        q: Vec::new(),
+        dense_q,
+        source: source.into(),
+        parent: 0,
+    }
 }
 
 /// A dense proposal: the candidate and the full q.
@@ -94,6 +103,7 @@ pub fn dense_proposal(token: u32, q: &DenseDist) -> v1::ProposedPosition {
         q: Vec::new(),
         dense_q: q.probs().to_vec(),
         source: v1::ProposalSource::Model.into(),
+        parent: 0,
     }
 }
 
@@ -152,6 +162,51 @@ pub fn parse_scored_block(reply: &v1::VerifyResponse) -> ScoredBlock {
     }
 }
 
+/// A scored tree as wire nodes, node 0 first.
+pub fn scored_tree_nodes(nodes: &[ScoredNode]) -> Vec<v1::ScoredTreeNode> {
+    nodes
+        .iter()
+        .map(|node| v1::ScoredTreeNode {
+            node: Some(match node {
+                ScoredNode::Inner(p) => v1::scored_tree_node::Node::Inner(v1::ScoredPosition {
+                    p_on_support: p.p_on_support.clone(),
+                    complement_mass: p.complement_mass,
+                    complement_sample: p.complement_sample,
+                }),
+                ScoredNode::Leaf { bonus } => v1::scored_tree_node::Node::BonusTokenId(*bonus),
+            }),
+        })
+        .collect()
+}
+
+/// The target's sparse reply for a tree of `nodes` nodes (node 0 included). The shape of
+/// each node and its values are checked by the rule (`verify_tree_sparse`), which knows the
+/// supports; here only that every node is there and says what it is.
+pub fn parse_scored_tree(reply: &v1::VerifyResponse, nodes: usize) -> Result<Vec<ScoredNode>, ProtoError> {
+    if reply.tree_nodes.len() != nodes {
+        return Err(ProtoError::invalid(
+            "VerifyResponse.tree_nodes",
+            format!("{} scored nodes for a tree of {nodes}", reply.tree_nodes.len()),
+        ));
+    }
+    reply
+        .tree_nodes
+        .iter()
+        .enumerate()
+        .map(|(u, node)| match &node.node {
+            Some(v1::scored_tree_node::Node::Inner(p)) => Ok(ScoredNode::Inner(ScoredPosition {
+                p_on_support: p.p_on_support.clone(),
+                complement_mass: p.complement_mass,
+                complement_sample: p.complement_sample,
+            })),
+            Some(v1::scored_tree_node::Node::BonusTokenId(bonus)) => Ok(ScoredNode::Leaf { bonus: *bonus }),
+            None => {
+                Err(ProtoError::invalid("VerifyResponse.tree_nodes", format!("node {u} is neither scored nor a leaf")))
+            }
+        })
+        .collect()
+}
+
 /// The target's dense reply: p at positions 1..γ+1.
 pub fn parse_dense_rows(
     reply: &v1::VerifyResponse,
@@ -192,6 +247,26 @@ mod tests {
         let err = SamplingParams::try_from(&bad).unwrap_err();
         assert!(err.to_string().contains("top_p"), "{err}");
         assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn scored_trees_round_trip_and_refuse_missing_nodes() {
+        let nodes = vec![
+            ScoredNode::Inner(ScoredPosition {
+                p_on_support: vec![0.5, 0.25],
+                complement_mass: 0.25,
+                complement_sample: Some(4),
+            }),
+            ScoredNode::Leaf { bonus: 3 },
+            ScoredNode::Leaf { bonus: 9 },
+        ];
+        let mut reply = v1::VerifyResponse { tree_nodes: scored_tree_nodes(&nodes), ..Default::default() };
+        assert_eq!(parse_scored_tree(&reply, 3).unwrap(), nodes);
+        let err = parse_scored_tree(&reply, 4).unwrap_err();
+        assert!(err.to_string().contains("3 scored nodes for a tree of 4"), "{err}");
+        reply.tree_nodes[1].node = None;
+        let err = parse_scored_tree(&reply, 3).unwrap_err();
+        assert!(err.to_string().contains("node 1"), "{err}");
     }
 
     #[test]

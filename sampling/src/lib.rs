@@ -69,4 +69,5 @@ pub use sparse_rule::{SparseCandidate, verify_block_sparse};
 pub use target_pieces::{ScoredBlock, ScoredNode, ScoredPosition, score_block, score_tree};
 pub use tree_distributions::tree_distributions;
 pub use tree_drafting::{ChildSource, draw_children};
+pub use tree_law::{MAX_TREE_CANDIDATES, TreeShape};
 pub use verification::{Verification, verify_dense, verify_sparse};

@@ -20,7 +20,48 @@ pub struct TreeShape {
     pub widths: Vec<usize>,
 }
 
+/// The most candidates a drafted tree may hold: what one target pass scores besides the
+/// committed sequence.
+pub const MAX_TREE_CANDIDATES: usize = 64;
+
 impl TreeShape {
+    /// A shape whose every depth has at least one child, at most [`crate::MAX_GAMMA`] depths
+    /// deep and at most [`MAX_TREE_CANDIDATES`] candidates in all.
+    pub fn new(widths: Vec<usize>) -> Result<Self, String> {
+        if widths.is_empty() || widths.contains(&0) {
+            return Err(format!("tree {widths:?}: every depth needs at least one child"));
+        }
+        if widths.len() > crate::MAX_GAMMA as usize {
+            return Err(format!("tree {widths:?}: {} depths, above the maximum {}", widths.len(), crate::MAX_GAMMA));
+        }
+        // Checked level by level: a product of widths may overflow long before the sum does.
+        let mut level: usize = 1;
+        let mut total: usize = 0;
+        for &w in &widths {
+            level = level.saturating_mul(w);
+            total = total.saturating_add(level);
+        }
+        if total > MAX_TREE_CANDIDATES {
+            return Err(format!("tree {widths:?}: {total} candidates, above the maximum {MAX_TREE_CANDIDATES}"));
+        }
+        Ok(Self { widths })
+    }
+
+    /// A chain of `gamma`: one child per depth.
+    pub fn chain(gamma: usize) -> Self {
+        Self { widths: vec![1; gamma] }
+    }
+
+    /// Depths below the committed sequence: the longest path's candidates.
+    pub fn depth(&self) -> usize {
+        self.widths.len()
+    }
+
+    /// Whether every depth has one child.
+    pub fn is_chain(&self) -> bool {
+        self.widths.iter().all(|&w| w == 1)
+    }
+
     /// Candidates in a full tree of this shape: the positions a target pass scores besides
     /// the root.
     pub fn candidates(&self) -> usize {
@@ -31,6 +72,26 @@ impl TreeShape {
             total += level;
         }
         total
+    }
+}
+
+/// `W1,W2,...`: children per depth, as `--tree` takes them.
+impl std::str::FromStr for TreeShape {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let widths = s
+            .split(',')
+            .map(|w| w.trim().parse::<usize>().map_err(|_| format!("tree {s:?}: {w:?} is not a number of children")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(widths)
+    }
+}
+
+impl std::fmt::Display for TreeShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let widths: Vec<String> = self.widths.iter().map(ToString::to_string).collect();
+        f.write_str(&widths.join(","))
     }
 }
 
@@ -199,4 +260,30 @@ pub fn tree_expected_accepted(model: &dyn PrefixModel, prefix: &[u32], round: Tr
         total
     }
     expected(model, &mut prefix.to_vec(), 0, round)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_refuse_what_a_pass_cannot_hold() {
+        let shape: TreeShape = "3, 2,1".parse().unwrap();
+        assert_eq!(shape.widths, [3, 2, 1]);
+        assert_eq!((shape.candidates(), shape.depth(), shape.is_chain()), (3 + 6 + 6, 3, false));
+        assert_eq!(shape.to_string(), "3,2,1");
+        assert!(TreeShape::chain(4).is_chain());
+        for (bad, says) in [
+            ("2,0", "at least one child"),
+            ("", "not a number"),
+            ("2,x", "not a number"),
+            ("8,8", "72 candidates"),
+            ("64,64,64,64,64,64,64,64,64,64,64,64", "above the maximum 64"),
+        ] {
+            let err = bad.parse::<TreeShape>().unwrap_err();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+        let deep = vec!["1"; crate::MAX_GAMMA as usize + 1].join(",");
+        assert!(deep.parse::<TreeShape>().unwrap_err().contains("depths"));
+    }
 }

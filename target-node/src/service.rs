@@ -2,7 +2,7 @@
 
 use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
-use specd_proto::convert::scored_positions;
+use specd_proto::convert::{scored_positions, scored_tree_nodes};
 use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
@@ -10,7 +10,7 @@ use specd_proto::v1::{
     TokenizeRequest, TokenizeResponse, VerifyRequest, VerifyResponse,
 };
 use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
-use specd_sampling::{MAX_GAMMA, SamplingParams};
+use specd_sampling::{MAX_GAMMA, MAX_TREE_CANDIDATES, SamplingParams};
 use specd_telemetry::attributes;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -103,9 +103,19 @@ impl TargetNode {
     }
 
     async fn verify_in_span(&self, req: VerifyRequest) -> Result<VerifyResponse, NodeError> {
-        if req.candidate_token_ids.len() > MAX_GAMMA as usize {
+        let tree = !req.candidate_parents.is_empty();
+        let most = if tree { MAX_TREE_CANDIDATES } else { MAX_GAMMA as usize };
+        if req.candidate_token_ids.len() > most {
             return Err(NodeError::InvalidRequest(format!(
-                "{} candidates, above the maximum {MAX_GAMMA}",
+                "{} candidates, above the maximum {most}{}",
+                req.candidate_token_ids.len(),
+                if tree { " of a tree" } else { "" }
+            )));
+        }
+        if tree && req.candidate_parents.len() != req.candidate_token_ids.len() {
+            return Err(NodeError::InvalidRequest(format!(
+                "{} parents for {} candidates",
+                req.candidate_parents.len(),
                 req.candidate_token_ids.len()
             )));
         }
@@ -119,6 +129,7 @@ impl TargetNode {
             sampling_threads: self.node.sampling_threads(),
             logprobs: req.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS) as usize),
             device_rule: self.node.config().faults.device_rule(),
+            parents: tree.then(|| req.candidate_parents.iter().map(|&p| p as usize).collect()),
         };
         let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await?;
         let reply = match verified.verdict {
@@ -129,6 +140,7 @@ impl TargetNode {
                 verify_ns: verified.verify_ns,
                 batch_size: verified.batch_size as u32,
                 logprobs: verified.logprobs,
+                tree_nodes: Vec::new(),
             },
             Verdict::Dense(rows) => VerifyResponse {
                 positions: Vec::new(),
@@ -137,6 +149,19 @@ impl TargetNode {
                 verify_ns: verified.verify_ns,
                 batch_size: verified.batch_size as u32,
                 logprobs: verified.logprobs,
+                tree_nodes: Vec::new(),
+            },
+            Verdict::SparseTree(nodes) => VerifyResponse {
+                tree_nodes: scored_tree_nodes(&nodes),
+                verify_ns: verified.verify_ns,
+                batch_size: verified.batch_size as u32,
+                ..Default::default()
+            },
+            Verdict::DenseTree(rows) => VerifyResponse {
+                dense_p: rows.iter().map(|p| DenseRow { probs: p.probs().to_vec() }).collect(),
+                verify_ns: verified.verify_ns,
+                batch_size: verified.batch_size as u32,
+                ..Default::default()
             },
         };
         Ok(reply)

@@ -1,15 +1,19 @@
 //! One Verify: catch up with the rollback point, run **one** forward pass over the pending
 //! tokens and the candidates, and compute p at every block position plus the pieces of the
-//! sparse wire format. Runs on the model thread in one job.
+//! sparse wire format; or the same for a tree of candidates ([`verify_tree`]). Runs on the
+//! model thread in one job.
 
 use std::time::Instant;
 
 use specd_device_sampling::{BlockHistory, DeviceRule, score_block_with};
-use specd_model::{LanguageModel, ModelError};
+use specd_model::{LanguageModel, ModelError, TokenTree};
 use specd_node::{NodeError, SessionState};
 use specd_proto::v1::{PositionLogprobs, ScoredAlternative};
 use specd_sampling::logprobs::{logprob, top_logprobs};
-use specd_sampling::{DenseDist, RoundKey, ScoredBlock, block_distributions, score_block};
+use specd_sampling::tree_rule::{ChildDraws, DraftTree};
+use specd_sampling::{
+    DenseDist, RoundKey, ScoredBlock, ScoredNode, block_distributions, score_block, score_tree, tree_distributions,
+};
 
 /// What a Verify asks for.
 #[derive(Debug, Clone)]
@@ -26,6 +30,9 @@ pub struct VerifyJob {
     pub logprobs: Option<usize>,
     /// The device path's rule ([`specd_node::NodeFaults::device_rule`]).
     pub device_rule: DeviceRule,
+    /// Set for a tree: each candidate's parent (0: the committed sequence, i: candidate
+    /// i − 1); `supports` then holds each candidate's parent's support. `None`: a chain.
+    pub parents: Option<Vec<usize>>,
 }
 
 /// The target's answer, in the wire format asked for.
@@ -34,6 +41,10 @@ pub enum Verdict {
     Sparse(ScoredBlock),
     /// p at positions 1..γ+1.
     Dense(Vec<DenseDist>),
+    /// A tree's nodes, node 0 (the committed sequence) first.
+    SparseTree(Vec<ScoredNode>),
+    /// p after every node of a tree, node 0 first.
+    DenseTree(Vec<DenseDist>),
 }
 
 #[derive(Debug)]
@@ -49,6 +60,9 @@ pub struct Verified {
 /// Runs on the model thread, through [`specd_node::Node::run`]: if it fails half-way, the
 /// session keeps the state it had before, with its cache forgotten.
 pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &VerifyJob) -> Result<Verified, NodeError> {
+    if let Some(parents) = &job.parents {
+        return verify_tree(model, state, job, parents);
+    }
     let started = Instant::now();
     if let Some(supports) = &job.supports
         && supports.len() != job.candidates.len()
@@ -61,7 +75,7 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     }
     let history = &mut state.history;
     let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
-    model.truncate(state.model_session, catch_up.keep)?;
+    catch_up.apply_to_cache(model, state.model_session)?;
     let mut feed = catch_up.feed;
     feed.extend_from_slice(&job.candidates);
     let gamma = job.candidates.len();
@@ -115,6 +129,77 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
         None => Verdict::Dense(p),
     };
     Ok(Verified { verdict, logprobs, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
+}
+
+/// A tree's Verify: the pending tokens and every node of the tree in **one** pass
+/// ([`LanguageModel::forward_tree`]: the pending tokens as a chain, the tree hanging from the
+/// last), p after every node, each with its own path's penalties, and the sparse pieces per
+/// node ([`score_tree`]). The cache keeps every node's rows until the next request says which
+/// path was committed ([`specd_node::SessionHistory::push_forwarded_tree`]).
+fn verify_tree(
+    model: &mut dyn LanguageModel,
+    state: &mut SessionState,
+    job: &VerifyJob,
+    parents: &[usize],
+) -> Result<Verified, NodeError> {
+    let started = Instant::now();
+    if job.logprobs.is_some() {
+        return Err(NodeError::InvalidRequest("log-probabilities are not computed for a tree".into()));
+    }
+    let tree = DraftTree { parents: parents.to_vec(), tokens: job.candidates.clone() };
+    tree.validate(ChildDraws::WithReplacement).map_err(|e| NodeError::InvalidRequest(e.to_string()))?;
+    let supports = match &job.supports {
+        Some(supports) => Some(node_supports(&tree, supports)?),
+        None => None,
+    };
+    let history = &mut state.history;
+    let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
+    catch_up.apply_to_cache(model, state.model_session)?;
+    let fed = catch_up.feed.len();
+    let pass = TokenTree::new(
+        catch_up.feed.iter().chain(&tree.tokens).copied().collect(),
+        (0..fed).map(|i| i.checked_sub(1)).chain(tree.parents.iter().map(|&parent| Some(fed - 1 + parent))).collect(),
+    )?;
+    let logits = model.forward_tree(state.model_session, &pass)?.into_host()?;
+    let batch_size = model.last_batch_size();
+    history.push_forwarded_tree(pass);
+    // Node u of the drafted tree is pass node fed − 1 + u: node 0 is the last pending token.
+    let rows: Vec<&[f32]> =
+        (fed - 1..logits.rows()).map(|i| logits.row(i).expect("host logits have a row per token")).collect();
+    let p =
+        tree_distributions(&rows, &state.params, history.prompt(), history.generated(), &tree, job.sampling_threads)?;
+    let verdict = match supports {
+        Some(supports) => {
+            let supports: Vec<Option<&[u32]>> = supports.iter().map(|s| s.map(Vec::as_slice)).collect();
+            Verdict::SparseTree(score_tree(&p, &supports, RoundKey { seed: state.seed, round: job.round })?)
+        }
+        None => Verdict::DenseTree(p),
+    };
+    Ok(Verified { verdict, logprobs: Vec::new(), verify_ns: started.elapsed().as_nanos() as u64, batch_size })
+}
+
+/// The support each node's children were drawn from, from each candidate's copy of its
+/// parent's: siblings must agree. `None` for a node without children.
+fn node_supports<'a>(tree: &DraftTree, supports: &'a [Vec<u32>]) -> Result<Vec<Option<&'a Vec<u32>>>, NodeError> {
+    if supports.len() != tree.tokens.len() {
+        return Err(NodeError::InvalidRequest(format!(
+            "{} supports for {} tree candidates",
+            supports.len(),
+            tree.tokens.len()
+        )));
+    }
+    let mut of_node: Vec<Option<&Vec<u32>>> = vec![None; tree.len()];
+    for (i, (&parent, support)) in tree.parents.iter().zip(supports).enumerate() {
+        match of_node[parent] {
+            Some(first) if first != support => {
+                return Err(NodeError::InvalidRequest(format!(
+                    "candidate {i} carries another support than its siblings: all were drawn from node {parent}'s q"
+                )));
+            }
+            _ => of_node[parent] = Some(support),
+        }
+    }
+    Ok(of_node)
 }
 
 /// Each position's most likely tokens and, in the sparse format, the log-probability of the

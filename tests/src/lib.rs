@@ -86,6 +86,8 @@ pub struct ClusterOptions {
     pub draft_chaos: Option<Duration>,
     /// Optimistic drafting (the coordinator's `--optimistic`).
     pub optimistic: bool,
+    /// The coordinator's `--tree` (default: off, chains).
+    pub tree: Option<specd_sampling::TreeShape>,
     /// The draft draws the candidates of blocks drafted ahead from these streams
     /// ([`DraftNode::with_lookahead_purpose`]): `Purpose::Draft` unless a test breaks it.
     pub lookahead_purpose: Purpose,
@@ -123,6 +125,7 @@ impl Default for ClusterOptions {
             session_ttl: None,
             draft_chaos: None,
             optimistic: true,
+            tree: None,
             lookahead_purpose: Purpose::Draft,
             forward_delays: (Duration::ZERO, Duration::ZERO),
             batch: BatchPolicy::default(),
@@ -245,6 +248,7 @@ impl Cluster {
             rule: options.rule,
             verification: options.verification,
             optimistic: options.optimistic,
+            tree: options.tree.clone(),
             metrics: options.metrics.clone(),
             tls: Default::default(),
             admission: Default::default(),

@@ -117,6 +117,7 @@ async fn coordinator(
         rule: RuleVariant::Exact,
         verification: specd_sampling::Verification::default(),
         optimistic: true,
+        tree: None,
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),

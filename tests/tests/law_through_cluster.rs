@@ -86,6 +86,8 @@ pub(crate) struct LawRun {
     /// Candidates proposed and accepted, by proposer, over every generation.
     pub by_proposer: HashMap<String, (u64, u64)>,
     pub empty_proposals: u64,
+    /// Rounds over every generation.
+    pub rounds: u64,
 }
 
 /// Draws `n` continuations of `prompt` through a cluster on [`tables_after`] and measures
@@ -122,7 +124,7 @@ pub(crate) async fn law_run(
             let mut fallbacks = 0;
             let (mut passes, mut sequences) = (0, 0);
             let mut by_proposer: HashMap<String, (u64, u64)> = HashMap::new();
-            let mut empty = 0;
+            let (mut empty, mut rounds) = (0, 0);
             for seed in (c..n).step_by(CLIENTS as usize) {
                 let request = continuation_request(&prompt, LENGTH, wire(&params, seed), dense);
                 let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
@@ -130,6 +132,7 @@ pub(crate) async fn law_run(
                 passes += stats.target_forward_passes;
                 sequences += stats.target_batched_sequences;
                 empty += stats.empty_proposals;
+                rounds += stats.rounds;
                 for (proposer, tally) in stats.by_proposer {
                     let sum = by_proposer.entry(proposer).or_default();
                     (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
@@ -137,15 +140,16 @@ pub(crate) async fn law_run(
                 assert_eq!(tokens.len(), LENGTH);
                 counts[cell(&tokens)] += 1;
             }
-            (counts, fallbacks, passes, sequences, by_proposer, empty)
+            (counts, fallbacks, passes, sequences, by_proposer, (empty, rounds))
         }));
     }
     let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
     let (mut fallbacks, mut passes, mut sequences) = (0, 0, 0);
     let mut run = LawRun::default();
     for task in tasks {
-        let (lane, lost, lane_passes, lane_sequences, by_proposer, empty) = task.await.unwrap();
+        let (lane, lost, lane_passes, lane_sequences, by_proposer, (empty, rounds)) = task.await.unwrap();
         fallbacks += lost;
+        run.rounds += rounds;
         passes += lane_passes;
         sequences += lane_sequences;
         run.empty_proposals += empty;
@@ -166,11 +170,13 @@ pub(crate) async fn law_run(
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
     let mean_batch = sequences as f64 / passes.max(1) as f64;
     eprintln!(
-        "law check: {n} samples, γ = {}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, tree {}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
+        options.tree.as_ref().map_or("off".to_owned(), ToString::to_string),
         options.rule,
         options.verification,
         options.proposer.kind,
+        run.rounds,
         run.by_proposer,
         run.empty_proposals,
     );
@@ -304,6 +310,46 @@ async fn a_device_path_whose_penalties_forget_the_block_is_caught() {
     let options = ClusterOptions { device_rule: DeviceRule::PenaltiesBlindToTheBlock, ..on_the_device() };
     let p = law_p_value(options, adjusted(), false, power_samples()).await;
     assert!(p < FALSE_FAILURE, "the broken device rule passed: p = {p}");
+}
+
+/// Trees of two children per node, two deep (six candidates a round; a round's depth is
+/// capped by γ = 2, so three-token outputs span rounds, some starting below a tree's
+/// accepted path and some after a complement or residual draw).
+fn with_trees(options: ClusterOptions) -> ClusterOptions {
+    ClusterOptions { tree: Some("2,2".parse().unwrap()), ..across_rounds(options) }
+}
+
+/// Asserts that the rounds drafted trees and not chains: a chain at γ = 2 proposes at most
+/// two candidates a round.
+fn assert_trees_ran(run: &LawRun) {
+    let proposed: u64 = run.by_proposer.values().map(|(proposed, _)| proposed).sum();
+    let per_round = proposed as f64 / run.rounds.max(1) as f64;
+    assert!(per_round > 2.5, "{per_round:.2} candidates a round: the rounds drafted chains, not trees");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn sparse_tree_law_with_penalties() {
+    // Penalties make every node's p depend on its own path, never on its siblings'.
+    let run = law_run(with_trees(small_truncation()), adjusted(), false, samples(), &PROMPT).await;
+    assert_trees_ran(&run);
+    assert!(run.p_value > FALSE_FAILURE, "χ² p-value {}", run.p_value);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn sparse_tree_law_on_the_device_path() {
+    let run = law_run(with_trees(on_the_device()), SamplingParams::default(), false, samples(), &PROMPT).await;
+    assert_trees_ran(&run);
+    assert!(run.p_value > FALSE_FAILURE, "χ² p-value {}", run.p_value);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_tree_rule_that_keeps_rejected_mass_is_caught() {
+    // Each next child tried against p itself, the rejected children's mass left in.
+    let options =
+        ClusterOptions { rule: RuleVariant::NaiveResampleFromTarget, ..with_trees(ClusterOptions::default()) };
+    let run = law_run(options, SamplingParams::default(), true, power_samples(), &PROMPT).await;
+    assert_trees_ran(&run);
+    assert!(run.p_value < FALSE_FAILURE, "the wrong tree rule passed: p = {}", run.p_value);
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -244,6 +244,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         rule: RuleVariant::Exact,
         verification: specd_sampling::Verification::default(),
         optimistic: true,
+        tree: None,
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),

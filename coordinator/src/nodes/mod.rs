@@ -102,6 +102,8 @@ pub struct DraftOpened {
     /// It draws from its model and copies n-gram matches too
     /// (`OpenSessionResponse.copies_besides_model`).
     pub copies_besides_model: bool,
+    /// It draws trees from its model (`OpenSessionResponse.draws_trees`).
+    pub draws_trees: bool,
 }
 
 impl DraftClient {
@@ -128,7 +130,7 @@ impl DraftClient {
                 })
                 .ok()
         });
-        Ok(DraftOpened { proposes_only_after_match, copies_besides_model })
+        Ok(DraftOpened { proposes_only_after_match, copies_besides_model, draws_trees: reply.draws_trees })
     }
 
     /// The session's round stream.

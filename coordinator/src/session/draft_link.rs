@@ -47,6 +47,9 @@ pub struct DraftSession {
     /// A `model+ngram` draft: the policy learns α from its model's draws alone
     /// ([`RoundReport::policy_acceptances`]), and [`Self::copies`] weighs the copies.
     pub copies_besides_model: bool,
+    /// The draft draws trees from its model (`OpenSessionResponse.draws_trees`): a round of a
+    /// generation with a tree shape asks it for one.
+    pub draws_trees: bool,
 }
 
 impl DraftSession {
@@ -180,7 +183,7 @@ impl DraftLink {
                 session.cache_filled = true;
                 session.copies.observe(report, first_model_pass(session.model_ran, &report.sources));
                 session.model_ran |= proposed_by_model(&report.sources);
-                session.cursor.advance(base, &report.outcome);
+                session.cursor.advance(base, report);
             }
             State::Up(session) => session.cursor.append(&report.outcome.tokens),
             State::Opening { pending, .. } => pending.extend_from_slice(&report.outcome.tokens),
@@ -355,6 +358,7 @@ fn open_in_background(
                 copies,
                 proposes_only_after_match: opened.proposes_only_after_match,
                 copies_besides_model: opened.copies_besides_model,
+                draws_trees: opened.draws_trees,
             })
         };
         // A link dropped meanwhile releases the session once this has ended.

@@ -23,6 +23,7 @@ pub mod round_report;
 pub mod stats;
 pub mod stream;
 pub mod target;
+pub mod tree_verify;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -307,7 +308,7 @@ impl SessionActor {
             policy.observe(report, steady);
             self.policy_memory.remember(generation.settings, policy, &report.policy_acceptances());
         }
-        generation.target.cursor.advance(base, &report.outcome);
+        generation.target.cursor.advance(base, report);
         if let Some(link) = generation.draft.as_mut() {
             link.after_round(base, report);
             if let Some(copies) = link.copy_choice() {

@@ -26,8 +26,9 @@ impl OpenRequests {
             seed: spec.seed,
             vocab_limit: vocab_size as u32,
             // What the session can reach, for the nodes' KV reservation: the prompt, every
-            // token asked for, and the largest block a round verifies past them.
-            max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + spec.gamma.max() as usize + 1)
+            // token asked for, and the largest block a round verifies past them (a tree's
+            // every node: the target holds them all until the next round).
+            max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + largest_block(spec) + 1)
                 .unwrap_or(u32::MAX),
         };
         // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
@@ -36,6 +37,12 @@ impl OpenRequests {
         let draft = OpenSessionRequest { max_tokens: target.max_tokens.saturating_add(ahead), ..target.clone() };
         Self { target, draft }
     }
+}
+
+/// The most candidates one round verifies: γ's bound, or a tree's every node.
+fn largest_block(spec: &GenerationSpec) -> usize {
+    let chain = spec.gamma.max() as usize;
+    spec.tree.as_ref().map_or(chain, |tree| tree.candidates().max(chain))
 }
 
 /// How long the first round waits for the draft's session to open (`None`: until it is open
@@ -71,6 +78,7 @@ mod tests {
             rule: RuleVariant::Exact,
             verification: specd_sampling::Verification::Block,
             optimistic,
+            tree: None,
             detokenize: false,
             logprobs: None,
         }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use prost::Message;
 use specd_proto::convert::{parse_dense_proposal, parse_sparse_proposal};
 use specd_proto::v1::{ProposalSource, ProposeRequest, ProposeResponse};
-use specd_sampling::{DenseDist, SparseDist};
+use specd_sampling::{DenseDist, SparseDist, TreeShape};
 
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
@@ -62,15 +62,18 @@ pub struct Proposed {
     pub pushed: bool,
     /// The draft's forward passes for the block and the sessions that shared them.
     pub batches: BatchSum,
+    /// For a tree: each candidate's parent (0: the committed sequence, i: candidate i − 1).
+    pub parents: Option<Vec<usize>>,
 }
 
-/// Sends the round's Propose, then takes a block pushed for it (already here, or arriving
-/// before the reply) or else the reply.
+/// Sends the round's Propose (for a chain of `gamma`, or for `tree`), then takes a block
+/// pushed for it (already here, or arriving before the reply) or else the reply.
 pub async fn propose(
     spec: &GenerationSpec,
     draft: &mut DraftSession,
     round: u32,
     gamma: u32,
+    tree: Option<&TreeShape>,
     vocab_size: usize,
     trace_context: HashMap<String, String>,
 ) -> Result<Proposed, CoordinatorError> {
@@ -90,6 +93,7 @@ pub async fn propose(
         optimistic: spec.optimistic,
         push_depth: if spec.optimistic { PUSH_DEPTH } else { 0 },
         model_only: !draft.copies.allow_copies(),
+        tree_widths: tree.map(|t| t.widths.iter().map(|&w| w as u32).collect()).unwrap_or_default(),
     };
     let sent = request.encoded_len() as u64;
     let mut received = 0;
@@ -113,6 +117,7 @@ pub async fn propose(
                 optimistic_hit: true,
                 pushed: true,
                 batches,
+                parents: None,
             });
         }
         let message = draft.rounds.receive().await?;
@@ -146,17 +151,30 @@ pub async fn propose(
         draft.pushed.clear();
         draft.drafting_ahead = spec.optimistic;
         // A deterministic proposer's block ends where its match does: fewer candidates, or
-        // none at all (the round then runs target-only).
-        if message.positions.len() > gamma as usize {
+        // none at all (the round then runs target-only). A tree may have fewer nodes than
+        // its shape where a q had fewer tokens than children asked for.
+        let most = tree.map_or(gamma as usize, TreeShape::candidates);
+        if message.positions.len() > most {
             return Err(CoordinatorError::Protocol(format!(
-                "asked the draft for {gamma} candidates, got {}",
+                "asked the draft for {most} candidates, got {}",
                 message.positions.len()
             )));
         }
         let proposals = parse(spec, &message, vocab_size)?;
+        let parents = tree.map(|_| parents_of(&message)).transpose()?;
         let (draft_ns, optimistic_hit, batches) = (message.draft_ns, message.optimistic_hit, batches_of(&message));
         let sources = sources_of(&message);
-        return Ok(Proposed { proposals, sources, sent, received, draft_ns, optimistic_hit, pushed: false, batches });
+        return Ok(Proposed {
+            proposals,
+            sources,
+            sent,
+            received,
+            draft_ns,
+            optimistic_hit,
+            pushed: false,
+            batches,
+            parents,
+        });
     }
 }
 
@@ -164,6 +182,23 @@ pub async fn propose(
 /// the model's.
 fn sources_of(message: &ProposeResponse) -> Vec<ProposalSource> {
     message.positions.iter().map(|p| ProposalSource::try_from(p.source).unwrap_or(ProposalSource::Model)).collect()
+}
+
+/// A tree's parents: each candidate's an earlier node. The rest of the tree's shape (siblings
+/// drawn from one q) is checked where the tree is verified.
+fn parents_of(message: &ProposeResponse) -> Result<Vec<usize>, CoordinatorError> {
+    message
+        .positions
+        .iter()
+        .enumerate()
+        .map(|(i, position)| match position.parent as usize {
+            parent if parent <= i => Ok(parent),
+            parent => Err(CoordinatorError::Protocol(format!(
+                "the draft's tree has candidate {} under node {parent}, which does not come before it",
+                i + 1
+            ))),
+        })
+        .collect()
 }
 
 fn batches_of(message: &ProposeResponse) -> BatchSum {

@@ -8,7 +8,7 @@ use specd_proto::convert::{parse_dense_rows, parse_scored_block};
 use specd_proto::v1::{Support, VerifyRequest};
 #[cfg(feature = "testing")]
 use specd_sampling::naive::{naive_verify_block_dense, naive_verify_block_sparse};
-use specd_sampling::{DenseCandidate, RoundKey, SparseCandidate, verify_dense, verify_sparse};
+use specd_sampling::{DenseCandidate, RoundKey, SparseCandidate, TreeShape, verify_dense, verify_sparse};
 #[cfg(feature = "testing")]
 use specd_sampling::{verify_whole_block_dense, verify_whole_block_sparse};
 
@@ -24,6 +24,7 @@ use crate::nodes::TargetRounds;
 use crate::request::{GenerationSpec, RuleVariant, Wire};
 use crate::session::draft_link::DraftSession;
 use crate::session::propose::{Proposals, propose};
+use crate::session::tree_verify::verify_tree_round;
 
 /// What a round takes: the generation it belongs to, the target's side and the draft's.
 #[derive(Debug)]
@@ -86,6 +87,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
     let (mut optimistic_attempt, mut optimistic_hit, mut optimistic_pushed) = (false, false, false);
     let mut draft_batches = BatchSum::default();
     let (mut drafted, mut sources, mut copies_apart) = (false, Vec::new(), false);
+    let mut parents = None;
     let (mut proposals, mut draft_ns) = match spec.wire {
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
@@ -94,7 +96,8 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
-        let proposed = propose(spec, draft, round, gamma, vocab_size, trace_context.clone())
+        let tree = round_tree(spec, draft, gamma);
+        let proposed = propose(spec, draft, round, gamma, tree.as_ref(), vocab_size, trace_context.clone())
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
         (optimistic_hit, optimistic_pushed) = (proposed.optimistic_hit, proposed.pushed);
@@ -103,6 +106,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         draft_batches = proposed.batches;
         proposals = proposed.proposals;
         (drafted, sources, copies_apart) = (true, proposed.sources, draft.copies_besides_model);
+        parents = proposed.parents;
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),
@@ -119,6 +123,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         dense: matches!(spec.wire, Wire::Dense),
         trace_context,
         logprobs: spec.logprobs,
+        candidate_parents: parents.iter().flatten().map(|&p| p as u32).collect(),
     };
     wire.to_target = request.encoded_len() as u64;
     let reply = target_client.call(request).await.map_err(|e| {
@@ -126,7 +131,8 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         if e.is_node_loss() { CoordinatorError::TargetLost(Box::new(e)) } else { e }
     })?;
     wire.from_target = reply.encoded_len() as u64;
-    if matches!(spec.wire, Wire::Sparse(_)) && reply.bonus_token_id as usize >= vocab_size {
+    let tree = parents.is_some();
+    if matches!(spec.wire, Wire::Sparse(_)) && !tree && reply.bonus_token_id as usize >= vocab_size {
         return Err(CoordinatorError::Protocol(format!(
             "bonus token {} is outside the vocabulary of {vocab_size}",
             reply.bonus_token_id
@@ -134,8 +140,9 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
     }
     let key = RoundKey { seed: spec.seed, round };
     let mut dense_rows = None;
-    let outcome = match &proposals {
-        Proposals::Sparse(p) => {
+    let outcome = match (&proposals, &parents) {
+        (_, Some(parents)) => verify_tree_round(spec, &proposals, parents, &reply, key, vocab_size)?,
+        (Proposals::Sparse(p), None) => {
             let block: Vec<_> = p.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
             let scored = parse_scored_block(&reply);
             match spec.rule {
@@ -148,7 +155,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
                 }
             }
         }
-        Proposals::Dense(p) => {
+        (Proposals::Dense(p), None) => {
             let rows = parse_dense_rows(&reply, gamma, vocab_size)?;
             let block: Vec<_> = p.iter().map(|(token, q)| DenseCandidate { token: *token, q }).collect();
             let outcome = match spec.rule {
@@ -186,5 +193,16 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         sources,
         proposal_skipped: false,
         copies_apart,
+        tree,
     })
+}
+
+/// The tree this round drafts, if any: the generation's shape with its depth capped by the
+/// round's γ, where the draft draws trees and no log-probabilities are asked for (they are
+/// computed for chains only). A shape of one child per depth is a chain, and runs as one.
+fn round_tree(spec: &GenerationSpec, draft: &DraftSession, gamma: u32) -> Option<TreeShape> {
+    let shape = spec.tree.as_ref().filter(|_| draft.draws_trees && spec.logprobs.is_none())?;
+    let widths: Vec<usize> = shape.widths.iter().copied().take(gamma as usize).collect();
+    let shape = TreeShape::new(widths).ok()?;
+    (!shape.is_chain()).then_some(shape)
 }

@@ -19,10 +19,18 @@ pub struct Cursor {
 
 impl Cursor {
     /// After a round that this node took part in: the accepted prefix stays valid, the
-    /// corrected token is pending.
-    pub fn advance(&mut self, base: usize, outcome: &BlockOutcome) {
-        self.valid = base + outcome.accepted;
-        self.pending = vec![outcome.emitted()];
+    /// corrected token is pending. After a tree, which the node holds as no sequence, every
+    /// token the round committed is pending (the node keeps the accepted path's cache rows
+    /// itself, `specd_node::SessionHistory`).
+    pub fn advance(&mut self, base: usize, report: &RoundReport) {
+        let outcome = &report.outcome;
+        if report.tree {
+            self.valid = base;
+            self.pending = outcome.tokens.clone();
+        } else {
+            self.valid = base + outcome.accepted;
+            self.pending = vec![outcome.emitted()];
+        }
     }
 
     /// After a round this node sat out: everything committed is pending.
@@ -102,6 +110,8 @@ pub struct RoundReport {
     /// The draft draws from a model and copies n-gram matches too
     /// (`DraftSession::copies_besides_model`): [`Self::policy_acceptances`].
     pub copies_apart: bool,
+    /// The candidates were a tree (`gamma` of them in all), not a chain.
+    pub tree: bool,
 }
 
 impl RoundReport {
@@ -127,6 +137,7 @@ impl RoundReport {
             sources,
             proposal_skipped: false,
             copies_apart: false,
+            tree: false,
         }
     }
 

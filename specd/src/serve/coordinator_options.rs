@@ -13,7 +13,7 @@ use specd_proto::tls::ClientTls;
 use specd_sampling::{MAX_GAMMA, Truncation, Verification};
 use tokio::net::TcpListener;
 
-use super::flag_values::{GammaFlag, parse_gamma, parse_on_off};
+use super::flag_values::{GammaFlag, TreeFlag, parse_gamma, parse_on_off, parse_tree};
 use super::runtime::bind;
 use crate::cli_error::invalid;
 
@@ -34,6 +34,15 @@ pub struct PolicyOptions {
     /// law exactly, and greedy output is the same under both.
     #[arg(long, env = "SPECD_VERIFY", default_value = "block")]
     verify: Verification,
+    /// Draft trees instead of chains: `W1,W2,...` children under every node at each depth
+    /// (`3,1,1`: three alternatives for the next token, each continued by one), or `off`.
+    /// One target pass scores every node, and an exact rule (recursive rejection sampling,
+    /// docs/rule.md) picks a path, so the output law is unchanged. A round's depth is capped
+    /// by its γ; rounds that ask for log-probabilities, and drafts without a model, use
+    /// chains. It pays where a pass over more positions costs little more than one (a GPU,
+    /// or a slow network between the nodes); on a CPU a chain usually wins.
+    #[arg(long, env = "SPECD_TREE", default_value = "off", value_parser = parse_tree)]
+    tree: TreeFlag,
     /// max_new_tokens when a request does not set one.
     #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 256)]
     max_new_tokens: u32,
@@ -120,6 +129,7 @@ impl PolicyOptions {
             rule: RuleVariant::Exact,
             verification: self.verify,
             optimistic: self.optimistic,
+            tree: self.tree.0.clone(),
             tls: CoordinatorTls::default(),
             admission: Admission {
                 api_token: self.api_token.clone().filter(|t| !t.is_empty()),

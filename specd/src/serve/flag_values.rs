@@ -37,6 +37,18 @@ pub(crate) fn parse_gamma(s: &str) -> Result<GammaFlag, String> {
     s.parse().map(GammaFlag::Fixed).map_err(|_| format!("{s:?} is neither `auto` nor a whole number"))
 }
 
+/// `--tree`: a shape, or `off` (`None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TreeFlag(pub Option<specd_sampling::TreeShape>);
+
+/// `off` or children per depth, `W1,W2,...`.
+pub(crate) fn parse_tree(s: &str) -> Result<TreeFlag, String> {
+    if s == "off" {
+        return Ok(TreeFlag(None));
+    }
+    s.parse().map(|shape| TreeFlag(Some(shape))).map_err(|e| format!("{e} (or `off`)"))
+}
+
 /// `on` or `off`.
 pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
