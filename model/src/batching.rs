@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ModelError, Result};
 use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
+use crate::token_tree::TokenTree;
 
 /// The default wait for more sessions' forwards. Sessions of a node run their rounds out of
 /// step (each also waits on the other node and the network), so taking only what is already
@@ -330,6 +331,20 @@ impl LanguageModel for RemoteModel {
 
     fn last_batch_size(&self) -> usize {
         self.last_batch_size
+    }
+
+    /// A tree pass runs alone on the model thread: a tree has a mask of its own, which a
+    /// batch of sequences does not take. It and [`Self::keep_tree_path`] must reach the same
+    /// model, whether or not the job's other passes are batched.
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        let tree = tree.clone();
+        self.last_batch_size = 1;
+        self.remote(move |m| m.forward_tree(session, &tree))
+    }
+
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        let (tree, path) = (tree.clone(), path.to_vec());
+        self.remote(move |m| m.keep_tree_path(session, base, &tree, &path))
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {

@@ -6,6 +6,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
+use crate::token_tree::TokenTree;
 
 /// `inner`, with forward pass number `fail_at` (counting from 1; a batched pass counts once)
 /// failing with a real allocation failure: it asks libtorch for 4 PiB, which no allocator
@@ -62,6 +63,13 @@ impl<M: LanguageModel> LanguageModel for InjectedOom<M> {
                 items.iter().map(|_| Err(ModelError::OutOfMemory(message.clone()))).collect()
             }
         }
+    }
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        self.next_pass()?;
+        self.inner.forward_tree(session, tree)
+    }
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        self.inner.keep_tree_path(session, base, tree, path)
     }
     fn last_batch_size(&self) -> usize {
         self.inner.last_batch_size()

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
+use crate::token_tree::TokenTree;
 
 /// `inner`, with every forward pass taking `delay` longer (the model thread sleeps, as if
 /// computing).
@@ -42,6 +43,13 @@ impl<M: LanguageModel> LanguageModel for Slowed<M> {
     fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
         std::thread::sleep(self.delay);
         self.inner.forward_batch(items)
+    }
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        std::thread::sleep(self.delay);
+        self.inner.forward_tree(session, tree)
+    }
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        self.inner.keep_tree_path(session, base, tree, path)
     }
     fn last_batch_size(&self) -> usize {
         self.inner.last_batch_size()

@@ -11,7 +11,8 @@
 //! - [`kv_budget`]: KV memory by the request: admission against the target's budget, and a
 //!   pass out of memory failing its request only;
 //! - [`proposers`]: the n-gram, suffix and model+ngram proposers: the law, greedy identity,
-//!   the suffix node's memory bound.
+//!   the suffix node's memory bound;
+//! - [`tree_cache`]: both nodes' caches after a tree round, against fresh sessions.
 //!
 //! `service.rs`, `discovery.rs` and `metrics.rs` stay binaries of their own: they assert
 //! deadlines, which a law check running beside them could make them miss.
@@ -27,4 +28,5 @@ mod kv_budget;
 mod law_through_cluster;
 mod optimistic;
 mod proposers;
+mod tree_cache;
 mod vocab_padding;
