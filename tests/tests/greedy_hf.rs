@@ -33,6 +33,15 @@ async fn greedy_speculation_equals_target_only_on_hf_models() {
     greedy_identity(ClusterOptions::default(), 50).await;
 }
 
+/// With `--tree`: at temperature 0 the draft's q is one token, so every node has one child
+/// and the tree is a chain, but both nodes take their tree paths (the draft's walk, the
+/// target's tree-masked pass and the path it keeps) in every round.
+#[tokio::test(flavor = "current_thread")]
+async fn greedy_speculation_equals_target_only_with_trees() {
+    let options = ClusterOptions { tree: Some("3,2,1,1".parse().unwrap()), ..ClusterOptions::default() };
+    greedy_identity(options, 20).await;
+}
+
 /// Both nodes keep the models' logits in tensors and build their distributions with
 /// libtorch ops (`--distributions device`, on CPU tensors here). Speculation on the device
 /// path equals target-only decoding on it, and that equals target-only decoding on the host

@@ -51,7 +51,8 @@ impl Stats {
     /// Adds a finished round.
     pub fn record(&mut self, report: &RoundReport) {
         self.rounds += 1;
-        if report.gamma > 0 {
+        // A tree has no chain for the two chain rules to be compared on.
+        if report.gamma > 0 && !report.tree {
             self.drafted_rounds += 1;
             self.expected_accepted.token += report.outcome.in_expectation.token;
             self.expected_accepted.block += report.outcome.in_expectation.block;
@@ -148,10 +149,12 @@ mod tests {
         stats.record(&round(3, 2, 1.5, 1.75));
         stats.record(&round(0, 0, 0.0, 0.0));
         stats.record(&round(2, 0, 0.25, 0.5));
+        // A tree round: no chain for the rules to be compared on.
+        stats.record(&RoundReport { tree: true, ..round(6, 1, 9.0, 9.0) });
         let wire = stats.to_wire();
-        assert_eq!((wire.rounds, wire.drafted_rounds), (3, 2));
+        assert_eq!((wire.rounds, wire.drafted_rounds), (4, 2));
         assert_eq!((wire.expected_accepted_token, wire.expected_accepted_block), (1.75, 2.25));
         assert_eq!(wire.verification, "token");
-        assert_eq!(wire.accepted_tokens, 2);
+        assert_eq!(wire.accepted_tokens, 3);
     }
 }

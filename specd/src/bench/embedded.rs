@@ -24,6 +24,9 @@ pub(super) async fn run(args: &BenchArgs, prompts: &[String]) -> anyhow::Result<
     if let Some(verification) = args.verify {
         config.verification = verification;
     }
+    if let Some(tree) = &args.tree {
+        config.tree = tree.0.clone();
+    }
     let service = specd_coordinator::connect(&config).await?;
     let listener = bind("127.0.0.1:0".parse()?).await?;
     let endpoint = format!("http://{}", listener.local_addr()?);

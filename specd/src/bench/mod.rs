@@ -36,6 +36,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         if let Some(verification) = args.verify {
             netns.coordinator_arg.push(format!("--verify={verification}"));
         }
+        if let Some(tree) = &args.tree {
+            let shape = tree.0.as_ref().map_or("off".to_owned(), ToString::to_string);
+            netns.coordinator_arg.push(format!("--tree={shape}"));
+        }
         return netns::run(&netns, &args.demo_dir, target, draft, args.json);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
