@@ -46,14 +46,20 @@ http=$(sed -n 's|^OpenAI-compatible HTTP API on ||p' "$work/up.out")
 echo "coordinator: gRPC on $addr, OpenAI-compatible HTTP on $http (logs in $work/up.log)"
 echo
 
-prompt='def parse_header(line):
-    """Split an HTTP header line into its name and value."""
-'
+# The prompt is chosen so that the shipped target continues it for real at T = 0.8 (a test,
+# specd/tests/shipped_pair.rs, checks it); the completion is checked here too.
+prompt=$(cat scripts/demo_prompt.txt; printf x)
+prompt=${prompt%x}
 printf '%s' "$prompt" >"$work/prompt.txt"
 echo "== 3. A streamed completion (T = 0.8, draft length chosen by the adaptive policy) =="
 printf '%s' "$prompt"
-"$specd" generate --endpoint "http://$addr" --prompt "$prompt" --max-new-tokens 128 --temperature 0.8 --seed 1 --stream
+"$specd" generate --endpoint "http://$addr" --prompt "$prompt" --max-new-tokens 128 --temperature 0.8 --seed 1 --stream \
+  | tee "$work/completion.txt"
 echo
+if [ "$(wc -c <"$work/completion.txt")" -lt 40 ]; then
+  echo "the completion stopped after $(wc -c <"$work/completion.txt") bytes: this pair does not continue its prompt (see $models/card.json)"
+  exit 1
+fi
 
 echo "== 4. Speedup over target-only decoding on the same prompt (3 passes, interleaved) =="
 "$specd" bench --endpoint "http://$addr" --prompts "$work/prompt.txt" --temperature 0.8 --max-new-tokens 128 --repeat 3

@@ -50,7 +50,7 @@ pub use api::http::HttpConfig;
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
 pub use nodes::discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
-pub use request::{Defaults, GammaChoice, RuleVariant};
+pub use request::{Defaults, GammaChoice, RuleVariant, TreeSetting};
 use specd_proto::tls::{ClientTls, ServerTls};
 
 /// TLS on both sides of a coordinator.
@@ -90,9 +90,9 @@ pub struct CoordinatorConfig {
     /// verifies this one, guessing that every candidate is accepted and which bonus token
     /// comes; a right guess saves the next round its draft time. Exact either way.
     pub optimistic: bool,
-    /// Draft trees of this shape instead of chains (docs/rule.md#trees-of-drafts): one target
-    /// pass scores several alternatives at a node; `None`: chains.
-    pub tree: Option<specd_sampling::TreeShape>,
+    /// Trees of drafts instead of chains (docs/rule.md#trees-of-drafts): one target pass
+    /// scores several alternatives at a node.
+    pub tree: TreeSetting,
     /// Where to record rounds, tokens, latencies and finish reasons (`specd-telemetry`).
     pub metrics: Option<specd_telemetry::Metrics>,
     pub tls: CoordinatorTls,

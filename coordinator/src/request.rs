@@ -54,6 +54,19 @@ impl GammaChoice {
     }
 }
 
+/// Whether rounds draft trees (`--tree`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TreeSetting {
+    /// Chains.
+    #[default]
+    Off,
+    /// Trees of this shape.
+    Shape(TreeShape),
+    /// Each session measures a tree against the chain and drafts the better
+    /// ([`crate::policy::trees`]).
+    Auto,
+}
+
 /// The coordinator's defaults for what a request leaves unset, and its rule.
 #[derive(Debug, Clone)]
 pub struct Defaults {
@@ -66,8 +79,8 @@ pub struct Defaults {
     pub verification: Verification,
     /// Ask the draft to draft each next block ahead (optimistic drafting).
     pub optimistic: bool,
-    /// Draft trees of this shape instead of chains (`--tree`); `None`: chains.
-    pub tree: Option<TreeShape>,
+    /// Trees or chains (`--tree`).
+    pub tree: TreeSetting,
     /// The model's generation_config.json values are the defaults of what a request leaves
     /// unset (temperature, top_p, top_k, repetition_penalty).
     pub generation_config: bool,
@@ -91,10 +104,10 @@ pub struct GenerationSpec {
     /// Ask the draft to draft each next block ahead (optimistic drafting, docs/architecture.md).
     /// Never with a tree: a tree is not drafted ahead.
     pub optimistic: bool,
-    /// Draft trees of this shape (docs/rule.md#trees-of-drafts), with their depth capped by
-    /// each round's γ, where the draft draws trees and no log-probabilities are asked for;
-    /// `None`: chains.
-    pub tree: Option<TreeShape>,
+    /// Trees or chains (docs/rule.md#trees-of-drafts). A tree's depth is capped by each
+    /// round's γ, and trees are drafted only where the draft draws them and no
+    /// log-probabilities are asked for.
+    pub tree: TreeSetting,
     /// Decode the output to text (the target has a tokenizer).
     pub detokenize: bool,
     /// Log-probabilities asked for, with this many alternatives per token.
@@ -189,7 +202,7 @@ pub fn validate(
         wire: if speculation.dense { Wire::Dense } else { Wire::Sparse(defaults.truncation) },
         rule: defaults.rule,
         verification: defaults.verification,
-        optimistic: defaults.optimistic && defaults.tree.is_none(),
+        optimistic: defaults.optimistic && defaults.tree == TreeSetting::Off,
         tree: defaults.tree.clone(),
         detokenize: facts.has_tokenizer,
         logprobs: match request.logprobs {
@@ -272,7 +285,7 @@ mod tests {
             rule: RuleVariant::Exact,
             verification: Verification::Block,
             optimistic: true,
-            tree: None,
+            tree: TreeSetting::Off,
             generation_config: true,
         }
     }

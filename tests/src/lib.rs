@@ -87,7 +87,7 @@ pub struct ClusterOptions {
     /// Optimistic drafting (the coordinator's `--optimistic`).
     pub optimistic: bool,
     /// The coordinator's `--tree` (default: off, chains).
-    pub tree: Option<specd_sampling::TreeShape>,
+    pub tree: specd_coordinator::TreeSetting,
     /// The draft draws the candidates of blocks drafted ahead from these streams
     /// ([`DraftNode::with_lookahead_purpose`]): `Purpose::Draft` unless a test breaks it.
     pub lookahead_purpose: Purpose,
@@ -125,7 +125,7 @@ impl Default for ClusterOptions {
             session_ttl: None,
             draft_chaos: None,
             optimistic: true,
-            tree: None,
+            tree: Default::default(),
             lookahead_purpose: Purpose::Draft,
             forward_delays: (Duration::ZERO, Duration::ZERO),
             batch: BatchPolicy::default(),

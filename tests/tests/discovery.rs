@@ -117,7 +117,7 @@ async fn coordinator(
         rule: RuleVariant::Exact,
         verification: specd_sampling::Verification::default(),
         optimistic: true,
-        tree: None,
+        tree: Default::default(),
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),

@@ -38,7 +38,8 @@ async fn greedy_speculation_equals_target_only_on_hf_models() {
 /// target's tree-masked pass and the path it keeps) in every round.
 #[tokio::test(flavor = "current_thread")]
 async fn greedy_speculation_equals_target_only_with_trees() {
-    let options = ClusterOptions { tree: Some("3,2,1,1".parse().unwrap()), ..ClusterOptions::default() };
+    let tree = specd_coordinator::TreeSetting::Shape("3,2,1,1".parse().unwrap());
+    let options = ClusterOptions { tree, ..ClusterOptions::default() };
     greedy_identity(options, 20).await;
 }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use specd_coordinator::{GammaChoice, RuleVariant};
+use specd_coordinator::{GammaChoice, RuleVariant, TreeSetting};
 use specd_device_sampling::DeviceRule;
 use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
@@ -172,7 +172,7 @@ pub(crate) async fn law_run(
     eprintln!(
         "law check: {n} samples, γ = {}, tree {}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
-        options.tree.as_ref().map_or("off".to_owned(), ToString::to_string),
+        format!("{:?}", options.tree),
         options.rule,
         options.verification,
         options.proposer.kind,
@@ -316,7 +316,7 @@ async fn a_device_path_whose_penalties_forget_the_block_is_caught() {
 /// capped by γ = 2, so three-token outputs span rounds, some starting below a tree's
 /// accepted path and some after a complement or residual draw).
 fn with_trees(options: ClusterOptions) -> ClusterOptions {
-    ClusterOptions { tree: Some("2,2".parse().unwrap()), ..across_rounds(options) }
+    ClusterOptions { tree: TreeSetting::Shape("2,2".parse().unwrap()), ..across_rounds(options) }
 }
 
 /// Asserts that the rounds drafted trees and not chains: a chain at γ = 2 proposes at most

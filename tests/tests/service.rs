@@ -244,7 +244,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         rule: RuleVariant::Exact,
         verification: specd_sampling::Verification::default(),
         optimistic: true,
-        tree: None,
+        tree: Default::default(),
         metrics: None,
         tls: Default::default(),
         admission: Default::default(),

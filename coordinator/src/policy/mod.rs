@@ -15,7 +15,8 @@
 //! - [`governor`]: under load, whether a load level's sessions draft at all;
 //! - [`copies`]: whether a `model+ngram` draft's copies pay;
 //! - `average.rs` and `remeasure.rs`: the running average all of them learn with, and how
-//!   often a side not in use is measured again.
+//!   often a side not in use is measured again;
+//! - [`trees`]: `--tree auto`, whether a session's rounds draft trees or chains.
 //!
 //! A short request must not spend its few rounds re-learning what earlier sessions already
 //! measured, which is why the memory exists. The law stays exact whatever γ is chosen: each
@@ -30,6 +31,7 @@ mod memory;
 mod observe;
 mod remeasure;
 mod state;
+pub mod trees;
 
 pub use choose::{DRAFT_PROBE_BUDGET, DRAFT_PROBE_MAX, DRAFT_PROBE_MIN, MEASURING_ROUNDS, PLAIN_PROBE_EVERY};
 pub use memory::{CONFIDENT_POSITIONS, EXPLORE_EVERY, PolicyMemory, SESSION_ALPHA_PRIOR_WEIGHT};

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use specd_proto::v1::{FinishReason, GenerateResponse};
+use specd_sampling::TreeShape;
 use specd_telemetry::RequestMetrics;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -42,8 +43,9 @@ use crate::error::CoordinatorError;
 use crate::nodes::{DraftClient, TargetClient};
 use crate::policy::governor::LoadMode;
 use crate::policy::key::{LoadLevel, PolicyKey};
+use crate::policy::trees::{TreeTrial, auto_shape};
 use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
-use crate::request::{GammaChoice, GenerationSpec};
+use crate::request::{GammaChoice, GenerationSpec, TreeSetting};
 use crate::session::choose::{RoundPlan, round_gamma, wanted_gamma};
 use crate::session::commit::{Output, StopConditions};
 use crate::session::draft_link::DraftLink;
@@ -102,6 +104,8 @@ struct Generation<'a> {
     settings: PolicyKey,
     /// `None`: a fixed γ.
     adaptive: Option<AdaptiveGamma>,
+    /// `--tree auto`: whether trees pay in this session, measured.
+    trees: Option<TreeTrial>,
     target: TargetSession<'a>,
     /// `None`: the generation does not draft.
     draft: Option<DraftLink>,
@@ -109,6 +113,16 @@ struct Generation<'a> {
     stats: Stats,
     /// The next round's index.
     round: u32,
+}
+
+/// The tree a round at γ wants under the generation's `setting`: its shape, or under `auto`
+/// the session's measured choice.
+fn wanted_tree(setting: &TreeSetting, trial: Option<&TreeTrial>, gamma: u32) -> Option<TreeShape> {
+    match setting {
+        TreeSetting::Off => None,
+        TreeSetting::Shape(shape) => Some(shape.clone()),
+        TreeSetting::Auto => trial.filter(|t| t.wants_tree()).and_then(|_| auto_shape(gamma)),
+    }
 }
 
 impl SessionActor {
@@ -205,7 +219,9 @@ impl SessionActor {
             .filter(|_| spec.detokenize)
             .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
         let output = Output::new(&spec.prompt, text);
-        Ok(Generation { settings, adaptive, target, draft, output, stats: Stats::new(spec.verification), round: 0 })
+        let trees = (spec.tree == TreeSetting::Auto).then(TreeTrial::default);
+        let stats = Stats::new(spec.verification);
+        Ok(Generation { settings, adaptive, trees, target, draft, output, stats, round: 0 })
     }
 
     /// Plans the next round: its γ, the load level's mode, and whether the draft can take
@@ -242,12 +258,14 @@ impl SessionActor {
         plan: &mut RoundPlan,
     ) -> Result<Option<RoundReport>, CoordinatorError> {
         // Not a session that opened since: the policy was told this round is not its.
-        let draft = generation
-            .draft
-            .as_mut()
-            .filter(|_| !plan.awaiting_draft)
-            .and_then(DraftLink::session)
-            .map(|session| DraftStep { session, gamma: plan.gamma });
+        let draft =
+            generation.draft.as_mut().filter(|_| !plan.awaiting_draft).and_then(DraftLink::session).map(|session| {
+                DraftStep {
+                    session,
+                    gamma: plan.gamma,
+                    tree: wanted_tree(&self.spec.tree, generation.trees.as_ref(), plan.gamma),
+                }
+            });
         // A draft sure to propose nothing (an n-gram draft and no match) is not asked: the
         // round runs target-only, an empty proposal without the round trip.
         let committed = generation.output.committed();
@@ -304,6 +322,12 @@ impl SessionActor {
             draft: plan.steady.draft && !generation.draft.as_mut().is_some_and(|link| link.first_model_pass(report)),
             ..plan.steady
         };
+        if let Some(trees) = generation.trees.as_mut() {
+            trees.observe(report);
+        }
+        // A tree round's costs are a tree's (more target positions, more draft passes): γ's
+        // policy learns α from it but not what a chain of γ costs.
+        let steady = if report.tree { SteadyCosts { target: false, draft: false } } else { steady };
         if let Some(policy) = generation.adaptive.as_mut().filter(|_| plan.policy_owns()) {
             policy.observe(report, steady);
             self.policy_memory.remember(generation.settings, policy, &report.policy_acceptances());

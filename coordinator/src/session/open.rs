@@ -6,7 +6,7 @@ use std::time::Duration;
 use specd_proto::v1::{OpenSessionRequest, SamplingSettings};
 
 use crate::policy::AdaptiveGamma;
-use crate::request::GenerationSpec;
+use crate::request::{GenerationSpec, TreeSetting};
 use crate::session::propose::PUSH_DEPTH;
 
 /// The open requests of a generation's sessions.
@@ -42,7 +42,11 @@ impl OpenRequests {
 /// The most candidates one round verifies: γ's bound, or a tree's every node.
 fn largest_block(spec: &GenerationSpec) -> usize {
     let chain = spec.gamma.max() as usize;
-    spec.tree.as_ref().map_or(chain, |tree| tree.candidates().max(chain))
+    match &spec.tree {
+        TreeSetting::Off => chain,
+        TreeSetting::Shape(tree) => tree.candidates().max(chain),
+        TreeSetting::Auto => crate::policy::trees::auto_shape(spec.gamma.max()).map_or(chain, |t| t.candidates()),
+    }
 }
 
 /// How long the first round waits for the draft's session to open (`None`: until it is open
@@ -78,7 +82,7 @@ mod tests {
             rule: RuleVariant::Exact,
             verification: specd_sampling::Verification::Block,
             optimistic,
-            tree: None,
+            tree: TreeSetting::Off,
             detokenize: false,
             logprobs: None,
         }

@@ -49,6 +49,8 @@ pub struct DraftStep<'a> {
     pub session: &'a mut DraftSession,
     /// 0: the draft is not asked, and the round runs target-only.
     pub gamma: u32,
+    /// The tree the session wants this round, before [`round_tree`] caps it; `None`: a chain.
+    pub tree: Option<TreeShape>,
 }
 
 /// Runs a round in a span of its own that the nodes' spans of this round are children of.
@@ -92,11 +94,11 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         Wire::Sparse(_) => (Proposals::Sparse(Vec::new()), 0),
         Wire::Dense => (Proposals::Dense(Vec::new()), 0),
     };
-    if let Some(DraftStep { session: draft, gamma }) = draft.filter(|d| d.gamma > 0) {
+    if let Some(DraftStep { session: draft, gamma, tree }) = draft.filter(|d| d.gamma > 0) {
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
-        let tree = round_tree(spec, draft, gamma);
+        let tree = round_tree(spec, draft, gamma, tree);
         let proposed = propose(spec, draft, round, gamma, tree.as_ref(), vocab_size, trace_context.clone())
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;
@@ -197,11 +199,11 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
     })
 }
 
-/// The tree this round drafts, if any: the generation's shape with its depth capped by the
-/// round's γ, where the draft draws trees and no log-probabilities are asked for (they are
+/// The tree this round drafts, if any: the session's `wanted` shape with its depth capped by
+/// the round's γ, where the draft draws trees and no log-probabilities are asked for (they are
 /// computed for chains only). A shape of one child per depth is a chain, and runs as one.
-fn round_tree(spec: &GenerationSpec, draft: &DraftSession, gamma: u32) -> Option<TreeShape> {
-    let shape = spec.tree.as_ref().filter(|_| draft.draws_trees && spec.logprobs.is_none())?;
+fn round_tree(spec: &GenerationSpec, draft: &DraftSession, gamma: u32, wanted: Option<TreeShape>) -> Option<TreeShape> {
+    let shape = wanted.filter(|_| draft.draws_trees && spec.logprobs.is_none())?;
     let widths: Vec<usize> = shape.widths.iter().copied().take(gamma as usize).collect();
     let shape = TreeShape::new(widths).ok()?;
     (!shape.is_chain()).then_some(shape)

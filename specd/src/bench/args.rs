@@ -84,10 +84,10 @@ pub struct BenchArgs {
     /// report compares both rules on the same drafts whichever runs.
     #[arg(long, env = "SPECD_BENCH_VERIFY", conflicts_with = "endpoint")]
     pub(super) verify: Option<specd_sampling::Verification>,
-    /// The coordinator's --tree for --embedded and --netns (`off` or `W1,W2,...`; default:
-    /// its default, off). With --endpoint it is the coordinator's setting.
+    /// The coordinator's --tree for --embedded and --netns (`off`, `auto` or `W1,W2,...`;
+    /// default: its default, off). With --endpoint it is the coordinator's setting.
     #[arg(long, env = "SPECD_BENCH_TREE", value_parser = crate::serve::parse_tree, conflicts_with = "endpoint")]
-    pub(super) tree: Option<crate::serve::TreeFlag>,
+    pub(super) tree: Option<specd_coordinator::TreeSetting>,
     /// For --embedded and --netns.
     #[command(flatten)]
     pub(super) draft: DraftOptions,

@@ -25,7 +25,7 @@ pub(super) async fn run(args: &BenchArgs, prompts: &[String]) -> anyhow::Result<
         config.verification = verification;
     }
     if let Some(tree) = &args.tree {
-        config.tree = tree.0.clone();
+        config.tree = tree.clone();
     }
     let service = specd_coordinator::connect(&config).await?;
     let listener = bind("127.0.0.1:0".parse()?).await?;

@@ -37,8 +37,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             netns.coordinator_arg.push(format!("--verify={verification}"));
         }
         if let Some(tree) = &args.tree {
-            let shape = tree.0.as_ref().map_or("off".to_owned(), ToString::to_string);
-            netns.coordinator_arg.push(format!("--tree={shape}"));
+            let flag = match tree {
+                specd_coordinator::TreeSetting::Off => "off".to_owned(),
+                specd_coordinator::TreeSetting::Auto => "auto".to_owned(),
+                specd_coordinator::TreeSetting::Shape(shape) => shape.to_string(),
+            };
+            netns.coordinator_arg.push(format!("--tree={flag}"));
         }
         return netns::run(&netns, &args.demo_dir, target, draft, args.json);
     }

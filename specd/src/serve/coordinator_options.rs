@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use clap::Args;
 use specd_coordinator::{
-    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, RuleVariant,
+    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, RuleVariant, TreeSetting,
 };
 use specd_proto::tls::ClientTls;
 use specd_sampling::{MAX_GAMMA, Truncation, Verification};
 use tokio::net::TcpListener;
 
-use super::flag_values::{GammaFlag, TreeFlag, parse_gamma, parse_on_off, parse_tree};
+use super::flag_values::{GammaFlag, parse_gamma, parse_on_off, parse_tree};
 use super::runtime::bind;
 use crate::cli_error::invalid;
 
@@ -35,14 +35,16 @@ pub struct PolicyOptions {
     #[arg(long, env = "SPECD_VERIFY", default_value = "block")]
     verify: Verification,
     /// Draft trees instead of chains: `W1,W2,...` children under every node at each depth
-    /// (`3,1,1`: three alternatives for the next token, each continued by one), or `off`.
-    /// One target pass scores every node, and an exact rule (recursive rejection sampling,
-    /// docs/rule.md) picks a path, so the output law is unchanged. A round's depth is capped
-    /// by its γ; rounds that ask for log-probabilities, and drafts without a model, use
-    /// chains. It pays where a pass over more positions costs little more than one (a GPU,
-    /// or a slow network between the nodes); on a CPU a chain usually wins.
+    /// (`3,1,1`: three alternatives for the next token, each continued by one), `auto` (each
+    /// session measures a tree with two alternatives at its first position against the chain,
+    /// in tokens per millisecond, and drafts the better), or `off`. One target pass scores
+    /// every node, and an exact rule (recursive rejection sampling, docs/rule.md) picks a
+    /// path, so the output law is unchanged. A round's depth is capped by its γ; rounds that
+    /// ask for log-probabilities, and drafts without a model, use chains. A tree pays where a
+    /// pass over more positions costs little more than one (a GPU, or a slow network between
+    /// the nodes); on a CPU a chain usually wins.
     #[arg(long, env = "SPECD_TREE", default_value = "off", value_parser = parse_tree)]
-    tree: TreeFlag,
+    tree: TreeSetting,
     /// max_new_tokens when a request does not set one.
     #[arg(long, env = "SPECD_MAX_NEW_TOKENS", default_value_t = 256)]
     max_new_tokens: u32,
@@ -129,7 +131,7 @@ impl PolicyOptions {
             rule: RuleVariant::Exact,
             verification: self.verify,
             optimistic: self.optimistic,
-            tree: self.tree.0.clone(),
+            tree: self.tree.clone(),
             tls: CoordinatorTls::default(),
             admission: Admission {
                 api_token: self.api_token.clone().filter(|t| !t.is_empty()),

@@ -1,6 +1,7 @@
 //! Parsers of flag values that the roles share with other subcommands (`bench`, `logits`,
 //! `models`): a device, a dtype, an engine, attention's key lengths and kernel, a draft length, on or off.
 
+use specd_coordinator::TreeSetting;
 use specd_model::{AttentionKernel, DType, DeviceSpec, Engine, KeyLengths, ModelError};
 
 pub(crate) fn parse_device(s: &str) -> Result<DeviceSpec, String> {
@@ -37,16 +38,13 @@ pub(crate) fn parse_gamma(s: &str) -> Result<GammaFlag, String> {
     s.parse().map(GammaFlag::Fixed).map_err(|_| format!("{s:?} is neither `auto` nor a whole number"))
 }
 
-/// `--tree`: a shape, or `off` (`None`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TreeFlag(pub Option<specd_sampling::TreeShape>);
-
-/// `off` or children per depth, `W1,W2,...`.
-pub(crate) fn parse_tree(s: &str) -> Result<TreeFlag, String> {
-    if s == "off" {
-        return Ok(TreeFlag(None));
+/// `off`, `auto` or children per depth, `W1,W2,...`.
+pub(crate) fn parse_tree(s: &str) -> Result<TreeSetting, String> {
+    match s {
+        "off" => Ok(TreeSetting::Off),
+        "auto" => Ok(TreeSetting::Auto),
+        shape => shape.parse().map(TreeSetting::Shape).map_err(|e| format!("{e} (or `off`, `auto`)")),
     }
-    s.parse().map(|shape| TreeFlag(Some(shape))).map_err(|e| format!("{e} (or `off`)"))
 }
 
 /// `on` or `off`.
