@@ -162,6 +162,12 @@ impl SessionHistory {
         self.cached = self.tokens.len();
     }
 
+    /// Records that the cache now covers the history's first `len` tokens (after forwarding
+    /// part of a catch-up).
+    pub fn mark_cached_to(&mut self, len: usize) {
+        self.cached = len.min(self.tokens.len());
+    }
+
     /// Forgets what the cache holds, after a failed forward left it in an unknown state: the
     /// next catch-up truncates it to zero and re-feeds the whole history.
     pub fn forget_cache(&mut self) {

@@ -92,7 +92,7 @@ fn sample_sparse_residual(
     at.draw_excess(1.0, at.excess_mass(1.0), key.stream(position, Purpose::Residual))
 }
 
-fn validate_position(position: usize, q: &SparseDist, scored: &ScoredPosition) -> Result<()> {
+pub(crate) fn validate_position(position: usize, q: &SparseDist, scored: &ScoredPosition) -> Result<()> {
     let bad = |what: String| Err(SamplingError::InvalidTargetReply(format!("position {position}: {what}")));
     if scored.p_on_support.len() != q.len() {
         return bad(format!("{} probabilities for a support of {}", scored.p_on_support.len(), q.len()));

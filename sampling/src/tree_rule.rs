@@ -371,13 +371,8 @@ pub fn verify_tree_sparse(
                 "node {node} has children but was scored as a leaf"
             )));
         };
-        if s.p_on_support.len() != q.len() {
-            return Err(SamplingError::InvalidTargetReply(format!(
-                "node {node}: {} probabilities for a support of {}",
-                s.p_on_support.len(),
-                q.len()
-            )));
-        }
+        // The checks a chain's position gets: probabilities, their sum, the complement sample.
+        crate::sparse_rule::validate_position(node, q, s)?;
         Ok(SparseRunning {
             tokens: q.tokens(),
             p: s.p_on_support.clone(),
@@ -387,7 +382,11 @@ pub fn verify_tree_sparse(
             node,
         })
     };
+    let vocab_size = q.iter().flatten().map(SparseDist::vocab_size).next();
     let bonus = |node: usize| match &scored[node] {
+        ScoredNode::Leaf { bonus } if vocab_size.is_some_and(|v| *bonus as usize >= v) => {
+            Err(SamplingError::TokenOutOfRange { token: *bonus, vocab_size: vocab_size.unwrap_or(0) })
+        }
         ScoredNode::Leaf { bonus } => Ok(*bonus),
         ScoredNode::Inner(_) => {
             Err(SamplingError::InvalidTargetReply(format!("leaf {node} was scored as a node with children")))
@@ -419,6 +418,33 @@ fn check_candidates(tree: &DraftTree, q_of: impl Fn(usize, u32) -> Option<f64>) 
 mod tests {
     use super::*;
     use crate::rng::RoundKey;
+
+    #[test]
+    fn a_sparse_reply_with_bad_values_is_refused() {
+        use crate::target_pieces::ScoredPosition;
+        let key = RoundKey { seed: 1, round: 0 };
+        let tree = DraftTree { parents: vec![0], tokens: vec![1] };
+        let q = vec![Some(SparseDist::new(4, vec![1], vec![1.0]).unwrap()), None];
+        let inner = |p: f64, mass: f64, sample| {
+            ScoredNode::Inner(ScoredPosition {
+                p_on_support: vec![p],
+                complement_mass: mass,
+                complement_sample: sample,
+            })
+        };
+        let run = |root: ScoredNode, bonus: u32| {
+            verify_tree_sparse(&tree, &q, &[root, ScoredNode::Leaf { bonus }], ChildDraws::WithoutReplacement, key)
+        };
+        assert!(run(inner(0.4, 0.6, Some(3)), 2).is_ok());
+        for (root, bonus) in [
+            (inner(0.9, 0.6, Some(3)), 2), // sums to 1.5
+            (inner(0.4, 0.6, Some(1)), 2), // complement sample inside the support
+            (inner(0.4, 0.6, Some(9)), 2), // complement sample outside the vocabulary
+            (inner(1.0, 0.0, None), 4),    // accepted for sure, then a bonus outside the vocabulary
+        ] {
+            assert!(run(root.clone(), bonus).is_err(), "{root:?}, bonus {bonus}");
+        }
+    }
 
     #[test]
     fn refuses_malformed_trees() {

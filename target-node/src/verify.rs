@@ -131,6 +131,9 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     Ok(Verified { verdict, logprobs, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
 }
 
+/// The most pending tokens a tree pass scores with the tree; a longer catch-up runs first.
+const PENDING_IN_TREE_PASS: usize = 16;
+
 /// A tree's Verify: the pending tokens and every node of the tree in **one** pass
 /// ([`LanguageModel::forward_tree`]: the pending tokens as a chain, the tree hanging from the
 /// last), p after every node, each with its own path's penalties, and the sparse pieces per
@@ -155,9 +158,19 @@ fn verify_tree(
     let history = &mut state.history;
     let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
     catch_up.apply_to_cache(model, state.model_session)?;
-    let fed = catch_up.feed.len();
+    let mut feed = catch_up.feed;
+    // A long catch-up (a prompt, or a spare target's refill) goes first in a pass of its own
+    // that returns one row: in the tree pass, every pending token would return a row of
+    // logits (and on an engine that scores a tree path by path, re-run its whole path).
+    if feed.len() > PENDING_IN_TREE_PASS {
+        let last = feed.len() - 1;
+        model.forward_last(state.model_session, &feed[..last], 1)?;
+        history.mark_cached_to(catch_up.keep + last);
+        feed.drain(..last);
+    }
+    let fed = feed.len();
     let pass = TokenTree::new(
-        catch_up.feed.iter().chain(&tree.tokens).copied().collect(),
+        feed.iter().chain(&tree.tokens).copied().collect(),
         (0..fed).map(|i| i.checked_sub(1)).chain(tree.parents.iter().map(|&parent| Some(fed - 1 + parent))).collect(),
     )?;
     let logits = model.forward_tree(state.model_session, &pass)?.into_host()?;

@@ -343,6 +343,17 @@ async fn sparse_tree_law_on_the_device_path() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn dense_tree_law_at_temperature_one() {
+    // The dense wire's tree rule (full rows both ways). A quarter of the samples: the rule is
+    // the sparse one's on full distributions, and the wrong rule below is caught on this
+    // wire at an eighth.
+    let run =
+        law_run(with_trees(ClusterOptions::default()), SamplingParams::default(), true, samples() / 4, &PROMPT).await;
+    assert_trees_ran(&run);
+    assert!(run.p_value > FALSE_FAILURE, "χ² p-value {}", run.p_value);
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_tree_rule_that_keeps_rejected_mass_is_caught() {
     // Each next child tried against p itself, the rejected children's mass left in.
     let options =

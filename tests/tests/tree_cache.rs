@@ -13,7 +13,8 @@ use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{OpenSessionRequest, ProposeRequest, SamplingSettings, VerifyRequest};
 use tonic::transport::Channel;
 
-const PROMPT: [u32; 5] = [7, 31, 4, 59, 12];
+/// Longer than a tree pass takes with its tree (the target prefills it in a pass of its own).
+const PROMPT: [u32; 20] = [7, 31, 4, 59, 12, 3, 8, 44, 90, 17, 5, 66, 23, 71, 9, 38, 52, 11, 80, 27];
 
 fn open(id: &str, prompt: &[u32]) -> OpenSessionRequest {
     OpenSessionRequest {

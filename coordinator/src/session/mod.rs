@@ -11,6 +11,7 @@
 pub mod choose;
 pub mod commit;
 pub mod draft_link;
+pub mod draft_tree;
 pub mod failover;
 pub mod finish;
 pub mod logprobs;
@@ -315,14 +316,13 @@ impl SessionActor {
         if let Some((level, mode)) = plan.loaded_round(generation.target.refills) {
             self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
         }
-        generation.target.refills = false;
+        let refilled = std::mem::take(&mut generation.target.refills);
         // The draft's model may join a session's rounds late (`model+ngram`): the round it
         // first drafts in also runs the prompt through it.
-        let steady = SteadyCosts {
-            draft: plan.steady.draft && !generation.draft.as_mut().is_some_and(|link| link.first_model_pass(report)),
-            ..plan.steady
-        };
-        if let Some(trees) = generation.trees.as_mut() {
+        let first_draft_pass = generation.draft.as_mut().is_some_and(|link| link.first_model_pass(report));
+        let steady = SteadyCosts { draft: plan.steady.draft && !first_draft_pass, ..plan.steady };
+        // A round that prefilled either node is no measure of what a tree or a chain costs.
+        if let Some(trees) = generation.trees.as_mut().filter(|_| !refilled && !first_draft_pass) {
             trees.observe(report);
         }
         // A tree round's costs are a tree's (more target positions, more draft passes): γ's

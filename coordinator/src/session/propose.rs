@@ -26,6 +26,7 @@ use specd_sampling::{DenseDist, SparseDist, TreeShape};
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, Wire};
 use crate::session::draft_link::DraftSession;
+use crate::session::draft_tree::{draft_tree, node_q};
 use crate::session::round_report::BatchSum;
 
 /// Blocks the draft keeps pushed ahead of the last request (ProposeRequest.push_depth). On
@@ -162,6 +163,9 @@ pub async fn propose(
         }
         let proposals = parse(spec, &message, vocab_size)?;
         let parents = tree.map(|_| parents_of(&message)).transpose()?;
+        if let Some(parents) = &parents {
+            check_draft_tree(&proposals, parents)?;
+        }
         let (draft_ns, optimistic_hit, batches) = (message.draft_ns, message.optimistic_hit, batches_of(&message));
         let sources = sources_of(&message);
         return Ok(Proposed {
@@ -182,6 +186,20 @@ pub async fn propose(
 /// the model's.
 fn sources_of(message: &ProposeResponse) -> Vec<ProposalSource> {
     message.positions.iter().map(|p| ProposalSource::try_from(p.source).unwrap_or(ProposalSource::Model)).collect()
+}
+
+/// Checks the draft's tree ([`crate::session::draft_tree`]) before the target is asked.
+fn check_draft_tree(proposals: &Proposals, parents: &[usize]) -> Result<(), CoordinatorError> {
+    match proposals {
+        Proposals::Sparse(p) => {
+            let tree = draft_tree(p.iter().map(|(t, _)| *t), parents, p.len())?;
+            node_q(&tree, p.iter().map(|(_, q)| q), |a, b| a == b).map(|_| ())
+        }
+        Proposals::Dense(p) => {
+            let tree = draft_tree(p.iter().map(|(t, _)| *t), parents, p.len())?;
+            node_q(&tree, p.iter().map(|(_, q)| q), |a, b| a.probs() == b.probs()).map(|_| ())
+        }
+    }
 }
 
 /// A tree's parents: each candidate's an earlier node. The rest of the tree's shape (siblings

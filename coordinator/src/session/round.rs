@@ -108,7 +108,8 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         draft_batches = proposed.batches;
         proposals = proposed.proposals;
         (drafted, sources, copies_apart) = (true, proposed.sources, draft.copies_besides_model);
-        parents = proposed.parents;
+        // A tree of no nodes (nothing drawn) runs as the empty chain it is: target-only.
+        parents = proposed.parents.filter(|p| !p.is_empty());
     }
     let (candidates, supports): (Vec<u32>, Vec<Support>) = match &proposals {
         Proposals::Sparse(p) => p.iter().map(|(t, q)| (*t, Support { token_ids: q.tokens().to_vec() })).unzip(),

@@ -8,15 +8,13 @@ use specd_proto::convert::{parse_dense_rows, parse_scored_tree};
 use specd_proto::v1::VerifyResponse;
 #[cfg(feature = "testing")]
 use specd_sampling::naive::naive_verify_tree_dense;
-use specd_sampling::tree_rule::{ChildDraws, DraftTree, TreeOutcome, verify_tree_dense, verify_tree_sparse};
+use specd_sampling::tree_rule::{DraftTree, TreeOutcome, verify_tree_dense, verify_tree_sparse};
 use specd_sampling::{BlockOutcome, DenseDist, RoundKey, ScoredNode};
 
 use crate::error::CoordinatorError;
 use crate::request::{GenerationSpec, RuleVariant};
+use crate::session::draft_tree::{DRAWS, draft_tree, node_q};
 use crate::session::propose::Proposals;
-
-/// The rule's draws: the draft draws a node's children without replacement.
-const DRAWS: ChildDraws = ChildDraws::WithoutReplacement;
 
 /// Verifies the tree of `proposals` under `parents` against the target's `reply`.
 pub fn verify_tree_round(
@@ -64,42 +62,6 @@ pub fn verify_tree_round(
             Ok(block_outcome(&tree, outcome, overlap))
         }
     }
-}
-
-fn draft_tree(
-    tokens: impl Iterator<Item = u32>,
-    parents: &[usize],
-    candidates: usize,
-) -> Result<DraftTree, CoordinatorError> {
-    if parents.len() != candidates {
-        return Err(CoordinatorError::Protocol(format!("{} parents for {candidates} tree candidates", parents.len())));
-    }
-    let tree = DraftTree { parents: parents.to_vec(), tokens: tokens.collect() };
-    tree.validate(DRAWS).map_err(|e| CoordinatorError::Protocol(format!("the draft's tree: {e}")))?;
-    Ok(tree)
-}
-
-/// The q each node's children were drawn from (`None` at a leaf): every child carries its
-/// parent's, and siblings must carry the same.
-fn node_q<'a, D: Clone + 'a>(
-    tree: &DraftTree,
-    child_q: impl Iterator<Item = &'a D>,
-    same: impl Fn(&D, &D) -> bool,
-) -> Result<Vec<Option<D>>, CoordinatorError> {
-    let mut q: Vec<Option<D>> = vec![None; tree.len()];
-    for (i, (&parent, child_q)) in tree.parents.iter().zip(child_q).enumerate() {
-        match &q[parent] {
-            Some(first) if !same(first, child_q) => {
-                return Err(CoordinatorError::Protocol(format!(
-                    "the draft's candidate {} carries another q than its siblings under node {parent}",
-                    i + 1
-                )));
-            }
-            Some(_) => {}
-            None => q[parent] = Some(child_q.clone()),
-        }
-    }
-    Ok(q)
 }
 
 /// The tree's outcome as a round's: the accepted path's tokens and the emitted one, and

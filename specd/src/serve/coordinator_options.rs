@@ -40,7 +40,8 @@ pub struct PolicyOptions {
     /// in tokens per millisecond, and drafts the better), or `off`. One target pass scores
     /// every node, and an exact rule (recursive rejection sampling, docs/rule.md) picks a
     /// path, so the output law is unchanged. A round's depth is capped by its γ; rounds that
-    /// ask for log-probabilities, and drafts without a model, use chains. A tree pays where a
+    /// ask for log-probabilities, and drafts without a model, use chains; with trees on, no
+    /// block is drafted ahead (`--optimistic` is ignored). A tree pays where a
     /// pass over more positions costs little more than one (a GPU, or a slow network between
     /// the nodes); on a CPU a chain usually wins.
     #[arg(long, env = "SPECD_TREE", default_value = "off", value_parser = parse_tree)]
