@@ -82,7 +82,9 @@ impl DraftService for DraftNode {
         };
         let proposes_only_after_match =
             only_after_match.map(|span| NgramSpan { min: span.min as u32, max: span.max as u32 });
-        Ok(Response::new(OpenSessionResponse { proposes_only_after_match, copies_besides_model, draws_trees }))
+        let reply =
+            OpenSessionResponse { proposes_only_after_match, copies_besides_model, draws_trees, ..Default::default() };
+        Ok(Response::new(reply))
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {

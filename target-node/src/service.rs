@@ -32,7 +32,7 @@ impl TargetService for TargetNode {
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
         self.node.open(request.into_inner()).instrument(span).await?;
-        Ok(Response::new(OpenSessionResponse::default()))
+        Ok(Response::new(OpenSessionResponse { scores_trees: true, ..Default::default() }))
     }
 
     async fn verify(&self, request: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {

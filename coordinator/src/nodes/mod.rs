@@ -162,8 +162,10 @@ impl TargetClient {
         reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 
-    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<(), CoordinatorError> {
-        self.client.clone().open_session(self.request(request)).await.map(drop).map_err(|s| self.error(s))
+    /// Opens a session; returns whether the target scores trees (`OpenSessionResponse.scores_trees`).
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<bool, CoordinatorError> {
+        let reply = self.client.clone().open_session(self.request(request)).await.map_err(|s| self.error(s))?;
+        Ok(reply.into_inner().scores_trees)
     }
 
     /// The session's round stream.

@@ -279,6 +279,7 @@ impl SessionActor {
             vocab_size: self.vocab_size,
             target: &mut generation.target.rounds,
             target_cursor: &generation.target.cursor,
+            target_scores_trees: generation.target.scores_trees,
             draft: draft.filter(|_| !plan.nothing_to_propose),
         };
         match run_round(input).await {

@@ -39,6 +39,8 @@ pub struct RoundInput<'a> {
     pub target: &'a mut TargetRounds,
     /// What the target holds of the committed sequence.
     pub target_cursor: &'a Cursor,
+    /// The target scores trees.
+    pub target_scores_trees: bool,
     /// The draft's part; `None`: the round runs target-only.
     pub draft: Option<DraftStep<'a>>,
 }
@@ -81,7 +83,16 @@ fn record(span: &tracing::Span, round: u32, report: &RoundReport) {
 }
 
 async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<RoundReport, CoordinatorError> {
-    let RoundInput { spec, session_id, round, vocab_size, target: target_client, target_cursor, draft } = input;
+    let RoundInput {
+        spec,
+        session_id,
+        round,
+        vocab_size,
+        target: target_client,
+        target_cursor,
+        target_scores_trees,
+        draft,
+    } = input;
     let started = Instant::now();
     // Both nodes' spans of this round hang under the same round span.
     let trace_context = context_map(span);
@@ -98,7 +109,7 @@ async fn run_round_in(input: RoundInput<'_>, span: &tracing::Span) -> Result<Rou
         // Whatever goes wrong on the draft's side ends the round before the target is asked,
         // so the session can go on without the draft.
         optimistic_attempt = draft.drafting_ahead;
-        let tree = round_tree(spec, draft, gamma, tree);
+        let tree = round_tree(spec, draft, gamma, tree.filter(|_| target_scores_trees));
         let proposed = propose(spec, draft, round, gamma, tree.as_ref(), vocab_size, trace_context.clone())
             .await
             .map_err(|e| CoordinatorError::DraftLost(Box::new(e)))?;

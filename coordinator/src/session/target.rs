@@ -18,6 +18,8 @@ pub struct TargetSession<'a> {
     /// Whether the next round's pass also fills the cache with everything committed (the
     /// first round, and the first on a replica failed over to).
     pub refills: bool,
+    /// The target the session runs on scores trees (`OpenSessionResponse.scores_trees`).
+    pub scores_trees: bool,
     release: ReleaseGuard,
     /// The replicas not tried yet, in order.
     spares: std::slice::Iter<'a, TargetClient>,
@@ -26,10 +28,17 @@ pub struct TargetSession<'a> {
     open: OpenSessionRequest,
 }
 
+/// What opening the session on a target gave: its round stream, and whether it scores trees.
+#[derive(Debug)]
+struct Opened {
+    rounds: TargetRounds,
+    scores_trees: bool,
+}
+
 /// Opens the session and its round stream on `target`.
-async fn open_on(target: &TargetClient, request: OpenSessionRequest) -> Result<TargetRounds, CoordinatorError> {
-    target.open_session(request).await?;
-    target.open_rounds().await
+async fn open_on(target: &TargetClient, request: OpenSessionRequest) -> Result<Opened, CoordinatorError> {
+    let scores_trees = target.open_session(request).await?;
+    Ok(Opened { rounds: target.open_rounds().await?, scores_trees })
 }
 
 impl<'a> TargetSession<'a> {
@@ -42,27 +51,28 @@ impl<'a> TargetSession<'a> {
     ) -> Result<Self, CoordinatorError> {
         let mut release = ReleaseGuard::new(open.session_id.clone(), target.clone());
         let mut spares = spares.iter();
-        let rounds = match open_on(target, open.clone()).await {
-            Ok(rounds) => rounds,
+        let opened = match open_on(target, open.clone()).await {
+            Ok(opened) => opened,
             Err(err) => match after_open_error(err, spares.len() > 0) {
                 Recovery::FailOver(lost) => {
-                    let (next, rounds) = fail_over(lost, &mut spares, &open, &open.prompt_token_ids).await?;
+                    let (next, opened) = fail_over(lost, &mut spares, &open, &open.prompt_token_ids).await?;
                     release.move_to(next.clone());
-                    rounds
+                    opened
                 }
                 Recovery::WithoutDraft(err) | Recovery::Fail(err) => return Err(err),
             },
         };
         let cursor = Cursor { valid: open.prompt_token_ids.len(), pending: Vec::new() };
-        Ok(Self { rounds, cursor, refills: true, release, spares, open })
+        let Opened { rounds, scores_trees } = opened;
+        Ok(Self { rounds, cursor, refills: true, scores_trees, release, spares, open })
     }
 
     /// The target was lost in a round: the session moves to the next spare that opens it,
     /// holding `committed` (the prompt and the output so far); the loss when none is left.
     pub async fn fail_over(&mut self, lost: CoordinatorError, committed: &[u32]) -> Result<(), CoordinatorError> {
-        let (next, rounds) = fail_over(lost, &mut self.spares, &self.open, committed).await?;
+        let (next, opened) = fail_over(lost, &mut self.spares, &self.open, committed).await?;
         self.release.move_to(next.clone());
-        self.rounds = rounds;
+        (self.rounds, self.scores_trees) = (opened.rounds, opened.scores_trees);
         self.cursor = Cursor { valid: committed.len(), pending: Vec::new() };
         self.refills = true;
         Ok(())
@@ -80,7 +90,7 @@ async fn fail_over<'a>(
     spares: &mut std::slice::Iter<'a, TargetClient>,
     open: &OpenSessionRequest,
     committed: &[u32],
-) -> Result<(&'a TargetClient, TargetRounds), CoordinatorError> {
+) -> Result<(&'a TargetClient, Opened), CoordinatorError> {
     tracing::warn!(%lost, "target lost");
     let opened = first_that_opens(spares, |next: &'a TargetClient| {
         let request = OpenSessionRequest { prompt_token_ids: committed.to_vec(), ..open.clone() };
@@ -90,7 +100,7 @@ async fn fail_over<'a>(
         }
     })
     .await;
-    let Some((next, rounds)) = opened else { return Err(no_spare_left(lost)) };
+    let Some((next, opened)) = opened else { return Err(no_spare_left(lost)) };
     tracing::info!(address = %next.address, tokens = committed.len(), "moved to another target");
-    Ok((next, rounds))
+    Ok((next, opened))
 }
