@@ -115,6 +115,7 @@ proptest! {
             rule: RuleVariant::Exact,
             verification: Verification::Block,
             optimistic: true,
+            tree: Default::default(),
             generation_config: true,
         };
         if let Ok(spec) = validate(&request, prompt.clone(), &facts(), &defaults, || 7) {
@@ -144,7 +145,7 @@ proptest! {
             let total: f64 = q.probs().iter().sum();
             prop_assert!(q.probs().iter().all(|p| p.is_finite() && *p >= 0.0) && total.is_finite());
         }
-        let reply = VerifyResponse { positions: scored, bonus_token_id: bonus, dense_p: Vec::new(), verify_ns: 0, batch_size: 1, logprobs: Vec::new() };
+        let reply = VerifyResponse { positions: scored, bonus_token_id: bonus, batch_size: 1, ..Default::default() };
         let block: Vec<_> = parsed.iter().map(|(token, q)| SparseCandidate { token: *token, q }).collect();
         let pieces = parse_scored_block(&reply);
         for verification in Verification::ALL {

@@ -170,9 +170,9 @@ pub(crate) async fn law_run(
     let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
     let mean_batch = sequences as f64 / passes.max(1) as f64;
     eprintln!(
-        "law check: {n} samples, γ = {}, tree {}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, tree {:?}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
-        format!("{:?}", options.tree),
+        options.tree,
         options.rule,
         options.verification,
         options.proposer.kind,
