@@ -16,7 +16,7 @@ use crate::policy::average::Average;
 use crate::session::round_report::RoundReport;
 
 /// Rounds of each kind measured before the session chooses.
-pub const MEASURED_ROUNDS: u64 = 3;
+pub const MEASURED_ROUNDS: u64 = 4;
 
 /// While one kind is chosen, one drafted round in this many measures the other.
 pub const REMEASURE_EVERY: u64 = 16;
@@ -32,11 +32,35 @@ pub fn auto_shape(gamma: u32) -> Option<TreeShape> {
     TreeShape::new(widths).ok()
 }
 
+/// What one kind of round committed and cost, as running averages: their ratio is the
+/// kind's tokens per millisecond. A ratio of averages, not an average of each round's ratio,
+/// which a round of one token in a long pass swings far more than the throughput it measures.
+#[derive(Debug, Clone, Copy, Default)]
+struct Throughput {
+    tokens: Average,
+    ms: Average,
+}
+
+impl Throughput {
+    fn add(&mut self, tokens: f64, ms: f64) {
+        self.tokens.add(tokens, WEIGHT);
+        self.ms.add(ms, WEIGHT);
+    }
+
+    fn rounds(&self) -> u64 {
+        self.ms.count
+    }
+
+    fn per_ms(&self) -> Option<f64> {
+        Some(self.tokens.get()? / self.ms.get()?)
+    }
+}
+
 /// One session's measurements of chains and trees.
 #[derive(Debug, Clone, Default)]
 pub struct TreeTrial {
-    chain: Average,
-    tree: Average,
+    chain: Throughput,
+    tree: Throughput,
     drafted: u64,
 }
 
@@ -45,29 +69,22 @@ impl TreeTrial {
     /// [`MEASURED_ROUNDS`], then the kind with more tokens per millisecond, with one round in
     /// [`REMEASURE_EVERY`] of the other.
     pub fn wants_tree(&self) -> bool {
-        if self.tree.count < MEASURED_ROUNDS || self.chain.count < MEASURED_ROUNDS {
-            return self.tree.count < self.chain.count;
+        if self.tree.rounds() < MEASURED_ROUNDS || self.chain.rounds() < MEASURED_ROUNDS {
+            return self.tree.rounds() < self.chain.rounds();
         }
-        let tree_pays = self.tree.get() > self.chain.get();
+        let tree_pays = self.tree.per_ms() > self.chain.per_ms();
         let remeasure = self.drafted % REMEASURE_EVERY == REMEASURE_EVERY - 1;
         tree_pays != remeasure
     }
 
-    /// Learns from a drafted round: its tokens per millisecond of wall time, under its kind.
+    /// Learns from a drafted round: its tokens and its wall time, under its kind.
     pub fn observe(&mut self, report: &RoundReport) {
         if report.gamma == 0 || report.wall_ns == 0 {
             return;
         }
         self.drafted += 1;
-        let rate = report.outcome.tokens.len() as f64 / (report.wall_ns as f64 / 1e6);
         let kind = if report.tree { &mut self.tree } else { &mut self.chain };
-        kind.add(rate, WEIGHT);
-    }
-
-    /// The session's figures for its log line: tokens per ms of chains and of trees.
-    pub fn summary(&self) -> String {
-        let f = |a: &Average| a.get().map_or("-".to_owned(), |r| format!("{r:.3}"));
-        format!("chain {} / tree {} tokens per ms", f(&self.chain), f(&self.tree))
+        kind.add(report.outcome.tokens.len() as f64, report.wall_ns as f64 / 1e6);
     }
 }
 
