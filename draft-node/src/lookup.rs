@@ -126,7 +126,7 @@ impl LookupNode {
         let sampling = request.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
         SamplingParams::try_from(&sampling)?;
         self.sessions.check_new(&request.session_id).map_err(NodeSessionError::from)?;
-        let history = SessionHistory::new(request.prompt_token_ids)?;
+        let history = SessionHistory::resumed(request.prompt_token_ids, request.prompt_len as usize)?;
         let committed = history.len();
         self.sessions
             .insert(request.session_id, LookupSession { history, committed, seed: request.seed })

@@ -65,10 +65,26 @@ impl CatchUp {
 
 impl SessionHistory {
     pub fn new(prompt: Vec<u32>) -> Result<Self> {
-        if prompt.is_empty() {
+        Self::resumed(prompt, 0)
+    }
+
+    /// A history of `tokens` whose first `prompt_len` are the prompt and the rest output
+    /// already committed (a session opened again elsewhere); 0: all are the prompt.
+    pub fn resumed(tokens: Vec<u32>, prompt_len: usize) -> Result<Self> {
+        if tokens.is_empty() {
             return Err(ModelError::InvalidInput("the prompt has no tokens".into()));
         }
-        Ok(Self { prompt_len: prompt.len(), tokens: prompt, cached: 0, forwarded_tree: None })
+        let prompt_len = match prompt_len {
+            0 => tokens.len(),
+            n if n <= tokens.len() => n,
+            n => {
+                return Err(ModelError::InvalidInput(format!(
+                    "prompt_len {n} is past the {} tokens sent",
+                    tokens.len()
+                )));
+            }
+        };
+        Ok(Self { prompt_len, tokens, cached: 0, forwarded_tree: None })
     }
 
     pub fn prompt(&self) -> &[u32] {
@@ -289,6 +305,15 @@ mod tests {
         assert_eq!((h.tokens(), h.cached()), (&[1, 2, 3, 10][..], 4));
         h.rewind(1);
         assert_eq!((h.tokens(), h.cached()), (&[1, 2, 3][..], 3));
+    }
+
+    #[test]
+    fn a_resumed_history_keeps_its_output_apart_from_its_prompt() {
+        let h = SessionHistory::resumed(vec![1, 2, 3, 10, 11], 3).unwrap();
+        assert_eq!((h.prompt(), h.generated()), (&[1, 2, 3][..], &[10, 11][..]));
+        let all = SessionHistory::resumed(vec![1, 2, 3], 0).unwrap();
+        assert_eq!((all.prompt(), all.generated()), (&[1, 2, 3][..], &[][..]));
+        assert!(SessionHistory::resumed(vec![1, 2], 3).is_err());
     }
 
     #[test]

@@ -262,7 +262,8 @@ impl Node {
             lookahead: Vec::new(),
         };
         let reach = (request.max_tokens > 0).then_some(request.max_tokens as usize);
-        Ok(self.model.open(request.session_id, request.prompt_token_ids, reach, build).await?)
+        let history = SessionHistory::resumed(request.prompt_token_ids, request.prompt_len as usize)?;
+        Ok(self.model.open(request.session_id, history, reach, build).await?)
     }
 
     /// Runs `job` on the model thread with the session's state; see [`NodeModel::run`] for

@@ -118,20 +118,21 @@ impl<S: NodeSessionState> NodeModel<S> {
         self.sessions.len()
     }
 
-    /// Opens a model session for `prompt` and registers the state `build` makes of it. The
-    /// session reserves KV cache for `reach` tokens (at least the prompt and one more, at
+    /// Opens a model session for `history` (its prompt, and any output already committed) and
+    /// registers the state `build` makes of it. The
+    /// session reserves KV cache for `reach` tokens (at least the history and one more, at
     /// most the model's context; `None`: the whole context), admitted against the budget
     /// before any pass runs. Runs as its own task: a caller that goes away half-way (a deadline) cannot leave a
     /// model session that is open but not registered.
     pub async fn open(
         &self,
         id: String,
-        prompt: Vec<u32>,
+        history: SessionHistory,
         reach: Option<usize>,
         build: impl FnOnce(SessionId, SessionHistory) -> S + Send + 'static,
     ) -> Result<(), NodeSessionError> {
         let this = self.clone();
-        tokio::spawn(async move { this.open_now(id, prompt, reach, build).await })
+        tokio::spawn(async move { this.open_now(id, history, reach, build).await })
             .await
             .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("open task failed: {e}"))))?
     }
@@ -139,21 +140,20 @@ impl<S: NodeSessionState> NodeModel<S> {
     async fn open_now(
         &self,
         id: String,
-        prompt: Vec<u32>,
+        history: SessionHistory,
         reach: Option<usize>,
         build: impl FnOnce(SessionId, SessionHistory) -> S,
     ) -> Result<(), NodeSessionError> {
         self.sessions.check_new(&id)?;
         let vocab_size = self.model.info().vocab_size;
-        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
+        if let Some(bad) = history.tokens().iter().find(|&&t| t as usize >= vocab_size) {
             return Err(ModelError::InvalidInput(format!(
                 "prompt token {bad} is outside the vocabulary of {vocab_size}"
             ))
             .into());
         }
         let context = self.model.info().context_length;
-        let capacity = reach.map(|r| r.max(prompt.len() + 1).min(context));
-        let history = SessionHistory::new(prompt)?;
+        let capacity = reach.map(|r| r.max(history.len() + 1).min(context));
         let model_session = self.model.open_session(capacity).await?;
         if let Err((err, state)) = self.sessions.insert(id, build(model_session, history)) {
             let _ = self.model.release(state.model_session()).await;

@@ -1,13 +1,15 @@
 //! A target that dies mid-generation: with another replica the generation moves there,
 //! re-filled with what was committed, and completes; without one the client gets
-//! UNAVAILABLE naming the node. Either way no token reaches the client twice.
+//! UNAVAILABLE naming the node. Either way no token reaches the client twice. A generation
+//! that moved is the one that would have run without the loss: the spare is told which of
+//! the tokens it is sent are output, so that penalties keep counting them.
 
 use std::path::Path;
 use std::time::Duration;
 
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
-use specd_proto::v1::{FinishReason, GenerateRequest, Speculation, StoppingCriteria, TokenIds};
+use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use tonic::Code;
 
 mod common;
@@ -20,6 +22,14 @@ fn request() -> GenerateRequest {
         prompt: Some(Prompt::TokenIds(TokenIds { ids: vec![1] })),
         stopping: Some(StoppingCriteria { max_new_tokens: Some(TOKENS), ignore_eos: true, ..Default::default() }),
         speculation: Some(Speculation { gamma: Some(2), dense: false }),
+        // Penalties on the output: a spare that took the output for prompt would draw
+        // otherwise from the round it takes over, with the same seed.
+        sampling: Some(SamplingParams {
+            seed: Some(5),
+            presence_penalty: Some(0.8),
+            frequency_penalty: Some(0.3),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -63,6 +73,9 @@ async fn a_lost_target_moves_to_another_replica_or_ends_unavailable() {
     let args = ["coordinator", "--target", &second_url, "--draft", &draft_url, "--listen", "127.0.0.1:0"];
     let (_alone, endpoint) = start(&args, &[("SPECD_NODE_TIMEOUT_S", "2")]);
     let mut client = GenerationClient::connect(format!("http://{endpoint}")).await.unwrap();
+    // But first, the same request with nothing lost: the tokens the moved generation gave.
+    let unbroken = client.generate(request()).await.unwrap().into_inner().token_ids;
+    assert_eq!(unbroken, tokens, "the generation that moved is the one that would have run");
     let mut stream = client.generate_stream(request()).await.unwrap().into_inner();
     let mut received = stream.message().await.unwrap().unwrap().token_ids.len();
     second.kill();

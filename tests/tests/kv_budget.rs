@@ -105,8 +105,8 @@ fn open(id: &str) -> OpenSessionRequest {
             ..Default::default()
         }),
         seed: 1,
-        vocab_limit: 0,
         max_tokens: REACH as u32,
+        ..Default::default()
     }
 }
 

@@ -228,8 +228,7 @@ async fn a_model_and_ngram_draft_asked_for_its_model_only_copies_nothing() {
             prompt_token_ids: prompt.clone(),
             sampling: Some(SamplingSettings::from(&SamplingParams::default())),
             seed: 1,
-            vocab_limit: 0,
-            max_tokens: 0,
+            ..Default::default()
         };
         // It says so as the session opens: the coordinator learns α from its model's draws.
         assert!(client.open_session(open).await.unwrap().into_inner().copies_besides_model);
@@ -309,8 +308,7 @@ async fn a_suffix_node_under_32_concurrent_sessions_stays_within_its_memory_boun
                     prompt_token_ids: prompt.clone(),
                     sampling: Some(sampling),
                     seed: s,
-                    vocab_limit: 0,
-                    max_tokens: 0,
+                    ..Default::default()
                 };
                 let opened = client.open_session(open).await.unwrap().into_inner();
                 assert!(!opened.copies_besides_model && opened.proposes_only_after_match.is_none());

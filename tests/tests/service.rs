@@ -378,8 +378,7 @@ async fn nodes_release_sessions_nobody_uses_after_the_ttl() {
             ..Default::default()
         }),
         seed: 1,
-        vocab_limit: 0,
-        max_tokens: 0,
+        ..Default::default()
     };
     draft.open_session(open).await.unwrap();
     assert_eq!(cluster.draft_info().await.unwrap().active_sessions, 1);

@@ -338,7 +338,10 @@ fn open_in_background(
     wait: Duration,
     copies: &CopyChoice,
 ) -> State {
-    let request = OpenSessionRequest { session_id: session_id.clone(), prompt_token_ids: prompt, ..template.clone() };
+    // A draft that reconnects is sent the output so far after the prompt, as output.
+    let prompt_len = template.prompt_token_ids.len() as u32;
+    let request =
+        OpenSessionRequest { session_id: session_id.clone(), prompt_token_ids: prompt, prompt_len, ..template.clone() };
     let (client, copies) = (client.clone(), copies.clone());
     let (send, opened) = oneshot::channel();
     let open = async move {

@@ -30,6 +30,7 @@ impl OpenRequests {
             // every node: the target holds them all until the next round).
             max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + largest_block(spec) + 1)
                 .unwrap_or(u32::MAX),
+            prompt_len: 0,
         };
         // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
         // past the round's: it reserves for those too.

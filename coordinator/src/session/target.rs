@@ -93,7 +93,9 @@ async fn fail_over<'a>(
 ) -> Result<(&'a TargetClient, Opened), CoordinatorError> {
     tracing::warn!(%lost, "target lost");
     let opened = first_that_opens(spares, |next: &'a TargetClient| {
-        let request = OpenSessionRequest { prompt_token_ids: committed.to_vec(), ..open.clone() };
+        // The output so far stays output on the spare: its penalties count it.
+        let prompt_len = open.prompt_token_ids.len() as u32;
+        let request = OpenSessionRequest { prompt_token_ids: committed.to_vec(), prompt_len, ..open.clone() };
         async move {
             let opened = open_on(next, request).await;
             opened.inspect_err(|err| tracing::warn!(address = %next.address, %err, "spare target unavailable too")).ok()
