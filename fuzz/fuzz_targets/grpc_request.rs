@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use specd_coordinator::nodes::ModelFacts;
-use specd_coordinator::request::{Defaults, GammaChoice, RuleVariant, validate, validate_law_request};
+use specd_coordinator::request::{Defaults, GammaChoice, RuleVariant, TreeSetting, validate, validate_law_request};
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, NextTokenLawRequest, SamplingSettings};
 use specd_sampling::{MAX_GAMMA, SamplingParams, Truncation};
@@ -38,6 +38,7 @@ fn defaults() -> Defaults {
         rule: RuleVariant::Exact,
         verification: specd_sampling::Verification::Block,
         optimistic: true,
+        tree: TreeSetting::Auto,
         generation_config: true,
     }
 }
