@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ModelError, Result};
-use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
+use crate::language_model::{
+    ForwardItem, LanguageModel, Logits, ModelInfo, OpenedSession, PrefixCacheStats, PrefixRequest, SessionId,
+};
 use crate::token_tree::TokenTree;
 
 /// The default wait for more sessions' forwards. Sessions of a node run their rounds out of
@@ -314,6 +316,28 @@ impl LanguageModel for RemoteModel {
 
     fn session_len(&self, session: SessionId) -> Result<usize> {
         self.remote(move |m| m.session_len(session))
+    }
+
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        self.remote(move |m| m.fork_session(source, len, capacity))
+    }
+
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        self.remote(move |m| m.reserve(session, capacity))
+    }
+
+    fn open_with_prefix(&mut self, request: &PrefixRequest<'_>) -> Result<OpenedSession> {
+        let (tokens, salt, capacity) = (request.tokens.to_vec(), request.salt.to_owned(), request.capacity);
+        self.remote(move |m| m.open_with_prefix(&PrefixRequest { tokens: &tokens, salt: &salt, capacity }))
+    }
+
+    fn retire(&mut self, session: SessionId, salt: &str, committed: &[u32]) -> Result<()> {
+        let (salt, committed) = (salt.to_owned(), committed.to_vec());
+        self.remote(move |m| m.retire(session, &salt, &committed))
+    }
+
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.remote(|m| Ok(m.prefix_cache_stats())).unwrap_or(None)
     }
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {

@@ -68,6 +68,23 @@ impl KvCache {
         Ok(())
     }
 
+    /// A new cache of `capacity` tokens holding a copy of this one's first `len` (a prefix
+    /// another session computed, which both then use apart).
+    pub(crate) fn copy_prefix(&self, len: usize, capacity: usize) -> Result<Self> {
+        let copy = |old: &Tensor| -> Result<Tensor> {
+            let mut shape = old.size();
+            shape[1] = capacity as i64;
+            let new = allocate(&shape, old.kind(), old.device(), self.zeroed)?;
+            if len > 0 {
+                new.f_narrow(1, 0, len as i64)?.f_copy_(&old.f_narrow(1, 0, len as i64)?)?;
+            }
+            Ok(new)
+        };
+        let keys = self.keys.iter().map(copy).collect::<Result<Vec<_>>>()?;
+        let values = self.values.iter().map(copy).collect::<Result<Vec<_>>>()?;
+        Ok(Self { keys, values, zeroed: self.zeroed })
+    }
+
     /// Writes `k`, `v` (`[1, n, kv_heads, head_dim]`) at positions `pos..pos + n` of `layer`
     /// and returns views of positions `0..keys` as attention takes them, `[1, kv_heads, keys,
     /// head_dim]`.

@@ -191,6 +191,42 @@ impl PartialEq for Logits {
     }
 }
 
+/// A session to open for a prompt ([`LanguageModel::open_with_prefix`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixRequest<'a> {
+    /// The tokens the session will hold first (the prompt, and output already committed).
+    pub tokens: &'a [u32],
+    /// Cached prefixes are shared only between requests with the same salt (vLLM's
+    /// `cache_salt`): tenants cannot time each other's prompts.
+    pub salt: &'a str,
+    /// As [`LanguageModel::open_session`]'s.
+    pub capacity: Option<usize>,
+}
+
+/// A session opened by [`LanguageModel::open_with_prefix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenedSession {
+    pub session: SessionId,
+    /// How many of the request's first tokens the session's cache holds already (0 on a
+    /// miss); never all of them, so that a pass over the rest scores the next token.
+    pub reused: usize,
+}
+
+/// What a prefix cache has done since the model loaded, and what it holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub lookups: u64,
+    pub hits: u64,
+    /// Prompt tokens served from the cache, over all hits.
+    pub hit_tokens: u64,
+    /// Entries dropped to make room for live sessions.
+    pub evictions: u64,
+    pub entries: usize,
+    pub tokens: usize,
+    /// KV bytes the entries hold (counted in the node's budget, and given back first).
+    pub bytes: u64,
+}
+
 /// One sequence's part of a forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForwardItem<'a> {
@@ -228,6 +264,44 @@ pub trait LanguageModel {
 
     /// Number of tokens the session's cache holds.
     fn session_len(&self, session: SessionId) -> Result<usize>;
+
+    /// Opens a session whose cache starts as a copy of the first `len` tokens of `source`'s
+    /// (a prefix another session computed), reserving `capacity` tokens as
+    /// [`Self::open_session`] does; the two then truncate and grow apart. The default, for a
+    /// backend that cannot copy a cache, refuses.
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        let _ = (source, len, capacity);
+        Err(ModelError::InvalidInput(format!("{} cannot copy a session's cache", self.info().name)))
+    }
+
+    /// Raises the session's reservation to `capacity` tokens where it holds fewer, admitted
+    /// against the budget as a new session would be: a session taken over from the prefix
+    /// cache reserves what its new request can reach before any pass runs. The default, for
+    /// a backend that grows its sessions as they need, does nothing.
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        let _ = (session, capacity);
+        Ok(())
+    }
+
+    /// Opens a session for `request.tokens`, starting from the longest prefix of them that
+    /// the prefix cache holds ([`crate::prefix_cache`]) where the model has one. The default,
+    /// without a cache, opens an empty session.
+    fn open_with_prefix(&mut self, request: &PrefixRequest<'_>) -> Result<OpenedSession> {
+        Ok(OpenedSession { session: self.open_session(request.capacity)?, reused: 0 })
+    }
+
+    /// Ends a session whose cache's first `committed.len()` rows are the committed tokens
+    /// `committed`: the prefix cache keeps them for later sessions with the same `salt`,
+    /// where the model has one. The default releases the session.
+    fn retire(&mut self, session: SessionId, salt: &str, committed: &[u32]) -> Result<()> {
+        let _ = (salt, committed);
+        self.release(session)
+    }
+
+    /// What the prefix cache has done so far; `None` without one.
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        None
+    }
 
     /// Appends `tokens` to the session and returns one row of logits per token.
     ///
@@ -373,6 +447,21 @@ impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     }
     fn session_len(&self, session: SessionId) -> Result<usize> {
         (**self).session_len(session)
+    }
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        (**self).fork_session(source, len, capacity)
+    }
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        (**self).reserve(session, capacity)
+    }
+    fn open_with_prefix(&mut self, request: &PrefixRequest<'_>) -> Result<OpenedSession> {
+        (**self).open_with_prefix(request)
+    }
+    fn retire(&mut self, session: SessionId, salt: &str, committed: &[u32]) -> Result<()> {
+        (**self).retire(session, salt, committed)
+    }
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        (**self).prefix_cache_stats()
     }
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         (**self).forward(session, tokens)

@@ -26,6 +26,8 @@
 //! - [`device`]: `--device` and `--dtype` (`auto` resolved at load); [`cpu_features`]: what
 //!   the CPU can do (bf16 matrix units); [`options`]: how to load a model ([`LoadOptions`]);
 //!   [`load`]: open a model from a path.
+//! - [`prefix_cache`]: what ended sessions computed for their committed tokens, kept for
+//!   later sessions whose prompts begin the same way, within the KV budget;
 //! - [`slowed`]: a model made slower per forward pass, standing in for a bigger one in
 //!   benchmarks (`--forward-delay-ms`, `specd bench --draft-delay-ms`) and tests;
 //! - `injected_oom` (the `testing` feature only): a model whose n-th pass fails with a real
@@ -63,6 +65,7 @@ pub mod libtorch;
 pub mod load;
 pub mod options;
 pub mod pinning;
+pub mod prefix_cache;
 pub mod rope;
 mod sessions;
 pub mod slowed;
@@ -82,11 +85,14 @@ pub use host::HostLlama;
 #[cfg(feature = "testing")]
 pub use injected_oom::InjectedOom;
 pub use kv_budget::{FreeMemory, KvBudget, MemorySource};
-pub use language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
+pub use language_model::{
+    ForwardItem, LanguageModel, Logits, ModelInfo, OpenedSession, PrefixCacheStats, PrefixRequest, SessionId,
+};
 pub use libtorch::LlamaModel;
 pub use load::{BoxedModel, load_model};
 pub use options::LoadOptions;
 pub use pinning::{TeamPinning, pin_model_team};
+pub use prefix_cache::{PrefixCache, PrefixCacheOptions};
 pub use slowed::Slowed;
 pub use table::TableModel;
 pub use token_tree::TokenTree;

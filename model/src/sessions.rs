@@ -125,12 +125,40 @@ impl<S> SessionTable<S> {
         Ok(Some(Growth { capacity, bytes }))
     }
 
+    /// What the session must grow by to hold `capacity` tokens in all (its reservation
+    /// raised ahead of the passes that need it, as [`Self::growth`] would raise it then);
+    /// `None` when it holds that many already.
+    pub(crate) fn growth_to(
+        &self,
+        id: SessionId,
+        capacity: usize,
+        context_length: usize,
+        bytes_per_token: u64,
+    ) -> Result<Option<Growth>> {
+        let s = self.get(id)?;
+        self.growth(id, capacity.saturating_sub(s.len), context_length, bytes_per_token)
+    }
+
     /// Records a growth that [`Self::growth`] planned and the caller allocated.
     pub(crate) fn grown(&mut self, id: SessionId, growth: Growth) -> Result<()> {
         let s = self.sessions.get_mut(&id).ok_or(ModelError::UnknownSession(id))?;
         s.capacity = growth.capacity;
         s.bytes += growth.bytes;
         self.in_use += growth.bytes;
+        Ok(())
+    }
+
+    /// Checks, for a copy of the first `len` tokens of `source` into a new session of
+    /// `capacity` tokens, that `source` holds them and that `capacity` holds them and one
+    /// more (a copy is made to be forwarded after).
+    pub(crate) fn check_copy(&self, source: SessionId, len: usize, capacity: usize) -> Result<()> {
+        let s = self.get(source)?;
+        if len > s.len || len >= capacity {
+            return Err(ModelError::InvalidInput(format!(
+                "cannot copy {len} tokens of session {source} (it holds {}) into a session of {capacity}",
+                s.len
+            )));
+        }
         Ok(())
     }
 
@@ -145,6 +173,14 @@ impl<S> SessionTable<S> {
         }
         s.len = len;
         Ok(())
+    }
+
+    /// Registers a session that [`Self::admit`] accepted whose state already holds `len`
+    /// tokens (a copy of another session's).
+    pub(crate) fn insert_holding(&mut self, state: S, capacity: usize, bytes: u64, len: usize) -> Result<SessionId> {
+        let id = self.insert(state, capacity, bytes)?;
+        self.get_mut(id)?.len = len;
+        Ok(id)
     }
 
     pub(crate) fn remove(&mut self, id: SessionId) -> Result<()> {

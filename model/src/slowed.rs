@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId};
+use crate::language_model::{
+    ForwardItem, LanguageModel, Logits, ModelInfo, OpenedSession, PrefixCacheStats, PrefixRequest, SessionId,
+};
 use crate::token_tree::TokenTree;
 
 /// `inner`, with every forward pass taking `delay` longer (the model thread sleeps, as if
@@ -30,6 +32,21 @@ impl<M: LanguageModel> LanguageModel for Slowed<M> {
     }
     fn session_len(&self, session: SessionId) -> Result<usize> {
         self.inner.session_len(session)
+    }
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        self.inner.fork_session(source, len, capacity)
+    }
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        self.inner.reserve(session, capacity)
+    }
+    fn open_with_prefix(&mut self, request: &PrefixRequest<'_>) -> Result<OpenedSession> {
+        self.inner.open_with_prefix(request)
+    }
+    fn retire(&mut self, session: SessionId, salt: &str, committed: &[u32]) -> Result<()> {
+        self.inner.retire(session, salt, committed)
+    }
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.inner.prefix_cache_stats()
     }
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         std::thread::sleep(self.delay);

@@ -268,6 +268,24 @@ impl LanguageModel for TableModel {
         Ok(self.sessions.get(session)?.len)
     }
 
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        let cap = resolve_capacity(capacity, self.info.context_length)?;
+        self.sessions.check_copy(source, len, cap)?;
+        let bytes = self.info.kv_bytes_per_token * cap as u64;
+        self.sessions.admit(bytes)?;
+        let mut history = Vec::with_capacity(cap);
+        history.extend_from_slice(&self.sessions.get(source)?.state[..len]);
+        self.sessions.insert_holding(history, cap, bytes, len)
+    }
+
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        let (max, per_token) = (self.info.context_length, self.info.kv_bytes_per_token);
+        if let Some(growth) = self.sessions.growth_to(session, capacity, max, per_token)? {
+            self.sessions.grown(session, growth)?;
+        }
+        Ok(())
+    }
+
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         check_tokens(tokens, self.info.vocab_size)?;
         let growth =

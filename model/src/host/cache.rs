@@ -50,6 +50,22 @@ impl HostCache {
         Ok(())
     }
 
+    /// A new cache of `capacity` positions holding a copy of this one's first `len` (a
+    /// prefix another session computed, which both then use apart).
+    pub(crate) fn copy_prefix(&self, len: usize, capacity: usize) -> Result<Self> {
+        let mut copy = Self::new(self.keys.len(), self.kv_heads, self.head_dim, capacity)?;
+        for (new, old) in copy.keys.iter_mut().zip(&self.keys) {
+            for (new_row, old_row) in new.chunks_exact_mut(capacity).zip(old.chunks_exact(self.capacity.max(1))) {
+                new_row[..len].copy_from_slice(&old_row[..len]);
+            }
+        }
+        let width = self.kv_heads * self.head_dim;
+        for (new, old) in copy.values.iter_mut().zip(&self.values) {
+            new[..len * width].copy_from_slice(&old[..len * width]);
+        }
+        Ok(copy)
+    }
+
     /// Writes the key and value of position `at` (`kv_heads × head_dim` each).
     pub(crate) fn write(&mut self, layer: usize, at: usize, k: &[f32], v: &[f32]) {
         let cap = self.capacity;

@@ -135,6 +135,24 @@ impl LanguageModel for HostLlama {
         Ok(self.sessions.get(session)?.len)
     }
 
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        let cap = resolve_capacity(capacity, self.cfg.max_position_embeddings)?;
+        self.sessions.check_copy(source, len, cap)?;
+        let bytes = self.info.kv_bytes_per_token * cap as u64;
+        self.sessions.admit(bytes)?;
+        let cache = self.sessions.get(source)?.state.copy_prefix(len, cap)?;
+        self.sessions.insert_holding(cache, cap, bytes, len)
+    }
+
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        let (max, per_token) = (self.cfg.max_position_embeddings, self.info.kv_bytes_per_token);
+        if let Some(growth) = self.sessions.growth_to(session, capacity, max, per_token)? {
+            self.sessions.get_mut(session)?.state.grow(growth.capacity)?;
+            self.sessions.grown(session, growth)?;
+        }
+        Ok(())
+    }
+
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         self.forward_last(session, tokens, tokens.len())
     }

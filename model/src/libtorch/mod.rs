@@ -250,6 +250,20 @@ impl LanguageModel for LlamaModel {
         Ok(self.sessions.get(session)?.len)
     }
 
+    fn fork_session(&mut self, source: SessionId, len: usize, capacity: Option<usize>) -> Result<SessionId> {
+        let cap = resolve_capacity(capacity, self.cfg.max_position_embeddings)?;
+        self.sessions.check_copy(source, len, cap)?;
+        let bytes = self.info.kv_bytes_per_token * cap as u64;
+        self.sessions.admit(bytes)?;
+        let cache = self.sessions.get(source)?.state.copy_prefix(len, cap).map_err(ModelError::classify_allocation)?;
+        self.sessions.insert_holding(cache, cap, bytes, len)
+    }
+
+    fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
+        let len = self.sessions.get(session)?.len;
+        self.make_room(session, capacity.saturating_sub(len))
+    }
+
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         self.forward_last(session, tokens, tokens.len())
     }
