@@ -112,7 +112,12 @@ pub struct GenerationSpec {
     pub detokenize: bool,
     /// Log-probabilities asked for, with this many alternatives per token.
     pub logprobs: Option<u32>,
+    /// The nodes' prefix caches share entries only between requests with the same salt.
+    pub cache_salt: String,
 }
+
+/// The longest `cache_salt` a request may carry.
+pub const MAX_CACHE_SALT_BYTES: usize = 256;
 
 /// The most stop strings a request may carry (OpenAI allows 4), and the longest one.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -210,6 +215,15 @@ pub fn validate(
                 return Err(invalid(format!("logprobs {n}: at most {MAX_TOP_LOGPROBS} alternatives per token")));
             }
             n => n,
+        },
+        cache_salt: match &request.cache_salt {
+            salt if salt.len() > MAX_CACHE_SALT_BYTES => {
+                return Err(invalid(format!(
+                    "cache_salt is {} bytes long: at most {MAX_CACHE_SALT_BYTES}",
+                    salt.len()
+                )));
+            }
+            salt => salt.clone(),
         },
     })
 }

@@ -390,6 +390,7 @@ mod tests {
             seed,
             vocab_limit: None,
             lookahead: Vec::new(),
+            cache_salt: String::new(),
         }
     }
 

@@ -70,20 +70,25 @@ impl DraftService for DraftNode {
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
-        let (only_after_match, copies_besides_model, draws_trees) = match &self.proposer {
+        let (only_after_match, copies_besides_model, draws_trees, cached_tokens) = match &self.proposer {
             Proposer::Model { node, ngram } => {
-                node.open(request.into_inner()).instrument(span).await?;
-                (None, ngram.is_some(), true)
+                let cached = node.open(request.into_inner()).instrument(span).await?;
+                (None, ngram.is_some(), true, cached)
             }
             Proposer::Lookup(node) => {
                 span.in_scope(|| node.open(request.into_inner()))?;
-                (node.proposes_only_after_match(), false, false)
+                (node.proposes_only_after_match(), false, false, 0)
             }
         };
         let proposes_only_after_match =
             only_after_match.map(|span| NgramSpan { min: span.min as u32, max: span.max as u32 });
-        let reply =
-            OpenSessionResponse { proposes_only_after_match, copies_besides_model, draws_trees, ..Default::default() };
+        let reply = OpenSessionResponse {
+            proposes_only_after_match,
+            copies_besides_model,
+            draws_trees,
+            cached_tokens: cached_tokens as u32,
+            ..Default::default()
+        };
         Ok(Response::new(reply))
     }
 
@@ -122,7 +127,7 @@ impl DraftService for DraftNode {
         let id = request.session_id;
         let last = request.rollback_to.map(|valid| (valid as usize, request.pending_token_ids.as_slice()));
         let existed = match &self.proposer {
-            Proposer::Model { node, .. } => node.release(&id).instrument(span).await?,
+            Proposer::Model { node, .. } => node.release(&id, last).instrument(span).await?,
             Proposer::Lookup(node) => node.release(&id, last).instrument(span).await,
         };
         Ok(Response::new(ReleaseResponse { existed }))

@@ -130,7 +130,7 @@ impl ModelHandle {
     }
 
     /// Runs `f` on the worker thread itself (small operations, never batched).
-    async fn call_on_thread<R, F>(&self, f: F) -> Result<R>
+    pub async fn call_on_thread<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use specd_model::{
     AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, FreeMemory, KvBudget, LanguageModel, LoadOptions,
-    SessionId,
+    PrefixCacheOptions, SessionId,
 };
 use specd_proto::tls::ServerTls;
 use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
-use specd_telemetry::Metrics;
+use specd_telemetry::{Metrics, PrefixCacheSample};
 
 use crate::distributions::Distributions;
 use crate::error::NodeError;
@@ -32,6 +32,9 @@ pub struct NodeConfig {
     pub attention: AttentionOptions,
     /// Sessions open at once; more are refused with RESOURCE_EXHAUSTED.
     pub max_sessions: usize,
+    /// Whether ended sessions' committed KV is kept for later prompts that begin the same
+    /// way, and from how many tokens (`--prefix-cache`, `--prefix-cache-min-tokens`).
+    pub prefix_cache: PrefixCacheOptions,
     /// Bytes of KV cache all sessions may reserve together, resolved once the model is
     /// loaded and warmed up. Sessions reserve what their request can reach
     /// (`OpenSessionRequest.max_tokens`); one that does not fit is refused with
@@ -82,6 +85,9 @@ pub struct SessionState {
     /// The draft's blocks drafted ahead of their requests (optimistic drafting), in round
     /// order, each after the one before it; always empty on a target.
     pub lookahead: Vec<Lookahead>,
+    /// What the prefix cache files the session's KV under when it ends
+    /// (`OpenSessionRequest.cache_salt`).
+    pub cache_salt: String,
 }
 
 /// A block a draft drafts before it is asked for (optimistic drafting, docs/architecture.md): the
@@ -107,6 +113,14 @@ pub struct Lookahead {
 impl NodeSessionState for SessionState {
     fn model_session(&self) -> SessionId {
         self.model_session
+    }
+
+    fn history_mut(&mut self) -> &mut SessionHistory {
+        &mut self.history
+    }
+
+    fn cache_salt(&self) -> &str {
+        &self.cache_salt
     }
 
     fn forget_cache(&mut self) {
@@ -155,6 +169,7 @@ impl Node {
             stand_in,
             config.batch,
             config.pin_threads,
+            config.prefix_cache,
         )?;
         let info = model.handle().info();
         tracing::info!(engine = info.engine, dtype = %info.dtype, configured = %config.engine, "{} model loaded", info.name);
@@ -241,8 +256,9 @@ impl Node {
         })
     }
 
-    /// Opens a session from the coordinator's request, validating its sampling settings.
-    pub async fn open(&self, request: OpenSessionRequest) -> Result<(), NodeError> {
+    /// Opens a session from the coordinator's request, validating its sampling settings;
+    /// returns how many of its tokens the prefix cache held.
+    pub async fn open(&self, request: OpenSessionRequest) -> Result<usize, NodeError> {
         let sampling = request.sampling.ok_or_else(|| NodeError::InvalidRequest("sampling is missing".into()))?;
         let params = SamplingParams::try_from(&sampling)?;
         let seed = request.seed;
@@ -253,6 +269,8 @@ impl Node {
             // A draft with fewer rows than the target: its own ids are all the target's.
             _ => None,
         };
+        let cache_salt = request.cache_salt;
+        let salt = cache_salt.clone();
         let build = move |model_session, history| SessionState {
             model_session,
             history,
@@ -260,10 +278,11 @@ impl Node {
             seed,
             vocab_limit,
             lookahead: Vec::new(),
+            cache_salt,
         };
         let reach = (request.max_tokens > 0).then_some(request.max_tokens as usize);
         let history = SessionHistory::resumed(request.prompt_token_ids, request.prompt_len as usize)?;
-        Ok(self.model.open(request.session_id, history, reach, build).await?)
+        Ok(self.model.open(request.session_id, history, reach, salt, build).await?)
     }
 
     /// Runs `job` on the model thread with the session's state; see [`NodeModel::run`] for
@@ -276,21 +295,35 @@ impl Node {
         self.model.run(session_id, job).await?
     }
 
-    /// Releases the session; `false` when it was not open.
-    pub async fn release(&self, session_id: &str) -> Result<bool, NodeError> {
-        Ok(self.model.release(session_id).await?)
+    /// Releases the session; `false` when it was not open. `last`: the session's final
+    /// rollback point and the tokens committed after it (`ReleaseRequest`): its cache's rows
+    /// of committed tokens then go to the prefix cache.
+    pub async fn release(&self, session_id: &str, last: Option<(usize, &[u32])>) -> Result<bool, NodeError> {
+        let last = last.map(|(valid, pending)| (valid, pending.to_vec()));
+        Ok(self.model.release(session_id, last).await?)
     }
 }
 
 /// Samples the node's open sessions and KV-cache bytes before every scrape.
 fn export_gauges(metrics: &Metrics, role: &'static str, model: &NodeModel<SessionState>) {
     let (gauges, model) = (metrics.node(role), model.clone());
+    let prefix_cache = metrics.prefix_cache(role);
     metrics.on_scrape(move || {
-        let (gauges, model) = (gauges.clone(), model.clone());
+        let (gauges, model, prefix_cache) = (gauges.clone(), model.clone(), prefix_cache.clone());
         async move {
             if let Ok((kv_bytes, budget)) = model.handle().memory_in_use().await {
                 gauges.set(model.active_sessions(), kv_bytes);
                 gauges.set_kv_budget(budget);
+            }
+            if let Ok(Some(stats)) = model.handle().call_on_thread(|m| Ok(m.prefix_cache_stats())).await {
+                prefix_cache.record(PrefixCacheSample {
+                    lookups: stats.lookups,
+                    hits: stats.hits,
+                    hit_tokens: stats.hit_tokens,
+                    evictions: stats.evictions,
+                    bytes: stats.bytes,
+                    entries: stats.entries as u64,
+                });
             }
         }
     });

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specd_model::{
-    BatchPolicy, BoxedModel, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, SessionId,
-    Slowed, TeamPinning, load_model, pin_model_team,
+    BatchPolicy, BoxedModel, DeviceSpec, LanguageModel, LoadOptions, ModelError, ModelHandle, ModelWorker, PrefixCache,
+    PrefixCacheOptions, PrefixRequest, SessionId, Slowed, TeamPinning, load_model, pin_model_team,
 };
 
 use crate::faults::NodeFaults;
@@ -44,6 +44,9 @@ impl StandIn {
 /// A role's per-session state.
 pub trait NodeSessionState: Clone + Send + 'static {
     fn model_session(&self) -> SessionId;
+    fn history_mut(&mut self) -> &mut SessionHistory;
+    /// What the prefix cache files the session's KV under.
+    fn cache_salt(&self) -> &str;
     /// After a failed job: the model may have truncated or extended the session's cache
     /// half-way, so nothing in it may be trusted any more.
     fn forget_cache(&mut self);
@@ -78,7 +81,9 @@ impl<S: NodeSessionState> NodeModel<S> {
     /// budget (`options.kv_budget`, measured then); blocks until the model is ready.
     /// `stand_in` says what the model is wrapped in (in service: nothing); `batch` says
     /// how concurrent sessions' forward passes are batched; `pin_threads`: a CPU model's
-    /// threads get one CPU each where they use them all ([`specd_model::pinning`]).
+    /// threads get one CPU each where they use them all ([`specd_model::pinning`]);
+    /// `prefix_cache`: whether ended sessions' KV is kept ([`specd_model::prefix_cache`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn load(
         thread: &str,
         path: &Path,
@@ -87,6 +92,7 @@ impl<S: NodeSessionState> NodeModel<S> {
         stand_in: StandIn,
         batch: BatchPolicy,
         pin_threads: bool,
+        prefix_cache: PrefixCacheOptions,
     ) -> Result<Self, ModelError> {
         let path = path.to_owned();
         let model = ModelWorker::spawn_batched(thread, 64, batch, move || {
@@ -105,6 +111,12 @@ impl<S: NodeSessionState> NodeModel<S> {
                     TeamPinning::Unpinned(why) => tracing::info!(why, "model threads left to the scheduler"),
                 }
             }
+            let model: BoxedModel = if prefix_cache.enabled {
+                tracing::info!(min_tokens = prefix_cache.min_tokens, "prefix cache on");
+                Box::new(PrefixCache::new(model, prefix_cache.min_tokens))
+            } else {
+                model
+            };
             Ok(stand_in.wrap(model))
         })?;
         Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)) })
@@ -118,21 +130,23 @@ impl<S: NodeSessionState> NodeModel<S> {
         self.sessions.len()
     }
 
-    /// Opens a model session for `history` (its prompt, and any output already committed) and
-    /// registers the state `build` makes of it. The
-    /// session reserves KV cache for `reach` tokens (at least the history and one more, at
-    /// most the model's context; `None`: the whole context), admitted against the budget
-    /// before any pass runs. Runs as its own task: a caller that goes away half-way (a deadline) cannot leave a
-    /// model session that is open but not registered.
+    /// Opens a model session for `history` (its prompt, and any output already committed),
+    /// from the longest prefix of it the prefix cache holds under `salt`, and registers the
+    /// state `build` makes of it; returns how many tokens the cache held. The session
+    /// reserves KV cache for `reach` tokens (at least the history and one more, at most the
+    /// model's context; `None`: the whole context), admitted against the budget before any
+    /// pass runs. Runs as its own task: a caller that goes away half-way (a deadline) cannot
+    /// leave a model session that is open but not registered.
     pub async fn open(
         &self,
         id: String,
         history: SessionHistory,
         reach: Option<usize>,
+        salt: String,
         build: impl FnOnce(SessionId, SessionHistory) -> S + Send + 'static,
-    ) -> Result<(), NodeSessionError> {
+    ) -> Result<usize, NodeSessionError> {
         let this = self.clone();
-        tokio::spawn(async move { this.open_now(id, history, reach, build).await })
+        tokio::spawn(async move { this.open_now(id, history, reach, salt, build).await })
             .await
             .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("open task failed: {e}"))))?
     }
@@ -140,10 +154,11 @@ impl<S: NodeSessionState> NodeModel<S> {
     async fn open_now(
         &self,
         id: String,
-        history: SessionHistory,
+        mut history: SessionHistory,
         reach: Option<usize>,
+        salt: String,
         build: impl FnOnce(SessionId, SessionHistory) -> S,
-    ) -> Result<(), NodeSessionError> {
+    ) -> Result<usize, NodeSessionError> {
         self.sessions.check_new(&id)?;
         let vocab_size = self.model.info().vocab_size;
         if let Some(bad) = history.tokens().iter().find(|&&t| t as usize >= vocab_size) {
@@ -154,12 +169,17 @@ impl<S: NodeSessionState> NodeModel<S> {
         }
         let context = self.model.info().context_length;
         let capacity = reach.map(|r| r.max(history.len() + 1).min(context));
-        let model_session = self.model.open_session(capacity).await?;
-        if let Err((err, state)) = self.sessions.insert(id, build(model_session, history)) {
+        let tokens = history.tokens().to_vec();
+        let opened = self
+            .model
+            .call_on_thread(move |m| m.open_with_prefix(&PrefixRequest { tokens: &tokens, salt: &salt, capacity }))
+            .await?;
+        history.mark_cached_to(opened.reused);
+        if let Err((err, state)) = self.sessions.insert(id, build(opened.session, history)) {
             let _ = self.model.release(state.model_session()).await;
             return Err(err.into());
         }
-        Ok(())
+        Ok(opened.reused)
     }
 
     /// Runs `job` against the model ([`ModelHandle::call`]) with a copy of the session's
@@ -190,16 +210,19 @@ impl<S: NodeSessionState> NodeModel<S> {
         Ok(result)
     }
 
-    /// Releases the session; `false` when it was not open. Runs as its own task, so that a
-    /// caller that goes away cannot leave a session unregistered but still holding its cache.
-    pub async fn release(&self, id: &str) -> Result<bool, NodeSessionError> {
+    /// Releases the session; `false` when it was not open. `last`: its final rollback point
+    /// and the tokens committed after it, which say which of its cache's rows are committed:
+    /// those go to the prefix cache (where the model has one), the rest are dropped. Without
+    /// them nothing is kept. Runs as its own task, so that a caller that goes away cannot
+    /// leave a session unregistered but still holding its cache.
+    pub async fn release(&self, id: &str, last: Option<(usize, Vec<u32>)>) -> Result<bool, NodeSessionError> {
         let Some(session) = self.sessions.remove(id) else {
             return Ok(false);
         };
         let model = self.model.clone();
         tokio::spawn(async move {
-            let model_session = session.lock().await.model_session();
-            model.release(model_session).await
+            let state = session.lock().await.clone();
+            model.call_on_thread(move |m| retire(m, state, last)).await
         })
         .await
         .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("release task failed: {e}"))))??;
@@ -229,5 +252,85 @@ impl<S: NodeSessionState> NodeModel<S> {
 
     pub async fn kv_cache_bytes(&self) -> Result<u64, NodeSessionError> {
         Ok(self.model.memory_in_use().await?.0)
+    }
+}
+
+/// Ends `state`'s model session: its cache trimmed to the rows of committed tokens (as the
+/// next round would trim it, `last` being that round's rollback point and pending tokens),
+/// which the model's prefix cache keeps. A history that cannot follow `last` (it has not seen
+/// that far), or no `last`, keeps nothing.
+fn retire<S: NodeSessionState>(
+    model: &mut dyn LanguageModel,
+    mut state: S,
+    last: Option<(usize, Vec<u32>)>,
+) -> Result<(), ModelError> {
+    let session = state.model_session();
+    let Some((valid, pending)) = last else { return model.release(session) };
+    let history = state.history_mut();
+    let kept = history.catch_up(valid, &pending).and_then(|catch_up| catch_up.apply_to_cache(model, session));
+    if kept.is_err() {
+        return model.release(session);
+    }
+    let committed = history.tokens()[..history.cached()].to_vec();
+    model.retire(session, state.cache_salt(), &committed)
+}
+
+#[cfg(test)]
+mod tests {
+    use specd_model::{PrefixRequest, TableModel};
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    struct State {
+        session: SessionId,
+        history: SessionHistory,
+    }
+
+    impl NodeSessionState for State {
+        fn model_session(&self) -> SessionId {
+            self.session
+        }
+        fn history_mut(&mut self) -> &mut SessionHistory {
+            &mut self.history
+        }
+        fn cache_salt(&self) -> &str {
+            ""
+        }
+        fn forget_cache(&mut self) {
+            self.history.forget_cache();
+        }
+    }
+
+    /// A session that scored a block of three candidates, of which the first was accepted and
+    /// the second replaced: the cache keeps the prompt and the accepted candidate, and neither
+    /// the rejected candidate's row (which the corrected token would be filed over) nor the
+    /// corrected token's, which no pass has fed.
+    #[test]
+    fn an_ended_session_leaves_the_rows_of_its_committed_tokens_only() {
+        let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8]});
+        let mut model = PrefixCache::new(TableModel::from_json("t", table, None).unwrap(), 16);
+        let prompt: Vec<u32> = (0..40).map(|i| i % 7).collect();
+        let opened = model.open_with_prefix(&PrefixRequest { tokens: &prompt, salt: "", capacity: Some(64) }).unwrap();
+        let mut history = SessionHistory::new(prompt.clone()).unwrap();
+        let catch_up = history.catch_up(prompt.len(), &[]).unwrap();
+        model.forward(opened.session, &catch_up.feed).unwrap();
+        history.mark_cached();
+        model.forward(opened.session, &[5, 6, 7]).unwrap();
+        history.push_forwarded(&[5, 6, 7]);
+        let state = State { session: opened.session, history };
+        retire(&mut model, state, Some((prompt.len() + 1, vec![1]))).unwrap();
+        let stats = model.prefix_cache_stats().unwrap();
+        assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 1), "{stats:?}");
+
+        // The next turn: the prompt, the accepted 5, the corrected 1, then more.
+        let mut next = prompt.clone();
+        next.extend([5, 1, 2, 3]);
+        let opened = model.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
+        assert_eq!(opened.reused, prompt.len() + 1);
+        // Without the final rollback point nothing is kept.
+        let state = State { session: opened.session, history: SessionHistory::new(next).unwrap() };
+        retire(&mut model, state, None).unwrap();
+        assert_eq!(model.prefix_cache_stats().unwrap().entries, 0);
     }
 }

@@ -86,6 +86,7 @@ impl AuditArgs {
             }),
             speculation: Some(Speculation { gamma, dense }),
             logprobs: None,
+            cache_salt: String::new(),
         }
     }
 }

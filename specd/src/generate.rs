@@ -99,6 +99,7 @@ impl GenerateArgs {
             }),
             speculation: Some(Speculation { gamma: self.gamma, dense: self.dense }),
             logprobs: None,
+            cache_salt: String::new(),
         }
     }
 }

@@ -31,8 +31,9 @@ impl TargetService for TargetNode {
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let span = rpc_span("open_session", request.metadata());
-        self.node.open(request.into_inner()).instrument(span).await?;
-        Ok(Response::new(OpenSessionResponse { scores_trees: true, ..Default::default() }))
+        let cached = self.node.open(request.into_inner()).instrument(span).await?;
+        let reply = OpenSessionResponse { scores_trees: true, cached_tokens: cached as u32, ..Default::default() };
+        Ok(Response::new(reply))
     }
 
     async fn verify(&self, request: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {
@@ -66,7 +67,9 @@ impl TargetService for TargetNode {
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         let span = rpc_span("release", request.metadata());
-        let existed = self.node.release(&request.into_inner().session_id).instrument(span).await?;
+        let request = request.into_inner();
+        let last = request.rollback_to.map(|valid| (valid as usize, request.pending_token_ids.as_slice()));
+        let existed = self.node.release(&request.session_id, last).instrument(span).await?;
         Ok(Response::new(ReleaseResponse { existed }))
     }
 

@@ -1,7 +1,8 @@
 //! The registry and the metrics each role records.
 //!
 //! Counters and histograms are the coordinator's (the nodes do not know rounds end to end);
-//! the nodes own two gauges, read from the model thread when Prometheus scrapes.
+//! the nodes own their gauges and their prefix caches' series, read from the model thread
+//! when Prometheus scrapes.
 
 use std::fmt;
 use std::future::Future;
@@ -71,6 +72,7 @@ struct Inner {
     active_sessions: Family<RoleLabel, Gauge>,
     kv_cache_bytes: OnceLock<Family<RoleLabel, Gauge>>,
     kv_budget_bytes: OnceLock<Family<RoleLabel, Gauge>>,
+    prefix_cache: OnceLock<PrefixCacheFamilies>,
     coordinator: OnceLock<CoordinatorMetrics>,
     hooks: Mutex<Vec<Hook>>,
 }
@@ -113,6 +115,7 @@ impl Metrics {
             active_sessions,
             kv_cache_bytes: OnceLock::new(),
             kv_budget_bytes: OnceLock::new(),
+            prefix_cache: OnceLock::new(),
             coordinator: OnceLock::new(),
             hooks: Mutex::default(),
         };
@@ -160,6 +163,41 @@ impl Metrics {
         }
     }
 
+    /// The prefix-cache series of a node of `role`, registered on the first call.
+    pub fn prefix_cache(&self, role: &'static str) -> PrefixCacheSeries {
+        let families = self.inner.prefix_cache.get_or_init(|| {
+            let mut registry = lock(&self.inner.registry);
+            let mut counter = |name: &str, help: &str| {
+                let family = Family::<RoleLabel, Counter>::default();
+                registry.register(name, help, family.clone());
+                family
+            };
+            let lookups = counter("specd_prefix_cache_lookups", "Sessions a node opened through its prefix cache");
+            let hits = counter("specd_prefix_cache_hits", "Sessions that started from a cached prefix");
+            let hit_tokens = counter("specd_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache");
+            let evictions =
+                counter("specd_prefix_cache_evictions", "Prefix-cache entries dropped to make room for live sessions");
+            let mut gauge = |name: &str, help: &str| {
+                let family = Family::<RoleLabel, Gauge>::default();
+                registry.register(name, help, family.clone());
+                family
+            };
+            let bytes =
+                gauge("specd_prefix_cache_bytes", "Bytes of KV cache the prefix cache holds (part of the budget)");
+            let entries = gauge("specd_prefix_cache_entries", "Prefixes the prefix cache holds");
+            PrefixCacheFamilies { lookups, hits, hit_tokens, evictions, bytes, entries }
+        });
+        let label = RoleLabel { role };
+        PrefixCacheSeries {
+            lookups: families.lookups.get_or_create(&label).clone(),
+            hits: families.hits.get_or_create(&label).clone(),
+            hit_tokens: families.hit_tokens.get_or_create(&label).clone(),
+            evictions: families.evictions.get_or_create(&label).clone(),
+            bytes: families.bytes.get_or_create(&label).clone(),
+            entries: families.entries.get_or_create(&label).clone(),
+        }
+    }
+
     /// Runs `hook` before every scrape (to sample gauges that are costly to keep current).
     pub fn on_scrape<F, Fut>(&self, hook: F)
     where
@@ -178,6 +216,53 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &lock(&self.inner.registry))?;
         Ok(text)
+    }
+}
+
+struct PrefixCacheFamilies {
+    lookups: Family<RoleLabel, Counter>,
+    hits: Family<RoleLabel, Counter>,
+    hit_tokens: Family<RoleLabel, Counter>,
+    evictions: Family<RoleLabel, Counter>,
+    bytes: Family<RoleLabel, Gauge>,
+    entries: Family<RoleLabel, Gauge>,
+}
+
+/// What a node's prefix cache has done since it started, and holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheSample {
+    pub lookups: u64,
+    pub hits: u64,
+    pub hit_tokens: u64,
+    pub evictions: u64,
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// A node's prefix-cache series (`specd_prefix_cache_*{role}`).
+#[derive(Debug, Clone)]
+pub struct PrefixCacheSeries {
+    lookups: Counter,
+    hits: Counter,
+    hit_tokens: Counter,
+    evictions: Counter,
+    bytes: Gauge,
+    entries: Gauge,
+}
+
+impl PrefixCacheSeries {
+    /// Brings the series to `sample`, whose counts only grow (the cache counts them itself).
+    pub fn record(&self, sample: PrefixCacheSample) {
+        for (counter, total) in [
+            (&self.lookups, sample.lookups),
+            (&self.hits, sample.hits),
+            (&self.hit_tokens, sample.hit_tokens),
+            (&self.evictions, sample.evictions),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+        self.bytes.set(i64::try_from(sample.bytes).unwrap_or(i64::MAX));
+        self.entries.set(i64::try_from(sample.entries).unwrap_or(i64::MAX));
     }
 }
 

@@ -14,7 +14,7 @@ use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
 use specd_device_sampling::DeviceRule;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
-use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget};
+use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget, PrefixCacheOptions};
 use specd_node::{Distributions, NodeConfig, NodeFaults};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
@@ -110,6 +110,8 @@ pub struct ClusterOptions {
     pub distributions: Distributions,
     /// The target's device rule (`NodeFaults::device_rule`; default: exact).
     pub device_rule: DeviceRule,
+    /// Both nodes' prefix caches (default: on, as the nodes' flag).
+    pub prefix_cache: PrefixCacheOptions,
 }
 
 impl Default for ClusterOptions {
@@ -136,6 +138,7 @@ impl Default for ClusterOptions {
             target_oom_at_pass: None,
             distributions: Distributions::Auto,
             device_rule: Default::default(),
+            prefix_cache: PrefixCacheOptions::default(),
         }
     }
 }
@@ -170,6 +173,7 @@ impl Cluster {
             engine: options.engine,
             attention: Default::default(),
             max_sessions: 1024,
+            prefix_cache: options.prefix_cache,
             kv_budget: KvBudget::Unbounded,
             forward_delay,
             session_ttl: options.session_ttl,

@@ -59,6 +59,7 @@ impl Node {
             engine: Default::default(),
             attention: Default::default(),
             max_sessions: 64,
+            prefix_cache: Default::default(),
             kv_budget: specd_model::KvBudget::Unbounded,
             forward_delay: FORWARD_DELAY,
             session_ttl: None,

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use specd_e2e::{Cluster, ClusterOptions, hf_fixture};
-use specd_model::{BatchPolicy, DType};
+use specd_model::{BatchPolicy, DType, PrefixCacheOptions};
 use specd_node::Distributions;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
@@ -135,5 +135,101 @@ async fn greedy_speculation_equals_target_only_with_batched_concurrent_sessions(
     let mean = sequences as f64 / passes as f64;
     eprintln!("greedy under load: mean target batch {mean:.2} over {passes} verify passes");
     assert!(mean > 1.5, "16 concurrent clients should share the target's passes: mean batch {mean:.2}");
+    cluster.shutdown().await;
+}
+
+/// Five conversations of four turns (20 prompts), all opening with one 18-token system
+/// prompt; each turn is the one before, the model's 8-token reply and 3 user tokens. With the
+/// prefix caches on, both nodes start every prompt but the first from what earlier
+/// generations left (asserted from the stats), and greedy output, speculative and
+/// target-only, equals target-only output with the caches off. The target's budget holds
+/// two sessions' reservations, so its cache must give way to the live sessions again and
+/// again. A request under another `cache_salt` finds nothing, and gets the same output.
+#[tokio::test(flavor = "current_thread")]
+async fn greedy_output_is_the_same_with_the_prefix_cache_on_and_off() {
+    const SYSTEM: usize = 18;
+    let mut rng = StreamKey::new(11, 0, 0, Purpose::Plain).stream();
+    let mut tokens = |n: usize| -> Vec<u32> { (0..n).map(|_| 3 + rng.next_u32() % 93).collect() };
+    let system = tokens(SYSTEM);
+    let users: Vec<Vec<Vec<u32>>> = (0..5).map(|_| (0..4).map(|_| tokens(3)).collect()).collect();
+    let conversation_request = |prompt: Vec<u32>, gamma: u32, salt: &str| GenerateRequest {
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(8), ignore_eos: true, ..Default::default() }),
+        cache_salt: salt.to_owned(),
+        ..request(prompt, gamma)
+    };
+    let (target, draft) = (hf_fixture("llama_gqa_untied"), hf_fixture("llama_tied"));
+    let small = PrefixCacheOptions { enabled: true, min_tokens: 16 };
+
+    // The reference: target-only, no cache.
+    let off = ClusterOptions {
+        dtype: DType::F64,
+        prefix_cache: PrefixCacheOptions { enabled: false, ..small },
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&target, &draft, &off).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let mut reference = Vec::new();
+    for turns in &users {
+        let mut prompt = system.clone();
+        for user in turns {
+            prompt.extend(user);
+            let reply = client.generate(conversation_request(prompt.clone(), 0, "")).await.unwrap().into_inner();
+            assert_eq!(reply.stats.unwrap().target_cached_tokens, 0, "no cache, nothing reused");
+            reference.push((prompt.clone(), reply.token_ids.clone()));
+            prompt.extend(reply.token_ids);
+        }
+    }
+    cluster.shutdown().await;
+
+    // f64 KV: 2 layers × 2 (keys, values) × 2 heads × 8 dims × 8 bytes a token; two
+    // sessions of the fixture's whole context of 64.
+    let budget = 2 * 64 * 512;
+    let on = ClusterOptions {
+        dtype: DType::F64,
+        prefix_cache: small,
+        target_kv_budget: specd_model::KvBudget::Bytes(budget),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&target, &draft, &on).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let (mut turn, mut previous_len) = (0, 0);
+    for (i, (prompt, want)) in reference.iter().enumerate() {
+        let continues = i % 4 != 0;
+        // Speculative last: the next turn starts from the entry its rounds left.
+        for gamma in [0, 4] {
+            let reply = client.generate(conversation_request(prompt.clone(), gamma, "")).await.unwrap().into_inner();
+            assert_eq!(&reply.token_ids, want, "γ = {gamma}, prompt {i} (turn {turn})");
+            let stats = reply.stats.unwrap();
+            let usage = reply.usage.unwrap();
+            assert_eq!(usage.cached_prompt_tokens, stats.target_cached_tokens);
+            let cached = stats.target_cached_tokens as usize;
+            if i > 0 {
+                // A conversation's first turn finds at least the system prompt; a later one at
+                // least the turn before's prompt (its reply's rows, less rejected candidates'
+                // and the last token, which no pass fed); never the whole prompt.
+                let least = if continues { previous_len } else { SYSTEM };
+                assert!(
+                    (least..prompt.len()).contains(&cached),
+                    "γ = {gamma}, prompt {i}: {cached} cached of {}",
+                    prompt.len()
+                );
+            }
+            if gamma > 0 && i > 0 {
+                assert!(
+                    stats.draft_cached_tokens as usize >= SYSTEM,
+                    "prompt {i}: the draft reused {}",
+                    stats.draft_cached_tokens
+                );
+            }
+        }
+        previous_len = prompt.len();
+        turn = (turn + 1) % 4;
+    }
+    // Another tenant's salt: nothing shared, the same output.
+    let (prompt, want) = reference.last().unwrap();
+    let reply = client.generate(conversation_request(prompt.clone(), 4, "tenant-b")).await.unwrap().into_inner();
+    assert_eq!(&reply.token_ids, want);
+    let stats = reply.stats.unwrap();
+    assert_eq!((stats.target_cached_tokens, stats.draft_cached_tokens), (0, 0), "another salt reuses nothing");
     cluster.shutdown().await;
 }

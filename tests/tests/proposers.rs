@@ -262,6 +262,7 @@ fn modelless_config() -> NodeConfig {
         engine: Default::default(),
         attention: Default::default(),
         max_sessions: 64,
+        prefix_cache: Default::default(),
         kv_budget: specd_model::KvBudget::Unbounded,
         forward_delay: Duration::ZERO,
         session_ttl: None,

@@ -142,6 +142,7 @@ impl GenerationService {
             stopping: request.stopping.clone(),
             speculation: request.speculation,
             logprobs: request.logprobs,
+            cache_salt: request.cache_salt.clone(),
         }
     }
 

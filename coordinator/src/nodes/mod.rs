@@ -104,6 +104,17 @@ pub struct DraftOpened {
     pub copies_besides_model: bool,
     /// It draws trees from its model (`OpenSessionResponse.draws_trees`).
     pub draws_trees: bool,
+    /// Prompt tokens it found in its prefix cache (`OpenSessionResponse.cached_tokens`).
+    pub cached_tokens: usize,
+}
+
+/// What a target said of a session it opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetOpened {
+    /// It scores trees (`OpenSessionResponse.scores_trees`).
+    pub scores_trees: bool,
+    /// Prompt tokens it found in its prefix cache (`OpenSessionResponse.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 impl DraftClient {
@@ -130,7 +141,12 @@ impl DraftClient {
                 })
                 .ok()
         });
-        Ok(DraftOpened { proposes_only_after_match, copies_besides_model, draws_trees: reply.draws_trees })
+        Ok(DraftOpened {
+            proposes_only_after_match,
+            copies_besides_model,
+            draws_trees: reply.draws_trees,
+            cached_tokens: reply.cached_tokens as usize,
+        })
     }
 
     /// The session's round stream.
@@ -162,10 +178,11 @@ impl TargetClient {
         reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
     }
 
-    /// Opens a session; returns whether the target scores trees (`OpenSessionResponse.scores_trees`).
-    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<bool, CoordinatorError> {
+    /// Opens a session; returns what the target said of it.
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Result<TargetOpened, CoordinatorError> {
         let reply = self.client.clone().open_session(self.request(request)).await.map_err(|s| self.error(s))?;
-        Ok(reply.into_inner().scores_trees)
+        let reply = reply.into_inner();
+        Ok(TargetOpened { scores_trees: reply.scores_trees, cached_tokens: reply.cached_tokens as usize })
     }
 
     /// The session's round stream.
@@ -173,9 +190,17 @@ impl TargetClient {
         self.open_stream(|mut client, requests| async move { client.verify_stream(requests).await }).await
     }
 
-    pub async fn release(&self, session_id: String) -> Result<bool, CoordinatorError> {
-        let reply =
-            self.client.clone().release(self.request(ReleaseRequest { session_id, ..Default::default() })).await;
+    /// Releases a session; `last`: where the node's copy of the committed sequence stands (the
+    /// rollback point and the tokens committed since), so that its prefix cache keeps the
+    /// rows of exactly the committed tokens. `None` (a session lost or failed): nothing is
+    /// kept.
+    pub async fn release(&self, session_id: String, last: Option<(usize, &[u32])>) -> Result<bool, CoordinatorError> {
+        let request = ReleaseRequest {
+            session_id,
+            rollback_to: last.map(|(valid, _)| valid as u32),
+            pending_token_ids: last.map(|(_, pending)| pending.to_vec()).unwrap_or_default(),
+        };
+        let reply = self.client.clone().release(self.request(request)).await;
         reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
     }
 

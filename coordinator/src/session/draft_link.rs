@@ -50,6 +50,8 @@ pub struct DraftSession {
     /// The draft draws trees from its model (`OpenSessionResponse.draws_trees`): a round of a
     /// generation with a tree shape asks it for one.
     pub draws_trees: bool,
+    /// Prompt tokens its prefix cache held (`OpenSessionResponse.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 impl DraftSession {
@@ -114,6 +116,8 @@ pub struct DraftLink {
     was_up: bool,
     /// Times the draft was lost.
     pub fallbacks: u64,
+    /// Prompt tokens the draft's prefix cache held when its first session opened.
+    pub cached_tokens: usize,
     /// The choice of copies a draft session starts with: where earlier sessions left it.
     copies: CopyChoice,
 }
@@ -124,7 +128,16 @@ impl DraftLink {
     pub fn start(client: DraftClient, template: OpenSessionRequest, copies: CopyChoice) -> Self {
         let (session_id, prompt) = (template.session_id.clone(), template.prompt_token_ids.clone());
         let state = open_in_background(&client, &template, session_id.clone(), prompt, FIRST_RETRY / 2, &copies);
-        Self { client, template, state, opened: vec![session_id], was_up: false, fallbacks: 0, copies }
+        Self {
+            client,
+            template,
+            state,
+            opened: vec![session_id],
+            was_up: false,
+            fallbacks: 0,
+            cached_tokens: 0,
+            copies,
+        }
     }
 
     /// The open draft session's choice of copies, where it has one to make (a `model+ngram`
@@ -235,6 +248,9 @@ impl DraftLink {
         match result.unwrap_or_else(|| Err(unanswered())) {
             Ok(mut session) => {
                 session.cursor.pending = pending;
+                if !self.was_up {
+                    self.cached_tokens = session.cached_tokens;
+                }
                 if self.was_up {
                     tracing::info!(address = %self.client.address, "draft back: speculating again");
                 }
@@ -362,6 +378,7 @@ fn open_in_background(
                 proposes_only_after_match: opened.proposes_only_after_match,
                 copies_besides_model: opened.copies_besides_model,
                 draws_trees: opened.draws_trees,
+                cached_tokens: opened.cached_tokens,
             })
         };
         // A link dropped meanwhile releases the session once this has ended.

@@ -221,7 +221,8 @@ impl SessionActor {
             .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
         let output = Output::new(&spec.prompt, text);
         let trees = (spec.tree == TreeSetting::Auto).then(TreeTrial::default);
-        let stats = Stats::new(spec.verification);
+        let mut stats = Stats::new(spec.verification);
+        stats.target_cached_tokens = target.cached_tokens;
         Ok(Generation { settings, adaptive, trees, target, draft, output, stats, round: 0 })
     }
 
@@ -314,6 +315,9 @@ impl SessionActor {
     fn learn(&self, generation: &mut Generation<'_>, plan: &RoundPlan, report: &RoundReport) {
         let base = generation.output.committed().len();
         generation.stats.record(report);
+        if let Some(link) = &generation.draft {
+            generation.stats.draft_cached_tokens = link.cached_tokens;
+        }
         if let Some((level, mode)) = plan.loaded_round(generation.target.refills) {
             self.policy_memory.record_loaded_round(level, mode, report.outcome.tokens.len(), report.wall_ns);
         }

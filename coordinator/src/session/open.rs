@@ -31,6 +31,7 @@ impl OpenRequests {
             max_tokens: u32::try_from(spec.prompt.len() + spec.max_new_tokens + largest_block(spec) + 1)
                 .unwrap_or(u32::MAX),
             prompt_len: 0,
+            cache_salt: spec.cache_salt.clone(),
         };
         // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
         // past the round's: it reserves for those too.
@@ -86,6 +87,7 @@ mod tests {
             tree: TreeSetting::Off,
             detokenize: false,
             logprobs: None,
+            cache_salt: "tenant".into(),
         }
     }
 
@@ -95,6 +97,7 @@ mod tests {
         assert_eq!(requests.target.session_id, "s");
         assert_eq!(requests.target.prompt_token_ids, [1, 2, 3]);
         assert_eq!((requests.target.seed, requests.target.vocab_limit), (7, 100));
+        assert_eq!((requests.target.cache_salt.as_str(), requests.draft.cache_salt.as_str()), ("tenant", "tenant"));
         // 3 prompt tokens, 10 asked for, a block of γ = 4 and its bonus token.
         assert_eq!(requests.target.max_tokens, 18);
         assert_eq!(requests.draft, requests.target);

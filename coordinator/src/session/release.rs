@@ -5,6 +5,7 @@ use tracing::Instrument;
 
 use crate::nodes::TargetClient;
 use crate::session::draft_link::DraftLink;
+use crate::session::round_report::Cursor;
 
 /// Releases the target's session when the generation ends, whichever way: finish, error,
 /// timeout or a client that went away (the actor's future is then dropped). The draft's
@@ -14,12 +15,21 @@ pub struct ReleaseGuard {
     session_id: String,
     /// `None` once released.
     target: Option<TargetClient>,
+    /// Where the target's copy of the committed sequence stands once the generation has
+    /// finished: its prefix cache keeps the committed tokens' rows. `None` (a generation that
+    /// failed or was dropped): nothing is kept.
+    last: Option<Cursor>,
 }
 
 impl ReleaseGuard {
     /// Guards session `session_id` on `target`.
     pub fn new(session_id: String, target: TargetClient) -> Self {
-        Self { session_id, target: Some(target) }
+        Self { session_id, target: Some(target), last: None }
+    }
+
+    /// The generation finished with the target's cursor at `last`.
+    pub fn set_last(&mut self, last: Cursor) {
+        self.last = Some(last);
     }
 
     /// The session moves to `next`: the lost target's session is released in the background
@@ -29,7 +39,7 @@ impl ReleaseGuard {
             let id = self.session_id.clone();
             tokio::spawn(
                 async move {
-                    let _ = old.release(id).await;
+                    let _ = old.release(id, None).await;
                 }
                 .instrument(tracing::Span::current()),
             );
@@ -40,7 +50,8 @@ impl ReleaseGuard {
     /// hold nothing of this generation; the drop below then has nothing left to do.
     async fn release_now(mut self) {
         let Some(target) = self.target.take() else { return };
-        if let Err(err) = target.release(self.session_id.clone()).await {
+        let last = self.last.as_ref().map(|c| (c.valid, c.pending.as_slice()));
+        if let Err(err) = target.release(self.session_id.clone(), last).await {
             tracing::warn!(session = %self.session_id, %err, "target release failed");
         }
     }
@@ -57,7 +68,7 @@ impl Drop for ReleaseGuard {
         // Still the generation's span: the releases belong to its trace.
         let span = tracing::Span::current();
         let release = async move {
-            if let Err(err) = target.release(id.clone()).await {
+            if let Err(err) = target.release(id.clone(), None).await {
                 tracing::warn!(session = %id, %err, "target release failed");
             }
         };

@@ -40,6 +40,9 @@ pub struct Stats {
     /// Σ over drafted rounds of what each rule accepts in expectation on that round's drafts.
     expected_accepted: AcceptedInExpectation,
     drafted_rounds: u64,
+    /// Prompt tokens each node's prefix cache held when the generation opened its session.
+    pub target_cached_tokens: usize,
+    pub draft_cached_tokens: usize,
 }
 
 impl Stats {
@@ -121,6 +124,8 @@ impl Stats {
             expected_accepted_token: self.expected_accepted.token,
             expected_accepted_block: self.expected_accepted.block,
             drafted_rounds: self.drafted_rounds,
+            target_cached_tokens: self.target_cached_tokens as u32,
+            draft_cached_tokens: self.draft_cached_tokens as u32,
         }
     }
 }

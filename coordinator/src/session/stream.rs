@@ -18,7 +18,8 @@ pub fn round_message(request_id: &str, committed: Committed, stats: SpeculationS
 }
 
 /// The last message of a generation that ended for `finish`, of a `prompt_tokens` prompt and
-/// `completion_tokens` generated.
+/// `completion_tokens` generated (the target's prefix cache held `stats.target_cached_tokens`
+/// of the prompt).
 pub fn last_message(
     request_id: &str,
     finish: FinishReason,
@@ -29,7 +30,11 @@ pub fn last_message(
     GenerateResponse {
         request_id: request_id.to_owned(),
         finish_reason: finish as i32,
-        usage: Some(Usage { prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }),
+        usage: Some(Usage {
+            prompt_tokens: prompt_tokens as u32,
+            completion_tokens: completion_tokens as u32,
+            cached_prompt_tokens: stats.target_cached_tokens,
+        }),
         stats: Some(stats),
         ..Default::default()
     }
@@ -69,7 +74,7 @@ mod tests {
         let stats = SpeculationStats { rounds: 3, ..Default::default() };
         let message = last_message("r", FinishReason::Length, 7, 16, stats.clone());
         assert_eq!(message.finish_reason, FinishReason::Length as i32);
-        assert_eq!(message.usage, Some(Usage { prompt_tokens: 7, completion_tokens: 16 }));
+        assert_eq!(message.usage, Some(Usage { prompt_tokens: 7, completion_tokens: 16, cached_prompt_tokens: 0 }));
         assert_eq!(message.stats, Some(stats));
         assert!(message.token_ids.is_empty() && message.text.is_empty() && message.logprobs.is_empty());
     }

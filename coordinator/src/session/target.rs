@@ -20,6 +20,8 @@ pub struct TargetSession<'a> {
     pub refills: bool,
     /// The target the session runs on scores trees (`OpenSessionResponse.scores_trees`).
     pub scores_trees: bool,
+    /// Prompt tokens the first target found in its prefix cache.
+    pub cached_tokens: usize,
     release: ReleaseGuard,
     /// The replicas not tried yet, in order.
     spares: std::slice::Iter<'a, TargetClient>,
@@ -33,12 +35,14 @@ pub struct TargetSession<'a> {
 struct Opened {
     rounds: TargetRounds,
     scores_trees: bool,
+    cached_tokens: usize,
 }
 
 /// Opens the session and its round stream on `target`.
 async fn open_on(target: &TargetClient, request: OpenSessionRequest) -> Result<Opened, CoordinatorError> {
-    let scores_trees = target.open_session(request).await?;
-    Ok(Opened { rounds: target.open_rounds().await?, scores_trees })
+    let opened = target.open_session(request).await?;
+    let rounds = target.open_rounds().await?;
+    Ok(Opened { rounds, scores_trees: opened.scores_trees, cached_tokens: opened.cached_tokens })
 }
 
 impl<'a> TargetSession<'a> {
@@ -63,8 +67,8 @@ impl<'a> TargetSession<'a> {
             },
         };
         let cursor = Cursor { valid: open.prompt_token_ids.len(), pending: Vec::new() };
-        let Opened { rounds, scores_trees } = opened;
-        Ok(Self { rounds, cursor, refills: true, scores_trees, release, spares, open })
+        let Opened { rounds, scores_trees, cached_tokens } = opened;
+        Ok(Self { rounds, cursor, refills: true, scores_trees, cached_tokens, release, spares, open })
     }
 
     /// The target was lost in a round: the session moves to the next spare that opens it,
@@ -78,8 +82,10 @@ impl<'a> TargetSession<'a> {
         Ok(())
     }
 
-    /// What the generation still owes the target when it ends.
-    pub fn into_release(self) -> ReleaseGuard {
+    /// What the generation still owes the target when it ends: the release of its session,
+    /// with where the target's copy of the committed sequence stands.
+    pub fn into_release(mut self) -> ReleaseGuard {
+        self.release.set_last(self.cursor);
         self.release
     }
 }

@@ -219,7 +219,7 @@ mod tests {
         let hit = index.lookup("", &prompt, prompt.len() - 1).unwrap();
         assert_eq!((hit.session, hit.len, hit.whole_entry), (2, b.len(), true));
         // A third conversation on the system prompt: part of an entry, mid-block.
-        let mut other = system.clone();
+        let mut other = system;
         other.extend(seq(3000, 10));
         let hit = index.lookup("", &other, other.len() - 1).unwrap();
         assert_eq!((hit.len, hit.whole_entry), (40, false));

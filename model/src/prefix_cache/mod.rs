@@ -14,7 +14,8 @@
 //! - Entries count in the model's KV budget like sessions, and give way to live ones: any
 //!   open, growth or pass refused for memory evicts the least recently used entry and is
 //!   tried again, until it fits or the cache is empty. A live request never fails because of
-//!   what the cache holds.
+//!   what the cache holds. An ending session's copy makes room the same way: it is the most
+//!   recently used.
 //!
 //! The cache wraps one loaded model, so its entries never cross models or dtypes; a draft's
 //! vocabulary limit bounds only its draws, not its KV, so entries are shared across limits.
@@ -152,9 +153,10 @@ impl<M: LanguageModel> LanguageModel for PrefixCache<M> {
         if len < self.min_tokens || self.inner.session_len(session)? < len {
             return self.inner.release(session);
         }
-        // Kept at its size, not at what its request reserved; without room for the copy, it
-        // is not kept (entries never displace anything to be stored).
-        let copy = self.inner.fork_session(session, len, Some(len + 1));
+        // Kept at its size, not at what its request reserved. Room for the copy is made as
+        // for a live session, from the least recently used entries: this one is the most
+        // recent.
+        let copy = self.with_room(None, |m| m.fork_session(session, len, Some(len + 1)));
         self.inner.release(session)?;
         let Ok(copy) = copy else { return Ok(()) };
         let bytes = self.inner.info().kv_bytes_per_token * (len as u64 + 1);

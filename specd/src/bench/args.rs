@@ -11,6 +11,9 @@ use super::netns::{NetnsOptions, draft_delay};
 use crate::cli_error::invalid;
 use crate::serve::{DraftOptions, GammaFlag, NodeOptions, ProposerOptions, parse_gamma, parse_on_off};
 
+/// The next bench request's `cache_salt` ([`BenchArgs::request`]).
+static NEXT_SALT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Measure speculative decoding against target-only decoding on the same prompts.
 ///
 /// For each repeat and prompt it runs one target-only request (γ = 0) and one speculative
@@ -186,6 +189,9 @@ impl BenchArgs {
             }),
             speculation: Some(Speculation { gamma, dense: false }),
             logprobs: None,
+            // Every request its own salt: the nodes' prefix caches share nothing between
+            // them, so that the mode that runs a prompt second does not find it cached.
+            cache_salt: format!("bench-{}", NEXT_SALT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
         };
         let mut request = tonic::Request::new(message);
         if let Some(token) = &self.api_token

@@ -38,6 +38,8 @@ impl NodeOptions {
         args.extend(self.allow_unused_weights.then(|| "--allow-unused-weights".to_owned()));
         args.push(format!("--attention-keys={}", self.attention_keys));
         args.push(format!("--attention-kernel={}", self.attention_kernel));
+        args.push(format!("--prefix-cache={}", if self.prefix_cache { "on" } else { "off" }));
+        args.push(format!("--prefix-cache-min-tokens={}", self.prefix_cache_min_tokens));
         args
     }
 }
@@ -99,6 +101,8 @@ mod tests {
         ("max-batch-sequences", Some("3")),
         ("max-batch-tokens", Some("100")),
         ("batch-window-us", Some("250")),
+        ("prefix-cache", Some("off")),
+        ("prefix-cache-min-tokens", Some("64")),
         ("draft-device", Some("cuda:0")),
         ("draft-threads", Some("2")),
         ("draft-dtype", Some("f32")),

@@ -5,11 +5,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use specd_model::{AttentionKernel, AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, KeyLengths, KvBudget};
+use specd_model::{
+    AttentionKernel, AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, KeyLengths, KvBudget, PrefixCacheOptions,
+};
 use specd_node::{Distributions, NodeConfig};
 use specd_proto::tls::ServerTls;
 
-use super::flag_values::{parse_attention_kernel, parse_device, parse_dtype, parse_engine, parse_key_lengths};
+use super::flag_values::{
+    parse_attention_kernel, parse_device, parse_dtype, parse_engine, parse_key_lengths, parse_on_off,
+};
 use crate::cli_error::invalid;
 
 /// Options every node role shares.
@@ -111,6 +115,17 @@ pub struct NodeOptions {
     /// only those already waiting.
     #[arg(long, env = "SPECD_BATCH_WINDOW_US", default_value_t = BatchPolicy::default().window.as_micros() as u64)]
     pub(super) batch_window_us: u64,
+    /// Keep what ended sessions computed for their committed tokens (the KV of the prompt and
+    /// output, never of a rejected candidate), so that a later prompt beginning the same way
+    /// (a conversation's next turn, an agent's system prompt) prefills only the rest: on or
+    /// off. Kept entries count in the KV budget and are evicted, least recently used first,
+    /// whenever a live session needs the room; requests share them only under the same
+    /// `cache_salt`.
+    #[arg(long, env = "SPECD_PREFIX_CACHE", default_value = "on", value_parser = parse_on_off)]
+    pub(super) prefix_cache: bool,
+    /// Shortest prefix the cache keeps or serves, in tokens.
+    #[arg(long, env = "SPECD_PREFIX_CACHE_MIN_TOKENS", default_value_t = PrefixCacheOptions::default().min_tokens)]
+    pub(super) prefix_cache_min_tokens: usize,
 }
 
 impl NodeOptions {
@@ -158,6 +173,7 @@ impl NodeOptions {
             device: self.device,
             dtype: self.dtype,
             max_sessions: self.max_sessions,
+            prefix_cache: PrefixCacheOptions { enabled: self.prefix_cache, min_tokens: self.prefix_cache_min_tokens },
             kv_budget: self.kv_budget()?,
             forward_delay,
             session_ttl: match Duration::try_from_secs_f64(self.session_ttl_s) {

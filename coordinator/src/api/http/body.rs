@@ -36,6 +36,7 @@ const COMMON_FIELDS: &[&str] = &[
     "speculation",
     "user",
     "logprobs",
+    "cache_salt",
 ];
 const COMPLETIONS_FIELDS: &[&str] = &["prompt"];
 const CHAT_FIELDS: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];

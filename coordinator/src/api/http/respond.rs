@@ -168,8 +168,14 @@ pub fn finish_reason(reason: i32) -> Option<&'static str> {
 }
 
 fn usage(usage: Option<&Usage>) -> Value {
-    let (prompt, completion) = usage.map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    let (prompt, completion, cached) =
+        usage.map_or((0, 0, 0), |u| (u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens));
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
 }
 
 /// The speculation stats a user reads: rounds, how many candidates were proposed and
@@ -211,7 +217,7 @@ mod tests {
             token_ids: vec![1, 2],
             logprobs: Vec::new(),
             finish_reason: finish as i32,
-            usage: Some(Usage { prompt_tokens: 3, completion_tokens: 2 }),
+            usage: Some(Usage { prompt_tokens: 3, completion_tokens: 2, cached_prompt_tokens: 0 }),
             stats: Some(SpeculationStats {
                 rounds: 1,
                 evaluated_positions: 2,
@@ -242,9 +248,10 @@ mod tests {
         let last = shape.chunk(&message("", FinishReason::Length), None);
         assert_eq!(last["choices"][0]["finish_reason"], "length");
         assert_eq!(last["specd"]["rounds"], 1);
-        let usage = shape.usage_chunk(Some(&Usage { prompt_tokens: 4, completion_tokens: 6 }));
+        let usage = shape.usage_chunk(Some(&Usage { prompt_tokens: 4, completion_tokens: 6, cached_prompt_tokens: 3 }));
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["total_tokens"], 10);
+        assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
         let chat = Shape::new(Endpoint::Chat, "r1", 7, "m".into());
         assert_eq!(chat.role_chunk()["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(chat.chunk(&message("", FinishReason::Stop), None)["choices"][0]["delta"], json!({}));

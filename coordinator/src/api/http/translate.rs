@@ -83,6 +83,7 @@ pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiErro
         }),
         speculation,
         logprobs,
+        cache_salt: body.get("cache_salt")?.unwrap_or_default(),
     };
     Ok(HttpRequest { model, prompt, generate, stream, include_usage, logprobs: wants_logprobs })
 }
