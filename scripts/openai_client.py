@@ -121,6 +121,19 @@ def basics():
     assert ids.usage.prompt_tokens == 3, ids.usage
     ok("a prompt of token ids")
 
+    # The prefix cache: a 40-token prompt sent again under the same cache_salt finds all of it
+    # but its last token (which is always fed); under another salt, nothing. A salt of its own
+    # keeps earlier checks' entries out of it.
+    long_ids = [3 + (i * 7) % 90 for i in range(40)]
+    salt = f"openai-check-{time.time_ns()}"
+    cached = []
+    for s in (salt, salt, salt + "-other"):
+        reply = complete(prompt=long_ids, max_tokens=4, temperature=0, extra_body={"cache_salt": s})
+        cached.append((reply.choices[0].text, reply.usage.prompt_tokens_details.cached_tokens))
+    assert [c for _, c in cached] == [0, 39, 0], cached
+    assert len({t for t, _ in cached}) == 1, cached
+    ok(f"usage.prompt_tokens_details.cached_tokens: {[c for _, c in cached]} (cache_salt keeps tenants apart)")
+
     expect_error(openai.NotFoundError, 404, lambda: client.completions.create(model="no-such-model", prompt="x"),
                  param="model", code="model_not_found")
     ok("404 for another model, in OpenAI's shape")

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use specd_coordinator::GammaChoice;
 use specd_e2e::{Cluster, ClusterOptions, scratch_dir, stream_to_end};
-use specd_model::KvBudget;
+use specd_model::{KvBudget, PrefixCacheOptions};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::target_service_client::TargetServiceClient;
@@ -192,9 +192,12 @@ async fn a_pass_out_of_memory_fails_its_request_and_the_node_serves_on() {
 async fn both_nodes_reserve_a_generations_reach_and_grow_no_further() {
     // A slower target, so that a generation lasts long enough to be watched.
     let model = one_b_shaped_checkpoint(&scratch_dir("kv_budget_reach"));
+    // Without prefix caches: what one generation reserves is watched alone, not beside what
+    // the ones before left.
     let options = ClusterOptions {
         gamma: GammaChoice::Fixed(GAMMA),
         forward_delays: (std::time::Duration::from_millis(3), std::time::Duration::ZERO),
+        prefix_cache: PrefixCacheOptions { enabled: false, ..PrefixCacheOptions::default() },
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start(&model, &model, &options).await.unwrap();
