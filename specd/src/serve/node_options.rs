@@ -121,7 +121,7 @@ pub struct NodeOptions {
     /// off. Kept entries count in the KV budget and are evicted, least recently used first,
     /// whenever a live session needs the room; requests share them only under the same
     /// `cache_salt`.
-    #[arg(long, env = "SPECD_PREFIX_CACHE", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, env = "SPECD_PREFIX_CACHE", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub(super) prefix_cache: bool,
     /// Shortest prefix the cache keeps or serves, in tokens.
     #[arg(long, env = "SPECD_PREFIX_CACHE_MIN_TOKENS", default_value_t = PrefixCacheOptions::default().min_tokens)]
