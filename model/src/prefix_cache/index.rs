@@ -115,18 +115,23 @@ impl PrefixIndex {
         let mut covered = Vec::new();
         let mut hash = salt_hash(salt);
         let mut hashes = Vec::with_capacity(tokens.len() / BLOCK);
-        for block in tokens.chunks_exact(BLOCK) {
+        for (depth, block) in tokens.chunks_exact(BLOCK).enumerate() {
             hash = chain(hash, block);
             hashes.push(hash);
+            // An entry that is a prefix of these tokens holds every block up to its last whole
+            // one: it is checked there, once, and not at each block it shares (a system prompt
+            // shared by every entry would make that a comparison per entry and block).
             for &id in self.blocks.get(&hash).into_iter().flatten() {
                 let other = &self.entries[&id];
-                if other.salt == salt && other.tokens.len() <= tokens.len() && tokens.starts_with(&other.tokens) {
+                if other.tokens.len() / BLOCK == depth + 1
+                    && other.salt == salt
+                    && other.tokens.len() <= tokens.len()
+                    && tokens.starts_with(&other.tokens)
+                {
                     covered.push(id);
                 }
             }
         }
-        covered.sort_unstable();
-        covered.dedup();
         let released = covered.into_iter().filter_map(|id| self.remove(id)).collect();
         let id = self.next_id;
         self.next_id += 1;
