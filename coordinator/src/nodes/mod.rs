@@ -157,12 +157,7 @@ impl DraftClient {
     /// Releases a session; `last`: where the node's copy of the committed sequence stands
     /// (the rollback point and the tokens committed since), so that it ends complete.
     pub async fn release(&self, session_id: String, last: Option<(usize, &[u32])>) -> Result<bool, CoordinatorError> {
-        let request = ReleaseRequest {
-            session_id,
-            rollback_to: last.map(|(valid, _)| valid as u32),
-            pending_token_ids: last.map(|(_, pending)| pending.to_vec()).unwrap_or_default(),
-        };
-        let reply = self.client.clone().release(self.request(request)).await;
+        let reply = self.client.clone().release(self.request(release_request(session_id, last))).await;
         reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
     }
 }
@@ -195,12 +190,7 @@ impl TargetClient {
     /// rows of exactly the committed tokens. `None` (a session lost or failed): nothing is
     /// kept.
     pub async fn release(&self, session_id: String, last: Option<(usize, &[u32])>) -> Result<bool, CoordinatorError> {
-        let request = ReleaseRequest {
-            session_id,
-            rollback_to: last.map(|(valid, _)| valid as u32),
-            pending_token_ids: last.map(|(_, pending)| pending.to_vec()).unwrap_or_default(),
-        };
-        let reply = self.client.clone().release(self.request(request)).await;
+        let reply = self.client.clone().release(self.request(release_request(session_id, last))).await;
         reply.map(|r| r.into_inner().existed).map_err(|s| self.error(s))
     }
 
@@ -215,6 +205,16 @@ impl TargetClient {
         let mut client = self.client.clone().max_decoding_message_size(256 << 20);
         let reply = client.text_assets(self.request(TextAssetsRequest {})).await;
         reply.map(tonic::Response::into_inner).map_err(|s| self.error(s))
+    }
+}
+
+/// A release of `session_id`, with where the node's copy of the committed sequence stands
+/// (`last`: the rollback point and the tokens committed since) when the generation knows it.
+fn release_request(session_id: String, last: Option<(usize, &[u32])>) -> ReleaseRequest {
+    ReleaseRequest {
+        session_id,
+        rollback_to: last.map(|(valid, _)| valid as u32),
+        pending_token_ids: last.map(|(_, pending)| pending.to_vec()).unwrap_or_default(),
     }
 }
 
