@@ -125,20 +125,6 @@ impl<S> SessionTable<S> {
         Ok(Some(Growth { capacity, bytes }))
     }
 
-    /// What the session must grow by to hold `capacity` tokens in all (its reservation
-    /// raised ahead of the passes that need it, as [`Self::growth`] would raise it then);
-    /// `None` when it holds that many already.
-    pub(crate) fn growth_to(
-        &self,
-        id: SessionId,
-        capacity: usize,
-        context_length: usize,
-        bytes_per_token: u64,
-    ) -> Result<Option<Growth>> {
-        let s = self.get(id)?;
-        self.growth(id, capacity.saturating_sub(s.len), context_length, bytes_per_token)
-    }
-
     /// Records a growth that [`Self::growth`] planned and the caller allocated.
     pub(crate) fn grown(&mut self, id: SessionId, growth: Growth) -> Result<()> {
         let s = self.sessions.get_mut(&id).ok_or(ModelError::UnknownSession(id))?;

@@ -252,6 +252,19 @@ fn logit_row(probs: &[f64], v: usize) -> std::result::Result<Vec<f32>, String> {
     Ok(probs.iter().map(|&p| if p > 0.0 { p.ln() as f32 } else { ZERO_PROB_LOGIT }).collect())
 }
 
+impl TableModel {
+    /// Counts `extra` more tokens against the session's reservation, growing it by whole
+    /// chunks within the budget: the history vector grows by itself, only the accounting
+    /// follows.
+    fn make_room(&mut self, session: SessionId, extra: usize) -> Result<()> {
+        let (max, per_token) = (self.info.context_length, self.info.kv_bytes_per_token);
+        if let Some(growth) = self.sessions.growth(session, extra, max, per_token)? {
+            self.sessions.grown(session, growth)?;
+        }
+        Ok(())
+    }
+}
+
 impl LanguageModel for TableModel {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -279,21 +292,13 @@ impl LanguageModel for TableModel {
     }
 
     fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
-        let (max, per_token) = (self.info.context_length, self.info.kv_bytes_per_token);
-        if let Some(growth) = self.sessions.growth_to(session, capacity, max, per_token)? {
-            self.sessions.grown(session, growth)?;
-        }
-        Ok(())
+        let len = self.sessions.get(session)?.len;
+        self.make_room(session, capacity.saturating_sub(len))
     }
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
         check_tokens(tokens, self.info.vocab_size)?;
-        let growth =
-            self.sessions.growth(session, tokens.len(), self.info.context_length, self.info.kv_bytes_per_token)?;
-        if let Some(growth) = growth {
-            // The history vector grows by itself; only the accounting follows.
-            self.sessions.grown(session, growth)?;
-        }
+        self.make_room(session, tokens.len())?;
         let s = self.sessions.get_mut(session)?;
         let mut history = std::mem::take(&mut s.state);
         history.truncate(s.len);

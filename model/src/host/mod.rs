@@ -117,6 +117,19 @@ pub(crate) fn host_refuses(cfg: &LlamaConfig, opts: &LoadOptions) -> Option<Stri
     unsupported(cfg)
 }
 
+impl HostLlama {
+    /// Grows the session's cache, by whole chunks within the budget, when `extra` more tokens
+    /// do not fit in its reservation.
+    fn make_room(&mut self, session: SessionId, extra: usize) -> Result<()> {
+        let (max, per_token) = (self.cfg.max_position_embeddings, self.info.kv_bytes_per_token);
+        if let Some(growth) = self.sessions.growth(session, extra, max, per_token)? {
+            self.sessions.get_mut(session)?.state.grow(growth.capacity)?;
+            self.sessions.grown(session, growth)?;
+        }
+        Ok(())
+    }
+}
+
 impl LanguageModel for HostLlama {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -145,12 +158,8 @@ impl LanguageModel for HostLlama {
     }
 
     fn reserve(&mut self, session: SessionId, capacity: usize) -> Result<()> {
-        let (max, per_token) = (self.cfg.max_position_embeddings, self.info.kv_bytes_per_token);
-        if let Some(growth) = self.sessions.growth_to(session, capacity, max, per_token)? {
-            self.sessions.get_mut(session)?.state.grow(growth.capacity)?;
-            self.sessions.grown(session, growth)?;
-        }
-        Ok(())
+        let len = self.sessions.get(session)?.len;
+        self.make_room(session, capacity.saturating_sub(len))
     }
 
     fn forward(&mut self, session: SessionId, tokens: &[u32]) -> Result<Logits> {
@@ -159,16 +168,7 @@ impl LanguageModel for HostLlama {
 
     fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
         check_tokens(tokens, self.cfg.vocab_size)?;
-        let growth = self.sessions.growth(
-            session,
-            tokens.len(),
-            self.cfg.max_position_embeddings,
-            self.info.kv_bytes_per_token,
-        )?;
-        if let Some(growth) = growth {
-            self.sessions.get_mut(session)?.state.grow(growth.capacity)?;
-            self.sessions.grown(session, growth)?;
-        }
+        self.make_room(session, tokens.len())?;
         let s = self.sessions.get_mut(session)?;
         let past = s.len;
         let rows = rows_returned(rows, tokens.len());
