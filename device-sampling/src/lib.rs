@@ -13,6 +13,7 @@
 //!   (penalties → temperature → top-k → top-p → min-p; greedy), and a flag per row that
 //!   says when the host's rules would refuse it;
 //! - [`draw`]: inverse-CDF draws on a batch of rows, one uniform each;
+//! - [`mask`]: output constraints' token masks applied to rows of logits on the device;
 //! - [`target`]: the target's sparse reply ([`specd_sampling::ScoredBlock`]) for a block;
 //! - [`draft`]: the draft's truncated q and its candidate;
 //! - [`error`]: the crate's error type, [`DeviceSamplingError`].
@@ -21,9 +22,11 @@ pub mod draft;
 pub mod draw;
 pub mod effective;
 pub mod error;
+pub mod mask;
 pub mod target;
 
 pub use draft::{DraftDraw, draw_truncated, most_likely};
 pub use effective::BlockHistory;
 pub use error::{DeviceSamplingError, Result};
+pub use mask::masked_rows;
 pub use target::{DeviceRule, DeviceScored, score_block, score_block_with};

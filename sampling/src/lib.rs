@@ -23,6 +23,8 @@
 //!   [`tree_drafting`] draws a node's children as a draft does;
 //! - [`naive`]: the wrong "resample from p" rule, kept so tests can prove their power;
 //! - [`law`]: exact output laws by enumeration (one position, one round, L tokens);
+//! - [`mask`]: [`TokenMask`], the tokens a constraint (a JSON schema, a grammar) allows at
+//!   one position, applied to logits before every setting;
 //! - [`logprobs`]: a token's log-probability and the most likely alternatives, for clients;
 //! - [`cost`]: expected tokens per round, speedup and the best draft length γ;
 //! - [`chi2`]: Pearson's χ² goodness-of-fit test for the statistical tests;
@@ -42,6 +44,7 @@ mod excess;
 mod kernels;
 pub mod law;
 pub mod logprobs;
+pub mod mask;
 pub mod naive;
 pub mod params;
 pub mod rng;
@@ -62,6 +65,7 @@ pub use dense_rule::{DenseCandidate, verify_block_dense};
 pub use dist::{DenseDist, SparseDist, Truncation};
 pub use effective::{TokenHistory, block_distributions, effective_distribution};
 pub use error::{Result, SamplingError};
+pub use mask::TokenMask;
 pub use params::SamplingParams;
 pub use rng::{DrawKeys, Purpose, RoundKey, StreamKey};
 pub use rule::{AcceptedInExpectation, BlockOutcome, EmittedFrom, acceptance_probability};
