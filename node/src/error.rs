@@ -1,6 +1,7 @@
 //! The node roles' one error type and its gRPC status codes.
 
 use specd_device_sampling::DeviceSamplingError;
+use specd_grammar::GrammarError;
 use specd_model::{ErrorClass, ModelError};
 use specd_proto::ProtoError;
 use specd_sampling::SamplingError;
@@ -21,6 +22,13 @@ pub enum NodeError {
     Sampling(#[from] SamplingError),
     #[error(transparent)]
     Proto(#[from] ProtoError),
+    /// The request's output constraint (a JSON schema, a grammar) or the engine that follows it.
+    #[error("output constraint: {0}")]
+    Constraint(#[from] GrammarError),
+    /// A constrained session on a node that cannot mask (no tokenizer.json, or one the grammar
+    /// engine cannot read).
+    #[error("this node cannot constrain outputs: {0}")]
+    NoConstraints(String),
     #[error("model loading task failed: {0}")]
     Join(String),
     /// The node's own fault, not the request's.
@@ -53,6 +61,10 @@ impl NodeError {
             // The model produced NaN or +inf: the node's fault, not the request's.
             Self::Sampling(SamplingError::NonFiniteLogit { .. } | SamplingError::NoFiniteLogit) => Code::Internal,
             Self::Sampling(_) => Code::InvalidArgument,
+            // An invalid constraint, or one whose matching ran past its budget.
+            Self::Constraint(err) if err.is_client_fault() => Code::InvalidArgument,
+            Self::Constraint(_) => Code::Internal,
+            Self::NoConstraints(_) => Code::FailedPrecondition,
             Self::Join(_) | Self::Internal(_) => Code::Internal,
         }
     }

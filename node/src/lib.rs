@@ -4,6 +4,10 @@
 //! - [`node`]: [`Node`] (a model on its worker thread, the open sessions, `NodeInfo`),
 //!   [`NodeConfig`] (with the metrics the node samples) and the per-session [`SessionState`]
 //!   (with the draft's [`Lookahead`], its block drafted ahead);
+//! - [`block_masks`]: [`BlockMasks`], how a constrained block's rows are masked (a wrong
+//!   way kept for the law audit's power);
+//! - [`constraint`]: [`FollowedConstraint`], a session's output constraint kept on its
+//!   committed output, and the masks of a block's rows;
 //! - [`distributions`]: [`Distributions`], where a node turns logits into distributions
 //!   (the host, or the model's device with `specd-device-sampling`);
 //! - [`node_model`]: a model handle with a registry of sessions of any state type, and the
@@ -17,6 +21,8 @@
 //!   `testing` feature);
 //! - [`error`]: [`NodeError`] and its one table of gRPC status codes; [`NodeServeError`].
 
+pub mod block_masks;
+pub mod constraint;
 pub mod distributions;
 pub mod error;
 pub mod faults;
@@ -27,6 +33,8 @@ pub mod registry;
 pub mod round_stream;
 pub mod spans;
 
+pub use block_masks::BlockMasks;
+pub use constraint::FollowedConstraint;
 pub use distributions::Distributions;
 pub use error::{NodeError, NodeServeError};
 pub use faults::NodeFaults;

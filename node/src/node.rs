@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use specd_grammar::{ConstraintSpec, GrammarVocabulary};
 use specd_model::{
     AttentionOptions, BatchPolicy, DType, DeviceSpec, Engine, FreeMemory, KvBudget, LanguageModel, LoadOptions,
     PrefixCacheOptions, SessionId,
@@ -13,6 +14,7 @@ use specd_proto::v1::{NodeInfo, OpenSessionRequest, ProposedPosition};
 use specd_sampling::{SamplingParams, Truncation};
 use specd_telemetry::{Metrics, PrefixCacheSample};
 
+use crate::constraint::FollowedConstraint;
 use crate::distributions::Distributions;
 use crate::error::NodeError;
 use crate::faults::NodeFaults;
@@ -88,6 +90,8 @@ pub struct SessionState {
     /// What the prefix cache files the session's KV under when it ends
     /// (`OpenSessionRequest.cache_salt`).
     pub cache_salt: String,
+    /// The request's output constraint (`OpenSessionRequest.constraint`); `None`: none.
+    pub constraint: Option<FollowedConstraint>,
 }
 
 /// A block a draft drafts before it is asked for (optimistic drafting, docs/architecture.md): the
@@ -141,6 +145,9 @@ pub struct Node {
     sampling_threads: usize,
     /// [`NodeConfig::distributions`], resolved for the node's device.
     distributions: Distributions,
+    /// The model's vocabulary as the grammar engine reads it, for constrained sessions; the
+    /// reason there is none (no tokenizer.json) otherwise.
+    constraints: Result<Arc<GrammarVocabulary>, String>,
 }
 
 impl Node {
@@ -186,7 +193,12 @@ impl Node {
             Distributions::Device => "model's device",
             _ => "host",
         });
-        Ok(Self { role, model, config: Arc::new(config), sampling_threads, distributions })
+        let constraints = constraint_vocabulary(&config.model, info.vocab_size, &info.eos_token_ids);
+        match &constraints {
+            Ok(_) => tracing::info!("output constraints available (JSON schemas, regular expressions, grammars)"),
+            Err(why) => tracing::info!(why, "output constraints unavailable: constrained sessions are refused"),
+        }
+        Ok(Self { role, model, config: Arc::new(config), sampling_threads, distributions, constraints })
     }
 
     /// [`Self::load`] on a blocking thread, for async callers; also starts releasing idle
@@ -269,6 +281,13 @@ impl Node {
             // A draft with fewer rows than the target: its own ids are all the target's.
             _ => None,
         };
+        let constraint = match request.constraint.as_ref().map(ConstraintSpec::from_proto).transpose()?.flatten() {
+            Some(spec) => {
+                let vocabulary = self.constraints.as_ref().map_err(|why| NodeError::NoConstraints(why.clone()))?;
+                Some(FollowedConstraint::new(vocabulary.compile(&spec)?))
+            }
+            None => None,
+        };
         let cache_salt = request.cache_salt;
         let salt = cache_salt.clone();
         let build = move |model_session, history| SessionState {
@@ -279,6 +298,7 @@ impl Node {
             vocab_limit,
             lookahead: Vec::new(),
             cache_salt,
+            constraint,
         };
         let reach = (request.max_tokens > 0).then_some(request.max_tokens as usize);
         let history = SessionHistory::resumed(request.prompt_token_ids, request.prompt_len as usize)?;
@@ -302,6 +322,23 @@ impl Node {
         let last = last.map(|(valid, pending)| (valid, pending.to_vec()));
         Ok(self.model.release(session_id, last).await?)
     }
+}
+
+/// The grammar engine's view of the model at `path`: its tokenizer.json (or a table model's
+/// token names), its logit width and its EOS ids; why there is none otherwise.
+fn constraint_vocabulary(
+    path: &std::path::Path,
+    vocab_size: usize,
+    eos_token_ids: &[u32],
+) -> Result<Arc<GrammarVocabulary>, String> {
+    let tokenizer_json = if path.is_file() {
+        let table = specd_model::TableModel::load(path, None).map_err(|e| e.to_string())?;
+        table.tokenizer_json().ok_or_else(|| format!("the table model {} names no tokens", path.display()))?
+    } else {
+        let file = path.join("tokenizer.json");
+        std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?
+    };
+    GrammarVocabulary::new(&tokenizer_json, vocab_size, eos_token_ids).map_err(|e| e.to_string())
 }
 
 /// Samples the node's open sessions and KV-cache bytes before every scrape.

@@ -68,11 +68,17 @@ pub enum NodeSessionError {
 pub struct NodeModel<S> {
     model: ModelHandle,
     sessions: Arc<SessionRegistry<S>>,
+    /// A test's broken store ([`NodeFaults::prefix_cache_keeps_rejected_rows`]).
+    keeps_rejected_rows: bool,
 }
 
 impl<S> Clone for NodeModel<S> {
     fn clone(&self) -> Self {
-        Self { model: self.model.clone(), sessions: Arc::clone(&self.sessions) }
+        Self {
+            model: self.model.clone(),
+            sessions: Arc::clone(&self.sessions),
+            keeps_rejected_rows: self.keeps_rejected_rows,
+        }
     }
 }
 
@@ -95,6 +101,7 @@ impl<S: NodeSessionState> NodeModel<S> {
         prefix_cache: PrefixCacheOptions,
     ) -> Result<Self, ModelError> {
         let path = path.to_owned();
+        let keeps_rejected_rows = stand_in.faults.prefix_cache_keeps_rejected_rows();
         let model = ModelWorker::spawn_batched(thread, 64, batch, move || {
             let mut model = load_model(&path, &options)?;
             let started = Instant::now();
@@ -119,7 +126,7 @@ impl<S: NodeSessionState> NodeModel<S> {
             };
             Ok(stand_in.wrap(model))
         })?;
-        Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)) })
+        Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)), keeps_rejected_rows })
     }
 
     pub fn handle(&self) -> &ModelHandle {
@@ -219,10 +226,10 @@ impl<S: NodeSessionState> NodeModel<S> {
         let Some(session) = self.sessions.remove(id) else {
             return Ok(false);
         };
-        let model = self.model.clone();
+        let (model, keeps_rejected_rows) = (self.model.clone(), self.keeps_rejected_rows);
         tokio::spawn(async move {
             let state = session.lock().await.clone();
-            model.call_on_thread(move |m| retire(m, state, last)).await
+            model.call_on_thread(move |m| retire(m, state, last, keeps_rejected_rows)).await
         })
         .await
         .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("release task failed: {e}"))))??;
@@ -258,17 +265,25 @@ impl<S: NodeSessionState> NodeModel<S> {
 /// Ends `state`'s model session: its cache trimmed to the rows of committed tokens (as the
 /// next round would trim it, `last` being that round's rollback point and pending tokens),
 /// which the model's prefix cache keeps. A history that cannot follow `last` (it has not seen
-/// that far), or no `last`, keeps nothing.
+/// that far), or no `last`, keeps nothing. `keeps_rejected_rows` is a test's broken store:
+/// the cache is not trimmed, and its rows past the rollback point are filed under the
+/// committed tokens' ids.
 fn retire<S: NodeSessionState>(
     model: &mut dyn LanguageModel,
     mut state: S,
     last: Option<(usize, Vec<u32>)>,
+    keeps_rejected_rows: bool,
 ) -> Result<(), ModelError> {
     let session = state.model_session();
     let Some((valid, pending)) = last else { return model.release(session) };
     let history = state.history_mut();
-    let kept = history.catch_up(valid, &pending).and_then(|catch_up| catch_up.apply_to_cache(model, session));
-    if kept.is_err() {
+    let rows = history.cached();
+    let Ok(catch_up) = history.catch_up(valid, &pending) else { return model.release(session) };
+    if keeps_rejected_rows {
+        let tokens = history.tokens()[..rows.min(history.tokens().len())].to_vec();
+        return model.retire(session, state.cache_salt(), &tokens);
+    }
+    if catch_up.apply_to_cache(model, session).is_err() {
         return model.release(session);
     }
     let committed = history.tokens()[..history.cached()].to_vec();
@@ -302,12 +317,10 @@ mod tests {
         }
     }
 
-    /// A session that scored a block of three candidates, of which the first was accepted and
-    /// the second replaced: the cache keeps the prompt and the accepted candidate, and neither
-    /// the rejected candidate's row (which the corrected token would be filed over) nor the
-    /// corrected token's, which no pass has fed.
-    #[test]
-    fn an_ended_session_leaves_the_rows_of_its_committed_tokens_only() {
+    /// A table model under a prefix cache, with a session that scored a block of three
+    /// candidates after a 40-token prompt, of which the first was accepted and the second
+    /// replaced by 1, ended by `retire` (`keeps_rejected_rows`: the broken store).
+    fn ended_after_a_rejection(keeps_rejected_rows: bool) -> (PrefixCache<TableModel>, Vec<u32>) {
         let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8]});
         let mut model = PrefixCache::new(TableModel::from_json("t", table, None).unwrap(), 16);
         let prompt: Vec<u32> = (0..40).map(|i| i % 7).collect();
@@ -319,7 +332,16 @@ mod tests {
         model.forward(opened.session, &[5, 6, 7]).unwrap();
         history.push_forwarded(&[5, 6, 7]);
         let state = State { session: opened.session, history };
-        retire(&mut model, state, Some((prompt.len() + 1, vec![1]))).unwrap();
+        retire(&mut model, state, Some((prompt.len() + 1, vec![1])), keeps_rejected_rows).unwrap();
+        (model, prompt)
+    }
+
+    /// The cache keeps the prompt and the accepted candidate, and neither the rejected
+    /// candidate's row (which the corrected token would be filed over) nor the corrected
+    /// token's, which no pass has fed.
+    #[test]
+    fn an_ended_session_leaves_the_rows_of_its_committed_tokens_only() {
+        let (mut model, prompt) = ended_after_a_rejection(false);
         let stats = model.prefix_cache_stats().unwrap();
         assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 1), "{stats:?}");
 
@@ -330,7 +352,17 @@ mod tests {
         assert_eq!(opened.reused, prompt.len() + 1);
         // Without the final rollback point nothing is kept.
         let state = State { session: opened.session, history: SessionHistory::new(next).unwrap() };
-        retire(&mut model, state, None).unwrap();
+        retire(&mut model, state, None, false).unwrap();
         assert_eq!(model.prefix_cache_stats().unwrap().entries, 0);
+
+        // The broken store files the rejected 6's row under the corrected 1: one token more,
+        // which the next turn would reuse.
+        let (mut broken, _) = ended_after_a_rejection(true);
+        let stats = broken.prefix_cache_stats().unwrap();
+        assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 2), "{stats:?}");
+        let mut next = prompt.clone();
+        next.extend([5, 1, 2, 3]);
+        let opened = broken.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
+        assert_eq!(opened.reused, prompt.len() + 2);
     }
 }
