@@ -25,12 +25,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use specd_device_sampling::draw_truncated;
+use specd_device_sampling::{draw_truncated, masked_rows};
 use specd_model::{LanguageModel, Logits, ModelError};
 use specd_node::{Lookahead, NodeError, SessionState};
 use specd_proto::convert::{dense_proposal, deterministic_dense_proposal, deterministic_proposal, sparse_proposal};
 use specd_proto::v1::ProposedPosition;
-use specd_sampling::{Purpose, StreamKey, TokenHistory, Truncation, effective_distribution};
+use specd_sampling::{Purpose, StreamKey, TokenHistory, TokenMask, Truncation, effective_distribution};
 
 use crate::proposer::ngram::{MatchSpan, lookup};
 
@@ -215,8 +215,8 @@ pub fn draft_ahead_step(
         return Ok(false);
     }
     if !guessed {
-        let logits = forward_rest(model, state)?;
-        let guess = most_likely(&logits, state)?;
+        let next = forward_rest(model, state)?;
+        let guess = most_likely(&next, state)?;
         state.history.push_unforwarded(guess);
         state.lookahead.last_mut().expect("checked above").guess = Some(guess);
         return Ok(true);
@@ -237,49 +237,99 @@ pub fn draft_ahead_step(
     }
 }
 
+/// The row that scores the next token: the logits of the history's last token, and what the
+/// session's constraint allows after the history (`None` without a constraint).
+#[derive(Debug)]
+pub(crate) struct NextRow {
+    pub logits: Logits,
+    pub mask: Option<TokenMask>,
+}
+
 /// Forwards what the cache lacks of the history (after a candidate: that candidate alone)
-/// and returns the logits of its last token, the row that scores the next one.
-pub(crate) fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Result<Logits, NodeError> {
-    let history = &mut state.history;
+/// and returns the row that scores the next token. A constrained session's mask depends on
+/// the tokens alone, so it may be computed while the model runs the pass
+/// ([`specd_node::FollowedConstraint::alongside`]): at a large vocabulary a mask costs about as
+/// much as a small draft's pass (BENCHMARKS.md).
+pub(crate) fn forward_rest(model: &mut dyn LanguageModel, state: &mut SessionState) -> Result<NextRow, NodeError> {
+    let SessionState { history, constraint, model_session, .. } = state;
     // Never an empty feed: the last token is re-fed when the cache already covers it.
     let keep = history.cached().min(history.len() - 1);
-    model.truncate(state.model_session, keep)?;
-    let logits = model.forward_last(state.model_session, &history.tokens()[keep..], 1)?;
+    let forward = |model: &mut dyn LanguageModel| -> Result<Logits, NodeError> {
+        model.truncate(*model_session, keep)?;
+        Ok(model.forward_last(*model_session, &history.tokens()[keep..], 1)?)
+    };
+    let (logits, mask) = match constraint.as_mut() {
+        Some(constraint) => {
+            let output = history.generated();
+            let (logits, mask) = constraint.alongside(|c| c.mask_after(output), || forward(model));
+            (logits?, mask?)
+        }
+        None => (forward(model)?, None),
+    };
     history.mark_cached();
-    Ok(logits)
+    Ok(NextRow { logits, mask })
 }
 
 /// The draft's most likely next token after the history (ties: the lowest id), from the
-/// last row of `logits`, where they are.
-fn most_likely(logits: &Logits, state: &SessionState) -> Result<u32, NodeError> {
-    if !logits.on_host() {
+/// last row of `next`'s logits, where they are.
+fn most_likely(next: &NextRow, state: &SessionState) -> Result<u32, NodeError> {
+    if !next.logits.on_host() {
+        let row = last_row(next, state)?;
         let history = &state.history;
         let history = TokenHistory { prompt: history.prompt(), generated: history.generated() };
-        return Ok(specd_device_sampling::most_likely(&last_row(logits, state)?, &state.params, history)?);
+        return Ok(specd_device_sampling::most_likely(&row, &state.params, history)?);
     }
-    let q = effective_q(logits, state)?;
+    let q = effective_q(&next.logits, next.mask.as_ref(), state)?;
     let best = q.probs().iter().enumerate().fold(0, |best, (t, p)| if *p > q.probs()[best] { t } else { best });
     Ok(best as u32)
 }
 
 /// The last row of logits the model left in a tensor, `[1, V]`, cut to the ids the
-/// session draws from.
-pub(crate) fn last_row(logits: &Logits, state: &SessionState) -> Result<tch::Tensor, NodeError> {
+/// session draws from and masked by its constraint.
+pub(crate) fn last_row(next: &NextRow, state: &SessionState) -> Result<tch::Tensor, NodeError> {
+    let logits = &next.logits;
     let vocab = state.vocab_limit.map_or(logits.vocab(), |limit| limit.min(logits.vocab()));
     let row = logits.tensor()?;
     let row = row.f_narrow(0, logits.rows() as i64 - 1, 1).and_then(|row| row.f_narrow(1, 0, vocab as i64));
-    Ok(row.map_err(ModelError::from)?)
+    let row = row.map_err(ModelError::from)?;
+    Ok(match &next.mask {
+        Some(mask) => masked_rows(&row, &[Some(mask.clone())])?,
+        None => row,
+    })
 }
 
-/// The effective q after the history, from the last row of host `logits`.
-pub(crate) fn effective_q(logits: &Logits, state: &SessionState) -> Result<specd_sampling::DenseDist, NodeError> {
+/// Whether the session's constraint forbids `token` after its history (the output and the
+/// candidates drafted so far). Masking q as the target masks p keeps the draft's candidates in
+/// the language, so acceptance stays what it is without one; the law rests on the target's
+/// masks alone (docs/rule.md#constrained-decoding).
+fn constraint_forbids(state: &mut SessionState, token: u32) -> Result<bool, NodeError> {
+    match state.constraint.as_mut() {
+        Some(constraint) => constraint.forbids_after(state.history.generated(), token),
+        None => Ok(false),
+    }
+}
+
+/// The effective q after the history, from the last row of host `logits`, masked by `mask`
+/// (the session's constraint's).
+pub(crate) fn effective_q(
+    logits: &Logits,
+    mask: Option<&TokenMask>,
+    state: &SessionState,
+) -> Result<specd_sampling::DenseDist, NodeError> {
     let row = logits.row(logits.rows() - 1).expect("host logits have a row per token");
     // Rows past the target's vocabulary (padding) get q = 0: the draft never proposes an id
     // the target lacks, and its q is still exactly what it draws from.
-    let row = match state.vocab_limit {
+    let mut row = match state.vocab_limit {
         Some(limit) => &row[..limit.min(row.len())],
         None => row,
     };
+    let masked;
+    if let Some(mask) = mask {
+        let mut copy = row.to_vec();
+        mask.apply_to_logits(&mut copy)?;
+        masked = copy;
+        row = &masked;
+    }
     let history = &state.history;
     Ok(effective_distribution(
         row,
@@ -307,7 +357,13 @@ fn next_candidate(
     passes: &mut BatchTally,
 ) -> Result<ProposedPosition, NodeError> {
     let history = &state.history;
-    if let Some(found) = ngram.and_then(|span| lookup(history.tokens(), history.prompt().len(), span, 1)) {
+    let found = ngram.and_then(|span| lookup(history.tokens(), history.prompt().len(), span, 1));
+    // A copy the constraint forbids would only be rejected: the model draws instead.
+    let found = match found {
+        Some(found) if constraint_forbids(state, found.tokens[0])? => None,
+        found => found,
+    };
+    if let Some(found) = found {
         let token = found.tokens[0];
         state.history.push_unforwarded(token);
         return Ok(match truncation {
@@ -318,35 +374,36 @@ fn next_candidate(
             }
         });
     }
-    let logits = forward_rest(model, state)?;
+    let next = forward_rest(model, state)?;
     passes.record(model);
-    draw_candidate(logits, state, at, truncation)
+    draw_candidate(next, state, at, truncation)
 }
 
 /// Draws the candidate at `at` from q after the history and appends it to the history, not
 /// forwarded yet. A sparse q of logits the model left on its device is truncated there, and
 /// only its most likely entries come to the host.
 fn draw_candidate(
-    logits: Logits,
+    next: NextRow,
     state: &mut SessionState,
     at: Draw,
     truncation: Option<Truncation>,
 ) -> Result<ProposedPosition, NodeError> {
     let u = StreamKey::new(state.seed, at.round, at.position as u32, at.purpose).uniform();
     let (token, wire) = match truncation {
-        Some(t) if !logits.on_host() => {
+        Some(t) if !next.logits.on_host() => {
+            let row = last_row(&next, state)?;
             let history = &state.history;
             let history = TokenHistory { prompt: history.prompt(), generated: history.generated() };
-            let drawn = draw_truncated(&last_row(&logits, state)?, &state.params, history, t, u)?;
+            let drawn = draw_truncated(&row, &state.params, history, t, u)?;
             (drawn.token, sparse_proposal(drawn.token, &drawn.q))
         }
         Some(t) => {
-            let sparse = effective_q(&logits, state)?.truncate(t);
+            let sparse = effective_q(&next.logits, next.mask.as_ref(), state)?.truncate(t);
             let token = sparse.sample(u);
             (token, sparse_proposal(token, &sparse))
         }
         None => {
-            let q = effective_q(&logits.into_host()?, state)?;
+            let q = effective_q(&next.logits.into_host()?, next.mask.as_ref(), state)?;
             let token = q.sample(u);
             (token, dense_proposal(token, &q))
         }
@@ -391,6 +448,7 @@ mod tests {
             vocab_limit: None,
             lookahead: Vec::new(),
             cache_salt: String::new(),
+            constraint: None,
         }
     }
 

@@ -66,6 +66,9 @@ pub fn propose_tree(
     job: &TreeJob,
 ) -> Result<Proposal, NodeError> {
     let started = Instant::now();
+    if state.constraint.is_some() {
+        return Err(NodeError::InvalidRequest("a constrained session is drafted in chains, not trees".into()));
+    }
     state.lookahead.clear();
     state.history.catch_up(job.rollback_to, &job.pending)?;
     let committed = state.history.len();
@@ -107,17 +110,18 @@ impl Walk<'_> {
         depth: usize,
     ) -> Result<(), NodeError> {
         let Some(&width) = self.job.shape.widths.get(depth) else { return Ok(()) };
-        let logits = forward_rest(model, state)?;
+        let next = forward_rest(model, state)?;
         self.passes.record(model);
         let q = match self.job.truncation {
-            Some(t) if !logits.on_host() => {
+            Some(t) if !next.logits.on_host() => {
+                let row = last_row(&next, state)?;
                 let history = &state.history;
                 let history = TokenHistory { prompt: history.prompt(), generated: history.generated() };
                 // Only q matters here; the children are drawn from it below, by node.
-                NodeQ::Sparse(draw_truncated(&last_row(&logits, state)?, &state.params, history, t, 0.0)?.q)
+                NodeQ::Sparse(draw_truncated(&row, &state.params, history, t, 0.0)?.q)
             }
-            Some(t) => NodeQ::Sparse(effective_q(&logits.into_host()?, state)?.truncate(t)),
-            None => NodeQ::Dense(effective_q(&logits.into_host()?, state)?),
+            Some(t) => NodeQ::Sparse(effective_q(&next.logits.into_host()?, next.mask.as_ref(), state)?.truncate(t)),
+            None => NodeQ::Dense(effective_q(&next.logits.into_host()?, next.mask.as_ref(), state)?),
         };
         let first_child = self.positions.len() + 1;
         let children = draw_children(q.source(), width, ChildDraws::WithoutReplacement, self.key, first_child)?;

@@ -132,6 +132,7 @@ impl TargetNode {
             sampling_threads: self.node.sampling_threads(),
             logprobs: req.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS) as usize),
             device_rule: self.node.config().faults.device_rule(),
+            block_masks: self.node.config().faults.block_masks(),
             parents: tree.then(|| req.candidate_parents.iter().map(|&p| p as usize).collect()),
         };
         let verified = self.node.run(&req.session_id, move |m, state| verify(m, state, &job)).await?;

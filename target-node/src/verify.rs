@@ -5,14 +5,15 @@
 
 use std::time::Instant;
 
-use specd_device_sampling::{BlockHistory, DeviceRule, score_block_with};
+use specd_device_sampling::{BlockHistory, DeviceRule, masked_rows, score_block_with};
 use specd_model::{LanguageModel, ModelError, TokenTree};
-use specd_node::{NodeError, SessionState};
+use specd_node::{BlockMasks, NodeError, SessionState};
 use specd_proto::v1::{PositionLogprobs, ScoredAlternative};
 use specd_sampling::logprobs::{logprob, top_logprobs};
 use specd_sampling::tree_rule::{ChildDraws, DraftTree};
 use specd_sampling::{
-    DenseDist, RoundKey, ScoredBlock, ScoredNode, block_distributions, score_block, score_tree, tree_distributions,
+    DenseDist, RoundKey, ScoredBlock, ScoredNode, TokenMask, block_distributions, score_block, score_tree,
+    tree_distributions,
 };
 
 /// What a Verify asks for.
@@ -30,6 +31,8 @@ pub struct VerifyJob {
     pub logprobs: Option<usize>,
     /// The device path's rule ([`specd_node::NodeFaults::device_rule`]).
     pub device_rule: DeviceRule,
+    /// How a constrained block's rows are masked ([`specd_node::NodeFaults::block_masks`]).
+    pub block_masks: BlockMasks,
     /// Set for a tree: each candidate's parent (0: the committed sequence, i: candidate
     /// i − 1); `supports` then holds each candidate's parent's support. `None`: a chain.
     pub parents: Option<Vec<usize>>,
@@ -73,14 +76,28 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
             job.candidates.len()
         )));
     }
-    let history = &mut state.history;
-    let catch_up = history.catch_up(job.rollback_to, &job.pending)?;
+    let catch_up = state.history.catch_up(job.rollback_to, &job.pending)?;
     catch_up.apply_to_cache(model, state.model_session)?;
     let mut feed = catch_up.feed;
     feed.extend_from_slice(&job.candidates);
     let gamma = job.candidates.len();
+    let session = state.model_session;
     // The rows that score the block: after the last pending token and after each candidate.
-    let logits = model.forward_last(state.model_session, &feed, gamma + 1)?;
+    let forward = |model: &mut dyn LanguageModel| model.forward_last(session, &feed, gamma + 1);
+    // Under a constraint, row i's law is p restricted to what the constraint allows after the
+    // committed output and the first i candidates (docs/rule.md#constrained-decoding). The
+    // masks depend on the tokens alone, so they may be computed during the pass
+    // ([`specd_node::FollowedConstraint::alongside`]).
+    let (logits, masks) = match state.constraint.as_mut() {
+        Some(constraint) => {
+            let (output, candidates) = (state.history.generated(), job.candidates.as_slice());
+            let (logits, masks) =
+                constraint.alongside(|c| c.block_masks(job.block_masks, output, candidates), || forward(model));
+            (logits?, Some(masks?))
+        }
+        None => (forward(model)?, None),
+    };
+    let history = &mut state.history;
     let batch_size = model.last_batch_size();
     let key = RoundKey { seed: state.seed, round: job.round };
     let first_row = logits.rows() - gamma - 1;
@@ -91,6 +108,10 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
         && let (Some(supports), None) = (&job.supports, job.logprobs)
     {
         let rows = logits.tensor()?.f_narrow(0, first_row as i64, gamma as i64 + 1).map_err(ModelError::from)?;
+        let rows = match &masks {
+            Some(masks) => masked_rows(&rows, masks)?,
+            None => rows,
+        };
         let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
         let block_history =
             BlockHistory { prompt: history.prompt(), generated: history.generated(), block: &job.candidates };
@@ -105,8 +126,15 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
         });
     }
     let logits = logits.into_host()?;
-    let rows: Vec<&[f32]> =
+    let mut rows: Vec<&[f32]> =
         (first_row..logits.rows()).map(|i| logits.row(i).expect("host logits have a row per token")).collect();
+    let masked = match &masks {
+        Some(masks) => masked_copies(&rows, masks)?,
+        None => Vec::new(),
+    };
+    if !masked.is_empty() {
+        rows = masked.iter().map(Vec::as_slice).collect();
+    }
     let p = block_distributions(
         &rows,
         &state.params,
@@ -131,6 +159,20 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     Ok(Verified { verdict, logprobs, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
 }
 
+/// Copies of `rows`, each masked by its row's constraint mask.
+fn masked_copies(rows: &[&[f32]], masks: &[Option<TokenMask>]) -> Result<Vec<Vec<f32>>, NodeError> {
+    rows.iter()
+        .zip(masks)
+        .map(|(row, mask)| {
+            let mut row = row.to_vec();
+            if let Some(mask) = mask {
+                mask.apply_to_logits(&mut row)?;
+            }
+            Ok(row)
+        })
+        .collect()
+}
+
 /// The most pending tokens a tree pass scores with the tree; a longer catch-up runs first.
 const PENDING_IN_TREE_PASS: usize = 16;
 
@@ -148,6 +190,9 @@ fn verify_tree(
     let started = Instant::now();
     if job.logprobs.is_some() {
         return Err(NodeError::InvalidRequest("log-probabilities are not computed for a tree".into()));
+    }
+    if state.constraint.is_some() {
+        return Err(NodeError::InvalidRequest("a constrained session is verified in chains, not trees".into()));
     }
     let tree = DraftTree { parents: parents.to_vec(), tokens: job.candidates.clone() };
     tree.validate(ChildDraws::WithReplacement).map_err(|e| NodeError::InvalidRequest(e.to_string()))?;
