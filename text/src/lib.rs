@@ -6,7 +6,10 @@
 //! - [`model_text`]: [`ModelText`], the tokenizer, chat template, bos/eos strings and
 //!   generation defaults of one model, built from [`TextAssets`].
 //! - [`chat_template`]: [`ChatTemplate`], a Hugging Face chat template rendered with minijinja
-//!   the way transformers' `apply_chat_template` renders it.
+//!   the way transformers' `apply_chat_template` renders it, and the typed chat it renders
+//!   ([`ChatMessage`] with its [`ToolCall`]s, the [`ChatTool`]s offered).
+//! - [`tool_calls`]: [`ToolCallFormat`], the syntax a model writes tool calls in (Hermes,
+//!   Llama 3.1, Mistral), read back from its output and enforced by a Lark grammar.
 //! - `template_env` (private): the Jinja environment transformers gives templates
 //!   (`raise_exception`, `strftime_now`, Python's `tojson`, trim/lstrip blocks, Python methods).
 //! - `python_json` (private): `json.dumps` as Python writes it, for `tojson`.
@@ -31,15 +34,17 @@ mod strftime;
 mod template_env;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_tokenizer;
+pub mod tool_calls;
 
 pub use assets::TextAssets;
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTool, FunctionCall, FunctionSpec, ToolCall, ToolKind};
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::TextError;
 pub use generation_config::GenerationDefaults;
 pub use model_text::ModelText;
 pub use stop::{Pushed, TextStream};
 pub use tokenizers::Tokenizer;
+pub use tool_calls::{ParsedCall, ToolCallFormat};
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 use crate::assets::TextAssets;
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::{ChatMessage, ChatTemplate, ChatTool};
 use crate::error::TextError;
 use crate::generation_config::GenerationDefaults;
 
@@ -70,11 +70,18 @@ impl ModelText {
         self.encode(rendered, false)
     }
 
-    /// Renders a chat with the model's template and its bos/eos strings.
-    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
+    /// Renders a chat, offering `tools` (none when empty), with the model's template and its
+    /// bos/eos strings.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ChatTool],
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
         let template = self.chat_template.as_ref().ok_or(TextError::NoChatTemplate)?;
         template.render(
             messages,
+            tools,
             add_generation_prompt,
             self.bos_token.as_deref().unwrap_or(""),
             self.eos_token.as_deref().unwrap_or(""),
@@ -86,9 +93,10 @@ impl ModelText {
     pub fn chat_prompt_ids(
         &self,
         messages: &[ChatMessage],
+        tools: &[ChatTool],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TextError> {
-        self.encode_chat_prompt(&self.render_chat(messages, add_generation_prompt)?)
+        self.encode_chat_prompt(&self.render_chat(messages, tools, add_generation_prompt)?)
     }
 
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
@@ -111,6 +119,17 @@ impl ModelText {
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
+    }
+
+    /// The id of `content` where the tokenizer has it as one special added token (Llama 3.1's
+    /// `<|python_tag|>`, Mistral's `[TOOL_CALLS]`): such a token decodes to no text in an
+    /// output, so a grammar must name it by id rather than spell it.
+    pub fn special_token_id(&self, content: &str) -> Option<u32> {
+        self.tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, token)| token.special && token.content == content)
+            .map(|(id, _)| id)
     }
 }
 

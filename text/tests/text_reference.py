@@ -115,9 +115,10 @@ def fast_tokenizer(path, **special):
 
 
 def chat(job):
-    """job: {tokenizer, cases: [{template, messages, add_generation_prompt, bos_token,
-    eos_token}], variant_no_block_trimming: bool} -> [{text} | {error} per case, plus
-    {ids} (apply_chat_template(tokenize=True))]."""
+    """job: {tokenizer, cases: [{template, messages, tools, add_generation_prompt, bos_token,
+    eos_token, variant}]} -> [{text} | {error} per case, plus {ids}
+    (apply_chat_template(tokenize=True))]. `tools` (a list of {"type": "function", "function":
+    {...}} dicts, or null) is passed as apply_chat_template's `tools`."""
     out = []
     for case in job["cases"]:
         with open(case["template"]) as f:
@@ -128,15 +129,16 @@ def chat(job):
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
             out.append({"text": env.from_string(source).render(
                 messages=case["messages"], add_generation_prompt=case["add_generation_prompt"],
-                bos_token=case["bos_token"], eos_token=case["eos_token"], tools=None, documents=None)})
+                bos_token=case["bos_token"], eos_token=case["eos_token"], tools=case.get("tools"),
+                documents=None)})
             continue
         tok = fast_tokenizer(job["tokenizer"], bos_token=case["bos_token"], eos_token=case["eos_token"])
         try:
             text = tok.apply_chat_template(
-                case["messages"], chat_template=source, tokenize=False,
+                case["messages"], tools=case.get("tools"), chat_template=source, tokenize=False,
                 add_generation_prompt=case["add_generation_prompt"])
             ids = tok.apply_chat_template(
-                case["messages"], chat_template=source, tokenize=True,
+                case["messages"], tools=case.get("tools"), chat_template=source, tokenize=True,
                 add_generation_prompt=case["add_generation_prompt"], return_dict=False)
             out.append({"text": text, "ids": [int(i) for i in ids]})
         except Exception as e:  # the template's raise_exception
