@@ -1,5 +1,6 @@
 //! The coordinator's one error type and its gRPC status codes.
 
+use specd_grammar::GrammarError;
 use specd_proto::ProtoError;
 use specd_sampling::SamplingError;
 use tonic::{Code, Status};
@@ -43,6 +44,10 @@ pub enum CoordinatorError {
     /// A node ended a session's round stream.
     #[error("the {role} node at {address} closed the round stream")]
     StreamClosed { role: &'static str, address: String },
+    /// The request's output constraint is invalid, or its engine failed or ran past its
+    /// budget.
+    #[error("{0}")]
+    Constraint(#[from] GrammarError),
     /// The coordinator's own work failed (a task that panicked).
     #[error("{0}")]
     Internal(String),
@@ -80,6 +85,9 @@ impl CoordinatorError {
             Self::StreamClosed { .. } => Code::Unavailable,
             Self::Text(err) if err.is_callers_fault() => Code::InvalidArgument,
             Self::Text(_) => Code::FailedPrecondition,
+            // An invalid constraint, or one whose matching ran past its budget.
+            Self::Constraint(err) if err.is_client_fault() => Code::InvalidArgument,
+            Self::Constraint(_) => Code::Internal,
         }
     }
 }

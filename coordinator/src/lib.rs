@@ -52,6 +52,8 @@ pub use nodes::NodePool;
 pub use nodes::discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use request::{Defaults, GammaChoice, RuleVariant, TreeSetting};
 use specd_proto::tls::{ClientTls, ServerTls};
+/// The syntax of a model's tool calls, for [`HttpConfig::tool_call_format`].
+pub use specd_text::ToolCallFormat;
 
 /// TLS on both sides of a coordinator.
 #[derive(Debug, Clone, Default)]
@@ -120,7 +122,10 @@ pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, Co
     let mut pool =
         NodePool::connect(&config.targets, &config.drafts, config.node_timeout, &config.tls.nodes, &config.discovery)
             .await?;
-    pool.facts.text = text::load(&pool, config.tokenizer.as_deref()).await?;
+    if let Some(loaded) = text::load(&pool, config.tokenizer.as_deref()).await? {
+        pool.facts.text = Some(loaded.text);
+        pool.facts.constraints = loaded.constraints;
+    }
     pool.facts.has_tokenizer = pool.facts.text.is_some();
     let defaults = Defaults {
         gamma: config.default_gamma,

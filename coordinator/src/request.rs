@@ -1,9 +1,10 @@
 //! Validation of a client's GenerateRequest into a [`GenerationSpec`], with messages that
 //! say what is wrong.
 
+use specd_grammar::{ConstraintSpec, ConstraintState};
 use specd_proto::v1::{
-    GenerateRequest, NextTokenLawRequest, SamplingParams as WireSampling, SamplingSettings, Speculation,
-    StoppingCriteria, TargetLawRequest,
+    GenerateRequest, NextTokenLawRequest, OutputConstraint, SamplingParams as WireSampling, SamplingSettings,
+    Speculation, StoppingCriteria, TargetLawRequest,
 };
 use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
 use specd_sampling::{MAX_GAMMA, SamplingError, SamplingParams, TreeShape, Truncation, Verification};
@@ -114,6 +115,20 @@ pub struct GenerationSpec {
     pub logprobs: Option<u32>,
     /// The nodes' prefix caches share entries only between requests with the same salt.
     pub cache_salt: String,
+    /// The language the output must belong to (docs/rule.md#constrained-decoding); `None`:
+    /// unconstrained.
+    pub constraint: Option<GenerationConstraint>,
+}
+
+/// A request's output constraint: what the nodes are sent, and the coordinator's own engine,
+/// which follows the committed output so that the generation ends once the output is complete
+/// in the language.
+#[derive(Debug, Clone)]
+pub struct GenerationConstraint {
+    pub wire: OutputConstraint,
+    /// `json_schema`, `regex`, ... for logs and spans.
+    pub kind: &'static str,
+    pub state: ConstraintState,
 }
 
 /// The longest `cache_salt` a request may carry.
@@ -186,6 +201,10 @@ pub fn validate(
     if !stopping.stop_strings.is_empty() && !facts.has_tokenizer {
         return Err(invalid("stop_strings need text, but the target model has no tokenizer"));
     }
+    let constraint = match &request.constraint {
+        Some(wire) => compile_constraint(wire, facts)?,
+        None => None,
+    };
     let speculation = request.speculation.unwrap_or(Speculation { gamma: None, dense: false });
     let gamma = match speculation.gamma {
         Some(gamma) if gamma > MAX_GAMMA => {
@@ -207,8 +226,10 @@ pub fn validate(
         wire: if speculation.dense { Wire::Dense } else { Wire::Sparse(defaults.truncation) },
         rule: defaults.rule,
         verification: defaults.verification,
-        optimistic: defaults.optimistic && defaults.tree == TreeSetting::Off,
-        tree: defaults.tree.clone(),
+        // A constrained generation drafts chains, one block at a time: its nodes mask chains
+        // (docs/rule.md#constrained-decoding).
+        optimistic: defaults.optimistic && defaults.tree == TreeSetting::Off && constraint.is_none(),
+        tree: if constraint.is_some() { TreeSetting::Off } else { defaults.tree.clone() },
         detokenize: facts.has_tokenizer,
         logprobs: match request.logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => {
@@ -225,7 +246,23 @@ pub fn validate(
             }
             salt => salt.clone(),
         },
+        constraint,
     })
+}
+
+/// The request's constraint, compiled against the target's vocabulary: an invalid schema,
+/// expression or grammar is refused here, before any node is asked.
+fn compile_constraint(
+    wire: &OutputConstraint,
+    facts: &ModelFacts,
+) -> Result<Option<GenerationConstraint>, CoordinatorError> {
+    let Some(spec) = ConstraintSpec::from_proto(wire)? else { return Ok(None) };
+    let vocabulary = facts
+        .constraints
+        .as_ref()
+        .map_err(|why| invalid(format!("output constraints are not available for this model: {why}")))?;
+    let state = vocabulary.compile(&spec)?;
+    Ok(Some(GenerationConstraint { wire: spec.to_proto(), kind: spec.describe(), state }))
 }
 
 pub fn sampling_params(s: &WireSampling) -> Result<SamplingParams, CoordinatorError> {
@@ -288,6 +325,7 @@ mod tests {
             draft_model: None,
             text: None,
             has_tokenizer: false,
+            constraints: Err("no tokenizer".into()),
         }
     }
 

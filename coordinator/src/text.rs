@@ -6,15 +6,24 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use specd_grammar::GrammarVocabulary;
 use specd_proto::v1::SamplingParams as WireSampling;
 use specd_text::{GenerationDefaults, ModelText, TextAssets};
 
 use crate::error::CoordinatorError;
 use crate::nodes::NodePool;
 
+/// The model's text side, and the grammar engine's view of its vocabulary.
+#[derive(Debug)]
+pub struct LoadedText {
+    pub text: Arc<ModelText>,
+    /// Why output constraints cannot be had, where the engine cannot read the tokenizer.
+    pub constraints: Result<Arc<GrammarVocabulary>, String>,
+}
+
 /// The model's text side: from `dir` when given, else from the pool's first target when it
 /// has a tokenizer, else none (requests must then send token ids).
-pub async fn load(pool: &NodePool, dir: Option<&Path>) -> Result<Option<Arc<ModelText>>, CoordinatorError> {
+pub async fn load(pool: &NodePool, dir: Option<&Path>) -> Result<Option<LoadedText>, CoordinatorError> {
     let assets = match dir {
         Some(dir) => {
             let dir = dir.to_owned();
@@ -33,14 +42,27 @@ pub async fn load(pool: &NodePool, dir: Option<&Path>) -> Result<Option<Arc<Mode
         None => return Ok(None),
     };
     // Parsing a large tokenizer takes a while: off the async threads.
-    let text = blocking(move || ModelText::from_assets(&assets).map_err(CoordinatorError::from)).await?;
+    let (vocab_size, eos) = (pool.facts.vocab_size, pool.facts.eos_token_ids.clone());
+    let (text, constraints) = blocking(move || {
+        let text = ModelText::from_assets(&assets).map_err(CoordinatorError::from)?;
+        let constraints =
+            GrammarVocabulary::new(&assets.tokenizer_json, vocab_size, &eos).map_err(|err| err.to_string());
+        Ok((text, constraints))
+    })
+    .await?;
+    if let Err(why) = &constraints {
+        tracing::warn!(
+            why,
+            "output constraints (response_format, tools) are refused: the grammar engine cannot read the tokenizer"
+        );
+    }
     let (tokens, vocab) = (text.tokenizer().get_vocab_size(true), pool.facts.vocab_size);
     if tokens > vocab {
         return Err(CoordinatorError::Incompatible(format!(
             "the tokenizer has {tokens} tokens but the target's vocabulary only {vocab}: not this model's tokenizer"
         )));
     }
-    Ok(Some(Arc::new(text)))
+    Ok(Some(LoadedText { text: Arc::new(text), constraints }))
 }
 
 async fn blocking<T: Send + 'static>(

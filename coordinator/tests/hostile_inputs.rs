@@ -25,6 +25,7 @@ fn facts() -> ModelFacts {
         draft_model: Some("d".into()),
         text: None,
         has_tokenizer: false,
+        constraints: Err("no tokenizer".into()),
     }
 }
 

@@ -27,12 +27,13 @@ use specd_proto::tls::ServerTls;
 
 use crate::api::admission::{Admission, deadline};
 use crate::error::CoordinatorError;
-use crate::nodes::{ModelFacts, NodePool};
+use crate::nodes::prefix_routes::PromptBlocks;
+use crate::nodes::{ModelFacts, NodePool, Picked};
 use crate::policy::PolicyMemory;
 use crate::request::{Defaults, GenerationSpec, validate, validate_law_request};
 use crate::session::{RunningCount, SessionActor};
 use crate::text::off_the_runtime;
-use specd_text::ChatMessage;
+use specd_text::{ChatMessage, ChatTool};
 
 /// A generation in flight, for operators.
 #[derive(Debug, Clone)]
@@ -119,13 +120,20 @@ impl GenerationService {
         &self.pool.facts
     }
 
-    /// A chat rendered by the model's template, with the assistant's turn opened, as ids.
-    pub(crate) async fn chat_prompt(&self, messages: Vec<ChatMessage>) -> Result<Vec<u32>, CoordinatorError> {
+    /// A chat rendered by the model's template, offering `tools` (none when empty), with the
+    /// assistant's turn opened, as ids.
+    pub(crate) async fn chat_prompt(
+        &self,
+        messages: Vec<ChatMessage>,
+        tools: Vec<ChatTool>,
+    ) -> Result<Vec<u32>, CoordinatorError> {
         let text = self.pool.facts.text.as_ref().ok_or_else(|| {
             CoordinatorError::InvalidRequest("the target model has no tokenizer, so no chat template".into())
         })?;
-        let bytes = messages.iter().map(|m| m.content.len()).sum();
-        off_the_runtime(text, bytes, move |text| Ok(text.chat_prompt_ids(&messages, true)?)).await
+        // What decides whether rendering and encoding leave the runtime: the text's size.
+        let bytes = messages.iter().map(|m| m.content.as_ref().map_or(0, String::len)).sum::<usize>()
+            + tools.iter().map(|t| t.function.parameters.as_ref().map_or(0, |p| p.to_string().len())).sum::<usize>();
+        off_the_runtime(text, bytes, move |text| Ok(text.chat_prompt_ids(&messages, &tools, true)?)).await
     }
 
     /// The request with the model's generation defaults filled in where it left them unset;
@@ -143,12 +151,13 @@ impl GenerationService {
             speculation: request.speculation,
             logprobs: request.logprobs,
             cache_salt: request.cache_salt.clone(),
+            constraint: request.constraint.clone(),
         }
     }
 
     /// Whether a target node is there to take a generation.
     pub(crate) fn pool_ready(&self) -> Result<(), CoordinatorError> {
-        self.pool.pick().map(drop)
+        self.pool.ready()
     }
 
     /// Starts a generation for another face of the API (HTTP), with the caller's metadata
@@ -170,7 +179,7 @@ impl GenerationService {
         self.admission.admit(self.active.len())?;
         let deadline = deadline(metadata, Instant::now());
         let metrics = self.metrics.as_ref().map(CoordinatorMetrics::request_started);
-        let (target, draft) = self.pool.pick()?;
+        self.pool.ready()?;
         let prompt = match (&request.prompt, &self.pool.facts.text) {
             (Some(Prompt::TokenIds(ids)), _) => ids.ids.clone(),
             (Some(Prompt::Text(_)), None) => {
@@ -193,6 +202,8 @@ impl GenerationService {
         if spec.request_id.is_empty() {
             spec.request_id.clone_from(&session_id);
         }
+        let Picked { target, draft, target_route, leases } =
+            self.pool.pick(&PromptBlocks::of(&spec.cache_salt, &spec.prompt), spec.gamma.max() > 0)?;
         let (out, rx) = mpsc::channel(16);
         self.active.insert(
             session_id.clone(),
@@ -214,6 +225,7 @@ impl GenerationService {
             vocab_size,
             target,
             spare_targets,
+            target_route,
             draft,
             out,
             metrics,
@@ -231,6 +243,8 @@ impl GenerationService {
                 if let Some(releases) = releases {
                     releases.release().await;
                 }
+                // The replicas serve one generation fewer once it holds nothing there.
+                drop(leases);
                 // The stream closes here, once the nodes hold nothing of the generation.
                 drop(actor);
             }
@@ -295,7 +309,7 @@ impl Generation for GenerationService {
     ) -> Result<Response<NextTokenLawResponse>, Status> {
         self.admission.authorize(request.metadata())?;
         let law_request = validate_law_request(request.get_ref(), &self.pool.facts)?;
-        let (target, _) = self.pool.pick()?;
+        let target = self.pool.any_target()?;
         let law = target.target_law(law_request).await?;
         Ok(Response::new(NextTokenLawResponse { token_ids: law.token_ids, probs: law.probs }))
     }

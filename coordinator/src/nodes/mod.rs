@@ -1,6 +1,8 @@
 //! Typed clients of the draft and target nodes, and the pool the coordinator balances over.
 
 pub mod discovery;
+pub mod load;
+pub mod prefix_routes;
 pub mod round_stream;
 mod vocab;
 
@@ -25,7 +27,10 @@ use specd_proto::tls::ClientTls;
 
 use crate::error::CoordinatorError;
 use crate::nodes::discovery::{Discovery, NodeAddress, Reference, Replica, Replicas, Watcher};
+use crate::nodes::load::{ReplicaLease, ReplicaLoads, choose};
+use crate::nodes::prefix_routes::{DEFAULT_CAPACITY, PrefixRoutes, PromptBlocks, RouteNote};
 use crate::nodes::round_stream::{RoundStream, node_error};
+use specd_grammar::GrammarVocabulary;
 use specd_telemetry::propagation::inject_into_metadata;
 use specd_text::ModelText;
 
@@ -233,16 +238,38 @@ pub struct ModelFacts {
     pub text: Option<Arc<ModelText>>,
     /// `text` is there.
     pub has_tokenizer: bool,
+    /// The target's vocabulary as the grammar engine reads it, for output constraints; why
+    /// there is none otherwise (no tokenizer, or one the engine cannot read).
+    pub constraints: Result<Arc<GrammarVocabulary>, String>,
 }
 
-/// Every node the coordinator uses; new sessions go round-robin over the replicas of each
-/// role as discovered now ([`crate::nodes::discovery`]).
+/// Every node the coordinator uses. A new session goes, in each role, to the replica that
+/// holds its prompt's prefix ([`prefix_routes`]) unless that one carries more than its share,
+/// else to the least loaded ([`load`]), over the replicas as discovered now
+/// ([`crate::nodes::discovery`]).
 #[derive(Debug)]
 pub struct NodePool {
     targets: Replicas<TargetClient>,
     drafts: Replicas<DraftClient>,
+    target_routes: Arc<PrefixRoutes>,
+    draft_routes: Arc<PrefixRoutes>,
+    target_loads: ReplicaLoads,
+    draft_loads: ReplicaLoads,
+    /// Whose turn it is among equally loaded replicas.
     next: AtomicUsize,
     pub facts: ModelFacts,
+}
+
+/// The replicas a new session uses, and what it holds while it runs.
+#[derive(Debug)]
+pub struct Picked {
+    pub target: TargetClient,
+    pub draft: Option<DraftClient>,
+    /// Records where the target session opened (or moved to on a failover).
+    pub target_route: RouteNote,
+    /// The session counted on its replicas until these are dropped, once it has released
+    /// its node sessions.
+    pub leases: Vec<ReplicaLease>,
 }
 
 impl NodePool {
@@ -295,8 +322,18 @@ impl NodePool {
             // Loaded by the caller, from this target or a directory (crate::text).
             text: None,
             has_tokenizer: first.has_tokenizer,
+            constraints: Err("the target model has no tokenizer".into()),
         };
-        Ok(Self { targets, drafts, next: AtomicUsize::new(0), facts })
+        Ok(Self {
+            targets,
+            drafts,
+            target_routes: Arc::new(PrefixRoutes::new(DEFAULT_CAPACITY)),
+            draft_routes: Arc::new(PrefixRoutes::new(DEFAULT_CAPACITY)),
+            target_loads: ReplicaLoads::default(),
+            draft_loads: ReplicaLoads::default(),
+            next: AtomicUsize::new(0),
+            facts,
+        })
     }
 
     /// The target replicas new sessions may use now.
@@ -319,18 +356,58 @@ impl NodePool {
         }
     }
 
-    /// The replicas a new session will use (and keep: they hold its KV caches), round-robin
-    /// over the replicas known now; UNAVAILABLE when no target is left.
-    pub fn pick(&self) -> Result<(TargetClient, Option<DraftClient>), CoordinatorError> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let (targets, drafts) = (self.targets.current(), self.drafts.current());
+    /// UNAVAILABLE when no target is left; a generation may start otherwise.
+    pub fn ready(&self) -> Result<(), CoordinatorError> {
+        if self.targets.current().is_empty() { Err(CoordinatorError::NoNode("target")) } else { Ok(()) }
+    }
+
+    /// The replicas a new session on `prompt` will use (and keep: they hold its KV caches):
+    /// in each role the one holding the prompt's longest prefix seen, within its bounded
+    /// share, else the least loaded; no draft for a generation that may not draft
+    /// (`drafts` false: γ is 0), which then counts on no draft's load. The draft's choice is
+    /// recorded at once (a draft session never moves); the target's as the session opens
+    /// ([`Picked::target_route`]). UNAVAILABLE when no target is left.
+    pub fn pick(&self, prompt: &PromptBlocks, drafts: bool) -> Result<Picked, CoordinatorError> {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        let targets = self.targets.current();
         if targets.is_empty() {
             return Err(CoordinatorError::NoNode("target"));
         }
-        let target = targets[n % targets.len()].clone();
-        let draft = (!drafts.is_empty()).then(|| drafts[n % drafts.len()].clone());
-        Ok((target, draft))
+        let target = targets[route(&targets, &self.target_routes, &self.target_loads, prompt, turn)].clone();
+        let mut leases = vec![self.target_loads.lease(&target.address)];
+        let drafts = if drafts { self.drafts.current() } else { Arc::from([]) };
+        let draft = (!drafts.is_empty()).then(|| {
+            let draft = drafts[route(&drafts, &self.draft_routes, &self.draft_loads, prompt, turn)].clone();
+            self.draft_routes.record(prompt, &draft.address);
+            leases.push(self.draft_loads.lease(&draft.address));
+            draft
+        });
+        let target_route = RouteNote::new(Arc::clone(&self.target_routes), prompt.clone());
+        Ok(Picked { target, draft, target_route, leases })
     }
+
+    /// A target for a call outside a generation (the next-token law): the least loaded.
+    pub fn any_target(&self) -> Result<TargetClient, CoordinatorError> {
+        let targets = self.targets.current();
+        if targets.is_empty() {
+            return Err(CoordinatorError::NoNode("target"));
+        }
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        Ok(targets[route(&targets, &self.target_routes, &self.target_loads, &PromptBlocks::default(), turn)].clone())
+    }
+}
+
+/// The index among `replicas` (not empty) that a session on `prompt` goes to.
+fn route<C: Replica>(
+    replicas: &[C],
+    routes: &PrefixRoutes,
+    loads: &ReplicaLoads,
+    prompt: &PromptBlocks,
+    turn: usize,
+) -> usize {
+    let held = routes.lookup(prompt).and_then(|(holder, _)| replicas.iter().position(|r| r.url() == &*holder));
+    let counts: Vec<usize> = replicas.iter().map(|r| loads.of(r.url())).collect();
+    choose(&counts, held, turn)
 }
 
 impl Replica for TargetClient {

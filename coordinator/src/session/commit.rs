@@ -1,10 +1,12 @@
 //! Committing a round's tokens to the output, and when the output ends: a stop token, EOS,
-//! the length asked for, or a stop string in the decoded text. What the client is sent of a
-//! round is what its commit gives.
+//! the length asked for, a stop string in the decoded text, or an output complete in the
+//! language of its constraint. What the client is sent of a round is what its commit gives.
 
+use specd_grammar::{ConstraintState, GrammarError};
 use specd_proto::v1::{FinishReason, OutputLogprob};
-use specd_text::{TextError, TextStream};
+use specd_text::TextStream;
 
+use crate::error::CoordinatorError;
 use crate::request::GenerationSpec;
 
 /// When a generation ends, besides a stop string (the text stream finds those).
@@ -60,11 +62,13 @@ pub struct Output {
     prompt_len: usize,
     /// `None` where the output is not decoded.
     text: Option<TextStream>,
+    /// The output constraint's engine, after the committed output; `None`: unconstrained.
+    constraint: Option<ConstraintState>,
 }
 
 impl Output {
-    pub fn new(prompt: &[u32], text: Option<TextStream>) -> Self {
-        Self { committed: prompt.to_vec(), prompt_len: prompt.len(), text }
+    pub fn new(prompt: &[u32], text: Option<TextStream>, constraint: Option<ConstraintState>) -> Self {
+        Self { committed: prompt.to_vec(), prompt_len: prompt.len(), text, constraint }
     }
 
     /// The prompt and the output so far.
@@ -80,14 +84,16 @@ impl Output {
     /// Commits a round's `tokens` (with their `logprobs`, where asked for) in order, up to the
     /// first that ends the output. Text a token completes is released at once, except what
     /// may still become a stop string or is an incomplete character; a stop string ends the
-    /// output with the token that completed it. Once the output ends, the text held back is
-    /// released too.
+    /// output with the token that completed it, and so does a token that completes the output
+    /// in its constraint's language (nothing but the end may follow). Once the output ends,
+    /// the text held back is released too. A token the constraint forbids is the target's
+    /// fault, and an error: its masks allow no such token.
     pub fn commit(
         &mut self,
         tokens: &[u32],
         logprobs: &[OutputLogprob],
         stops: StopConditions<'_>,
-    ) -> Result<Committed, TextError> {
+    ) -> Result<Committed, CoordinatorError> {
         let before = self.committed.len();
         let mut committed = Committed::default();
         for (j, &token) in tokens.iter().enumerate() {
@@ -102,6 +108,19 @@ impl Output {
                 }
             }
             committed.finish = stops.after(token, self.generated());
+            if committed.finish.is_none()
+                && let Some(constraint) = self.constraint.as_mut()
+            {
+                constraint.advance(token).map_err(|err| match err {
+                    GrammarError::Rejected { token } => CoordinatorError::Protocol(format!(
+                        "the target committed token {token}, which the output constraint forbids there"
+                    )),
+                    other => other.into(),
+                })?;
+                if constraint.is_finished() {
+                    committed.finish = Some(FinishReason::Stop);
+                }
+            }
             if committed.finish.is_some() {
                 break;
             }
@@ -134,7 +153,7 @@ mod tests {
 
     fn decoded(prompt: &str, stop_strings: &[&str]) -> Output {
         let stop_strings = stop_strings.iter().map(|s| (*s).to_owned()).collect();
-        Output::new(&ids(prompt), Some(TextStream::new(byte_tokenizer(&[]).0, &ids(prompt), stop_strings)))
+        Output::new(&ids(prompt), Some(TextStream::new(byte_tokenizer(&[]).0, &ids(prompt), stop_strings)), None)
     }
 
     /// A distinct log-probability for each token, to tell them apart.
@@ -144,7 +163,7 @@ mod tests {
 
     #[test]
     fn a_round_s_tokens_are_appended_to_the_committed_sequence_with_their_logprobs() {
-        let mut output = Output::new(&[7, 8], None);
+        let mut output = Output::new(&[7, 8], None, None);
         let first = output.commit(&[10, 11], &[logprob(10), logprob(11)], stops(10)).unwrap();
         assert_eq!(first.token_ids, [10, 11]);
         assert_eq!(first.logprobs, [logprob(10), logprob(11)]);
@@ -158,7 +177,7 @@ mod tests {
 
     #[test]
     fn eos_ends_the_output_with_it_and_drops_the_rest_of_the_block() {
-        let mut output = Output::new(&[7], None);
+        let mut output = Output::new(&[7], None, None);
         let committed = output.commit(&[10, EOS, 11], &[logprob(10), logprob(EOS), logprob(11)], stops(10)).unwrap();
         assert_eq!(committed.token_ids, [10, EOS]);
         assert_eq!(committed.logprobs, [logprob(10), logprob(EOS)]);
@@ -170,7 +189,7 @@ mod tests {
     fn a_request_that_ignores_eos_goes_on_past_it() {
         // `ignore_eos` leaves the spec without EOS ids (request::validate).
         let ignoring = StopConditions { eos_token_ids: &[], ..stops(10) };
-        let mut output = Output::new(&[7], None);
+        let mut output = Output::new(&[7], None, None);
         let committed = output.commit(&[10, EOS, 11], &[], ignoring).unwrap();
         assert_eq!((committed.token_ids, committed.finish), (vec![10, EOS, 11], None));
     }
@@ -188,7 +207,7 @@ mod tests {
 
     #[test]
     fn the_length_cuts_a_block_mid_way() {
-        let mut output = Output::new(&[7], None);
+        let mut output = Output::new(&[7], None, None);
         assert_eq!(output.commit(&[10, 11], &[], stops(3)).unwrap().finish, None);
         // One token left of 3: the round's block of three commits only its first.
         let committed = output.commit(&[12, 13, 14], &[], stops(3)).unwrap();
@@ -199,7 +218,7 @@ mod tests {
 
     #[test]
     fn a_stop_token_ends_the_output_with_it() {
-        let mut output = Output::new(&[7], None);
+        let mut output = Output::new(&[7], None, None);
         let committed = output.commit(&[10, STOP, 11], &[], stops(10)).unwrap();
         assert_eq!((committed.token_ids, committed.finish), (vec![10, STOP], Some(FinishReason::Stop)));
     }

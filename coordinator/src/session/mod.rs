@@ -41,6 +41,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use specd_text::{ModelText, TextStream};
 
 use crate::error::CoordinatorError;
+use crate::nodes::prefix_routes::RouteNote;
 use crate::nodes::{DraftClient, TargetClient};
 use crate::policy::governor::LoadMode;
 use crate::policy::key::{LoadLevel, PolicyKey};
@@ -68,6 +69,8 @@ pub struct SessionActor {
     pub target: TargetClient,
     /// Other target replicas, tried in order when `target` is lost mid-generation.
     pub spare_targets: Vec<TargetClient>,
+    /// Records which target replica holds the prompt once the session opens there.
+    pub target_route: RouteNote,
     pub draft: Option<DraftClient>,
     pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
     pub metrics: Option<RequestMetrics>,
@@ -209,7 +212,8 @@ impl SessionActor {
         let copies = self.policy_memory.copy_choice(settings);
         let mut draft =
             self.draft.as_ref().filter(|_| will_draft).map(|d| DraftLink::start(d.clone(), requests.draft, copies));
-        let target = TargetSession::open(&self.target, &self.spare_targets, requests.target).await?;
+        let target =
+            TargetSession::open(&self.target, &self.spare_targets, &self.target_route, requests.target).await?;
         if let Some(link) = draft.as_mut() {
             let governed_plain = self.governed_mode(adaptive.is_some(), running, settings) == Some(LoadMode::Plain);
             link.wait_until_open(draft_open_grace(adaptive.as_ref(), governed_plain)).await;
@@ -219,7 +223,7 @@ impl SessionActor {
             .as_ref()
             .filter(|_| spec.detokenize)
             .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
-        let output = Output::new(&spec.prompt, text);
+        let output = Output::new(&spec.prompt, text, spec.constraint.as_ref().map(|c| c.state.clone()));
         let trees = (spec.tree == TreeSetting::Auto).then(TreeTrial::default);
         let mut stats = Stats::new(spec.verification);
         stats.target_cached_tokens = target.cached_tokens;

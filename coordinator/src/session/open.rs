@@ -32,6 +32,7 @@ impl OpenRequests {
                 .unwrap_or(u32::MAX),
             prompt_len: 0,
             cache_salt: spec.cache_salt.clone(),
+            constraint: spec.constraint.as_ref().map(|c| c.wire.clone()),
         };
         // Drafting ahead (optimistic drafting), the draft runs up to PUSH_DEPTH blocks of γ + 1
         // past the round's: it reserves for those too.
@@ -88,6 +89,7 @@ mod tests {
             detokenize: false,
             logprobs: None,
             cache_salt: "tenant".into(),
+            constraint: None,
         }
     }
 

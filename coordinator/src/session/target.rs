@@ -5,6 +5,7 @@
 use specd_proto::v1::OpenSessionRequest;
 
 use crate::error::CoordinatorError;
+use crate::nodes::prefix_routes::RouteNote;
 use crate::nodes::{TargetClient, TargetRounds};
 use crate::session::failover::{Recovery, after_open_error, first_that_opens, no_spare_left};
 use crate::session::release::ReleaseGuard;
@@ -28,6 +29,9 @@ pub struct TargetSession<'a> {
     /// The session's open request (id, prompt, sampling, seed, reservation): reused, with the
     /// committed tokens as the prompt, on a spare.
     open: OpenSessionRequest,
+    /// Told where the session opens and moves, so that later prompts sharing this one's
+    /// prefix follow it.
+    route: RouteNote,
 }
 
 /// What opening the session on a target gave: its round stream, and whether it scores trees.
@@ -47,28 +51,31 @@ async fn open_on(target: &TargetClient, request: OpenSessionRequest) -> Result<O
 
 impl<'a> TargetSession<'a> {
     /// Opens the session on `target`, or on the first of `spares` that opens it when `target`
-    /// went away before the session started.
+    /// went away before the session started, and tells `route` where it opened.
     pub async fn open(
         target: &TargetClient,
         spares: &'a [TargetClient],
+        route: &RouteNote,
         open: OpenSessionRequest,
     ) -> Result<Self, CoordinatorError> {
         let mut release = ReleaseGuard::new(open.session_id.clone(), target.clone());
         let mut spares = spares.iter();
-        let opened = match open_on(target, open.clone()).await {
-            Ok(opened) => opened,
+        let (on, opened) = match open_on(target, open.clone()).await {
+            Ok(opened) => (target, opened),
             Err(err) => match after_open_error(err, spares.len() > 0) {
                 Recovery::FailOver(lost) => {
                     let (next, opened) = fail_over(lost, &mut spares, &open, &open.prompt_token_ids).await?;
                     release.move_to(next.clone());
-                    opened
+                    (next, opened)
                 }
                 Recovery::WithoutDraft(err) | Recovery::Fail(err) => return Err(err),
             },
         };
+        route.opened_on(&on.address);
         let cursor = Cursor { valid: open.prompt_token_ids.len(), pending: Vec::new() };
         let Opened { rounds, scores_trees, cached_tokens } = opened;
-        Ok(Self { rounds, cursor, refills: true, scores_trees, cached_tokens, release, spares, open })
+        let route = route.clone();
+        Ok(Self { rounds, cursor, refills: true, scores_trees, cached_tokens, release, spares, open, route })
     }
 
     /// The target was lost in a round: the session moves to the next spare that opens it,
@@ -76,6 +83,7 @@ impl<'a> TargetSession<'a> {
     pub async fn fail_over(&mut self, lost: CoordinatorError, committed: &[u32]) -> Result<(), CoordinatorError> {
         let (next, opened) = fail_over(lost, &mut self.spares, &self.open, committed).await?;
         self.release.move_to(next.clone());
+        self.route.opened_on(&next.address);
         (self.rounds, self.scores_trees) = (opened.rounds, opened.scores_trees);
         self.cursor = Cursor { valid: committed.len(), pending: Vec::new() };
         self.refills = true;

@@ -37,19 +37,35 @@ const COMMON_FIELDS: &[&str] = &[
     "user",
     "logprobs",
     "cache_salt",
+    // The output constraint (super::constraint).
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ];
 const COMPLETIONS_FIELDS: &[&str] = &["prompt"];
-const CHAT_FIELDS: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    // Tool calling (super::tools).
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
 
 /// OpenAI fields specd cannot honour, each with the values that ask for nothing (clients such
 /// as LangChain send `"logit_bias": null` or `"echo": false` whatever the user set): those
-/// pass, any other value is refused with the field's name.
+/// pass, any other value is refused with the field's name. The tool fields are honoured on
+/// chat (they are chat fields, looked at first) and ask for nothing only on completions; the
+/// legacy `functions` and `function_call` are refused everywhere.
 fn asks_for_nothing(field: &str, value: &Value) -> Option<bool> {
     let neutral = match field {
         "tools" | "functions" => value.as_array().is_some_and(Vec::is_empty),
         "tool_choice" | "function_call" => value == "none",
         "parallel_tool_calls" => value.is_boolean(),
-        "response_format" => value.get("type").is_some_and(|t| t == "text"),
         "suffix" => value == "",
         "echo" => value == false,
         "best_of" => value == 1,
@@ -165,85 +181,6 @@ pub struct SpeculationField {
     pub gamma: Option<u32>,
 }
 
-/// One message of `messages`: `content` is a string, or a list of text parts. The fields an
-/// assistant message replayed from another server carries pass when they hold nothing
-/// (`"tool_calls": null`, `"refusal": null`); with something in them they are refused, as is
-/// `name`, which specd's templates are not given.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MessageField {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<ContentField>,
-    #[serde(default)]
-    tool_calls: Option<Vec<Value>>,
-    #[serde(default)]
-    refusal: Option<String>,
-    #[serde(default)]
-    audio: Option<Value>,
-    #[serde(default)]
-    annotations: Option<Vec<Value>>,
-    #[serde(default)]
-    function_call: Option<Value>,
-}
-
-impl MessageField {
-    /// The fields of an assistant message that ask for something specd does not do.
-    pub fn unsupported(&self) -> Vec<String> {
-        let mut fields = Vec::new();
-        if self.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
-            fields.push("messages[].tool_calls".to_owned());
-        }
-        if self.refusal.is_some() {
-            fields.push("messages[].refusal".to_owned());
-        }
-        if self.audio.as_ref().is_some_and(|a| !a.is_null()) {
-            fields.push("messages[].audio".to_owned());
-        }
-        if self.annotations.as_ref().is_some_and(|a| !a.is_empty()) {
-            fields.push("messages[].annotations".to_owned());
-        }
-        if self.function_call.as_ref().is_some_and(|f| !f.is_null()) {
-            fields.push("messages[].function_call".to_owned());
-        }
-        fields
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum ContentField {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-impl ContentField {
-    /// The text of a message; parts other than text are refused.
-    pub fn into_text(self) -> Result<String, ApiError> {
-        match self {
-            Self::Text(text) => Ok(text),
-            Self::Parts(parts) => parts
-                .into_iter()
-                .map(|part| match (part.kind.as_str(), part.text) {
-                    ("text", Some(text)) => Ok(text),
-                    (kind, _) => Err(ApiError::invalid(
-                        format!("message content of type {kind:?} is not supported: specd serves text models"),
-                        Some("messages"),
-                    )),
-                })
-                .collect(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,25 +192,23 @@ mod tests {
     #[test]
     fn fields_that_change_the_output_are_refused_by_name_and_neutral_ones_pass() {
         let err = parse(r#"{"model":"m","prompt":"x","echo":true,"best_of":3}"#, Endpoint::Completions).unwrap_err();
-        assert_eq!(err.message, "specd does not support best_of, echo; remove them");
-        let err = parse(r#"{"model":"m","messages":[],"tools":[{"type":"function"}]}"#, Endpoint::Chat).unwrap_err();
+        assert_eq!(err.message, "specd does not support echo, best_of; remove them");
+        let err =
+            parse(r#"{"model":"m","prompt":"x","tools":[{"type":"function"}]}"#, Endpoint::Completions).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tools"));
-        let err = parse(r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#, Endpoint::Chat)
-            .unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("response_format"));
+        let legacy = parse(r#"{"model":"m","messages":[],"functions":[{"name":"f"}]}"#, Endpoint::Chat).unwrap_err();
+        assert_eq!(legacy.param.as_deref(), Some("functions"));
+        // Tools are honoured on chat (super::tools), so they pass here.
+        assert!(parse(r#"{"model":"m","messages":[],"tools":[],"tool_choice":"auto"}"#, Endpoint::Chat).is_ok());
+        // Constraints are honoured (super::constraint), so they pass here.
+        assert!(
+            parse(r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#, Endpoint::Chat).is_ok()
+        );
         let neutral = r#"{"model":"m","prompt":"x","echo":false,"best_of":1,"logit_bias":null,"suffix":null,"tools":[],
             "store":false,"metadata":{"user":"u"},"service_tier":"auto"}"#;
         assert!(parse(neutral, Endpoint::Completions).is_ok());
         let stored = parse(r#"{"model":"m","prompt":"x","store":true}"#, Endpoint::Completions).unwrap_err();
         assert_eq!(stored.param.as_deref(), Some("store"));
-        let replayed: MessageField = serde_json::from_str(
-            r#"{"role":"assistant","content":"a","tool_calls":null,"refusal":null,"annotations":[]}"#,
-        )
-        .unwrap();
-        assert!(replayed.unsupported().is_empty());
-        let called: MessageField =
-            serde_json::from_str(r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}"#).unwrap();
-        assert_eq!(called.unsupported(), vec!["messages[].tool_calls".to_owned()]);
     }
 
     #[test]
@@ -296,15 +231,10 @@ mod tests {
     }
 
     #[test]
-    fn prompts_and_contents() {
+    fn prompts() {
         let body = parse(r#"{"model":"m","prompt":[[1,2,3]]}"#, Endpoint::Completions).unwrap();
         assert!(
             matches!(body.get::<PromptField>("prompt").unwrap(), Some(PromptField::TokenLists(l)) if l == [[1, 2, 3]])
         );
-        let parts: ContentField =
-            serde_json::from_str(r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#).unwrap();
-        assert_eq!(parts.into_text().unwrap(), "ab");
-        let image: ContentField = serde_json::from_str(r#"[{"type":"image_url","image_url":{"url":"x"}}]"#).unwrap();
-        assert!(image.into_text().is_err());
     }
 }

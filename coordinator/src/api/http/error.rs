@@ -59,6 +59,18 @@ impl ApiError {
         }
     }
 
+    /// An error of compiling the request's output constraint names the field it came from
+    /// (`response_format`, `tools`, ...); the coordinator's message says what in it is wrong.
+    pub fn naming_constraint(mut self, field: Option<&str>) -> Self {
+        let about_constraint =
+            ["invalid constraint:", "constraint too costly:"].iter().any(|p| self.message.starts_with(p));
+        if let (Some(field), true, StatusCode::BAD_REQUEST) = (field, about_constraint, self.status) {
+            self.message = format!("{field}: {}", self.message);
+            self.param = Some(field.to_owned());
+        }
+        self
+    }
+
     /// OpenAI's error `type` for this status.
     fn kind(&self) -> &'static str {
         match self.status {
@@ -140,6 +152,17 @@ mod tests {
             assert_eq!(body["error"]["message"], "why");
             assert!(body["error"]["param"].is_null() && body["error"]["code"].is_null());
         }
+    }
+
+    #[test]
+    fn a_constraints_errors_name_its_field() {
+        let invalid = ApiError::from(tonic::Status::invalid_argument("invalid constraint: bad schema"));
+        let named = invalid.clone().naming_constraint(Some("response_format"));
+        assert_eq!(named.param.as_deref(), Some("response_format"));
+        assert_eq!(named.message, "response_format: invalid constraint: bad schema");
+        assert_eq!(invalid.clone().naming_constraint(None), invalid);
+        let other = ApiError::from(tonic::Status::invalid_argument("top_k -1 is negative"));
+        assert_eq!(other.clone().naming_constraint(Some("tools")), other);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use specd_proto::v1::{FinishReason, GenerateResponse, OutputLogprob, Speculation
 use specd_text::ModelText;
 
 use super::body::Endpoint;
+use super::calls::{self, CallReader, Read};
 
 /// What every response of one request shares.
 #[derive(Debug, Clone)]
@@ -46,16 +47,23 @@ impl Shape {
         envelope
     }
 
-    /// The whole generation, `all` holding every token and the text.
-    pub fn whole(&self, all: &GenerateResponse, logprobs: Option<Value>) -> Value {
-        let finish = finish_reason(all.finish_reason);
-        let mut choice = match self.endpoint {
-            Endpoint::Completions => json!({"index": 0, "text": all.text, "finish_reason": finish}),
-            Endpoint::Chat => json!({
+    /// The whole generation, `all` holding every token and the text; `calls` reads the text
+    /// for tool calls where the request offered tools.
+    pub fn whole(&self, all: &GenerateResponse, logprobs: Option<Value>, calls: Option<CallReader>) -> Value {
+        let mut finish = finish_reason(all.finish_reason);
+        let mut choice = match (self.endpoint, calls) {
+            (Endpoint::Completions, _) => json!({"index": 0, "text": all.text, "finish_reason": finish}),
+            (Endpoint::Chat, None) => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": all.text},
                 "finish_reason": finish,
             }),
+            (Endpoint::Chat, Some(mut reader)) => {
+                let mut text = reader.push(&all.text).text;
+                text.push_str(&reader.finish().text);
+                finish = with_calls(finish, !reader.calls().is_empty());
+                json!({"index": 0, "message": calls::message(text, reader.calls()), "finish_reason": finish})
+            }
         };
         choice["logprobs"] = logprobs.unwrap_or_default();
         let mut body = self.envelope(false, json!([choice]));
@@ -75,17 +83,72 @@ impl Shape {
     /// One streamed message: its text, and on the last one the finish reason and stats.
     pub fn chunk(&self, message: &GenerateResponse, logprobs: Option<Value>) -> Value {
         let finish = finish_reason(message.finish_reason);
-        let mut choice = match self.endpoint {
-            Endpoint::Completions => json!({"index": 0, "text": message.text, "finish_reason": finish}),
+        match self.endpoint {
+            Endpoint::Completions => {
+                let choice = json!({"index": 0, "text": message.text, "finish_reason": finish});
+                self.with_end(choice, logprobs, finish.and(Some(message)))
+            }
             Endpoint::Chat => {
                 let delta = if message.text.is_empty() { json!({}) } else { json!({"content": message.text}) };
-                json!({"index": 0, "delta": delta, "finish_reason": finish})
+                self.delta_chunk(delta, finish, logprobs, finish.and(Some(message)))
             }
-        };
+        }
+    }
+
+    /// The chunks of one streamed chat message whose text was read for tool calls (`read`):
+    /// the text that is sure not to be a call, then each new call's two deltas (the first
+    /// numbered `first_index`); the message's log-probabilities ride on the first chunk, and
+    /// on its last message the finish reason (`tool_calls` where `called`) and stats on the
+    /// last. `None` of them when there is nothing to send.
+    pub fn call_chunks(
+        &self,
+        message: &GenerateResponse,
+        read: &Read,
+        first_index: usize,
+        called: bool,
+        mut logprobs: Option<Value>,
+    ) -> Vec<Value> {
+        let finish = with_calls(finish_reason(message.finish_reason), called);
+        let mut deltas = Vec::new();
+        if !read.text.is_empty() {
+            deltas.push(json!({"content": read.text}));
+        }
+        for (k, call) in read.calls.iter().enumerate() {
+            deltas.extend(calls::deltas(first_index + k, call));
+        }
+        if deltas.is_empty() && (finish.is_some() || logprobs.is_some()) {
+            deltas.push(json!({}));
+        }
+        let n = deltas.len();
+        deltas
+            .into_iter()
+            .enumerate()
+            .map(|(k, delta)| {
+                let end = if k + 1 == n { finish } else { None };
+                self.delta_chunk(delta, end, logprobs.take(), end.and(Some(message)))
+            })
+            .collect()
+    }
+
+    fn delta_chunk(
+        &self,
+        delta: Value,
+        finish: Option<&str>,
+        logprobs: Option<Value>,
+        last: Option<&GenerateResponse>,
+    ) -> Value {
+        let mut choice = json!({"index": 0, "finish_reason": finish});
+        choice["delta"] = delta;
+        self.with_end(choice, logprobs, last)
+    }
+
+    /// A chunk of one choice; `last`: the generation's last message, whose stats the last
+    /// chunk carries.
+    fn with_end(&self, mut choice: Value, logprobs: Option<Value>, last: Option<&GenerateResponse>) -> Value {
         choice["logprobs"] = logprobs.unwrap_or_default();
         let mut chunk = self.envelope(true, json!([choice]));
-        if finish.is_some() {
-            chunk["specd"] = stats(message.stats.as_ref());
+        if let Some(last) = last {
+            chunk["specd"] = stats(last.stats.as_ref());
         }
         chunk
     }
@@ -153,6 +216,15 @@ impl LogprobFormat {
                 json!({"content": content, "refusal": null})
             }
         }
+    }
+}
+
+/// An output that ended where the model chose (`stop`) after calls ends with `tool_calls`, as
+/// OpenAI's; one cut by the length keeps `length`.
+fn with_calls(finish: Option<&'static str>, called: bool) -> Option<&'static str> {
+    match finish {
+        Some("stop") if called => Some("tool_calls"),
+        other => other,
     }
 }
 
@@ -230,7 +302,7 @@ mod tests {
     #[test]
     fn a_whole_chat_completion_in_openais_shape() {
         let shape = Shape::new(Endpoint::Chat, "r1", 7, "m".into());
-        let body = shape.whole(&message("hi", FinishReason::Eos), None);
+        let body = shape.whole(&message("hi", FinishReason::Eos), None, None);
         assert_eq!(body["id"], "chatcmpl-r1");
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], "hi");
@@ -255,5 +327,41 @@ mod tests {
         let chat = Shape::new(Endpoint::Chat, "r1", 7, "m".into());
         assert_eq!(chat.role_chunk()["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(chat.chunk(&message("", FinishReason::Stop), None)["choices"][0]["delta"], json!({}));
+    }
+
+    #[test]
+    fn calls_end_a_chat_with_tool_calls_unless_the_length_cut_it() {
+        let shape = Shape::new(Endpoint::Chat, "r1", 7, "m".into());
+        let output = "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let reader = || Some(CallReader::new(specd_text::ToolCallFormat::Hermes, None));
+        let body = shape.whole(&message(output, FinishReason::Stop), None, reader());
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], "Sure.\n");
+        assert_eq!(choice["message"]["tool_calls"][0]["function"], json!({"name": "f", "arguments": "{\"a\":1}"}));
+        let cut = shape.whole(&message(output, FinishReason::Length), None, reader());
+        assert_eq!(cut["choices"][0]["finish_reason"], "length");
+        let plain = shape.whole(&message("no calls", FinishReason::Eos), None, reader());
+        assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+        assert!(plain["choices"][0]["message"].get("tool_calls").is_none());
+
+        // Streamed: the text, then the call's two deltas; the logprobs on the first chunk, the
+        // finish reason and stats on the last.
+        let mut reader = CallReader::new(specd_text::ToolCallFormat::Hermes, None);
+        let read = reader.push(output);
+        let chunks =
+            shape.call_chunks(&message(output, FinishReason::Stop), &read, 0, true, Some(json!({"content": []})));
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        assert_eq!(deltas[0], &json!({"content": "Sure.\n"}));
+        assert_eq!(deltas[1]["tool_calls"][0]["function"], json!({"name": "f", "arguments": ""}));
+        assert_eq!(deltas[2]["tool_calls"][0], json!({"index": 0, "function": {"arguments": "{\"a\":1}"}}));
+        assert_eq!(chunks[0]["choices"][0]["logprobs"], json!({"content": []}));
+        assert!(chunks[1]["choices"][0]["logprobs"].is_null());
+        assert!(chunks[..2].iter().all(|c| c["choices"][0]["finish_reason"].is_null() && c.get("specd").is_none()));
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[2]["specd"]["rounds"], 1);
+        // A round whose text is all held back sends nothing.
+        let held = shape.call_chunks(&message("<tool", FinishReason::Unspecified), &Read::default(), 0, false, None);
+        assert!(held.is_empty());
     }
 }

@@ -3,6 +3,10 @@
 //! the usage chunk when asked, then `data: [DONE]`. An error after the stream began is sent
 //! as an event in OpenAI's error shape, and the stream ends.
 //!
+//! Where the request offered tools, a round's text goes through its [`CallReader`] first: text
+//! that may begin a call is held back until it is known not to, and each call is sent, once
+//! complete, as OpenAI's two tool-call deltas.
+//!
 //! The events go through a task of their own, which drops the generation as soon as the
 //! client's connection is gone: the session actor sees its client leave and frees both nodes'
 //! sessions.
@@ -16,6 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
 use super::body::Endpoint;
+use super::calls::CallReader;
 use super::error::ApiError;
 use super::respond::{LogprobFormat, Shape};
 
@@ -26,6 +31,7 @@ pub fn events(
     shape: impl FnOnce(&str) -> Shape + Send + 'static,
     include_usage: bool,
     mut logprobs: Option<LogprobFormat>,
+    mut calls: Option<CallReader>,
 ) -> Events {
     let (tx, rx) = mpsc::channel(16);
     // The shape needs the request id, which the first message carries; the chunks' `created`
@@ -66,8 +72,26 @@ pub fn events(
             let last = message.finish_reason != 0;
             let formatted = logprobs.as_mut().map(|f| f.format(&message.token_ids, &message.logprobs));
             let carries = !message.text.is_empty() || !message.token_ids.is_empty() && formatted.is_some();
-            if (last || carries) && !send(shape.chunk(&message, formatted)).await {
-                return;
+            let chunks = match calls.as_mut() {
+                None if last || carries => vec![shape.chunk(&message, formatted)],
+                None => Vec::new(),
+                Some(reader) => {
+                    let mut read = reader.push(&message.text);
+                    if last {
+                        let rest = reader.finish();
+                        read.text.push_str(&rest.text);
+                        read.calls.extend(rest.calls);
+                    }
+                    let first_index = reader.calls().len() - read.calls.len();
+                    // Log-probabilities come with the tokens that have them.
+                    let formatted = formatted.filter(|_| !message.token_ids.is_empty());
+                    shape.call_chunks(&message, &read, first_index, !reader.calls().is_empty(), formatted)
+                }
+            };
+            for chunk in chunks {
+                if !send(chunk).await {
+                    return;
+                }
             }
         }
         if let Some(shape) = &current

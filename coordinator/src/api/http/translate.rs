@@ -5,8 +5,11 @@ use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use specd_text::ChatMessage;
 
-use super::body::{Body, Endpoint, MessageField, PromptField, SpeculationField, StopField, StreamOptions};
+use super::body::{Body, Endpoint, PromptField, SpeculationField, StopField, StreamOptions};
+use super::constraint::constraint;
 use super::error::ApiError;
+use super::messages::chat_messages;
+use super::tools::{Tools, tools};
 
 /// OpenAI's default `max_tokens` for /v1/completions; chat requests default to the
 /// coordinator's own limit, as OpenAI's chat endpoint has none of its own.
@@ -31,6 +34,10 @@ pub struct HttpRequest {
     pub include_usage: bool,
     /// Asked for log-probabilities (`generate.logprobs` holds how many alternatives).
     pub logprobs: bool,
+    /// The tools a chat offers and how it lets the model call them.
+    pub tools: Option<Tools>,
+    /// The field whose output constraint `generate` carries, for the errors of compiling it.
+    pub constraint_field: Option<&'static str>,
 }
 
 pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiError> {
@@ -71,6 +78,12 @@ pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiErro
     };
     let speculation =
         body.get::<SpeculationField>("speculation")?.map(|s| Speculation { gamma: s.gamma, dense: false });
+    let constraint = constraint(body)?;
+    let constraint_field = constraint.as_ref().map(|(field, _)| *field);
+    let tools = match endpoint {
+        Endpoint::Chat => tools(body, constraint_field)?,
+        Endpoint::Completions => None,
+    };
     let generate = GenerateRequest {
         request_id: String::new(),
         prompt: None,
@@ -84,8 +97,18 @@ pub fn translate(body: &Body, endpoint: Endpoint) -> Result<HttpRequest, ApiErro
         speculation,
         logprobs,
         cache_salt: body.get("cache_salt")?.unwrap_or_default(),
+        constraint: constraint.map(|(_, constraint)| constraint),
     };
-    Ok(HttpRequest { model, prompt, generate, stream, include_usage, logprobs: wants_logprobs })
+    Ok(HttpRequest {
+        model,
+        prompt,
+        generate,
+        stream,
+        include_usage,
+        logprobs: wants_logprobs,
+        tools,
+        constraint_field,
+    })
 }
 
 fn completion_prompt(field: PromptField) -> Result<Prompt, ApiError> {
@@ -102,23 +125,6 @@ fn completion_prompt(field: PromptField) -> Result<Prompt, ApiError> {
         PromptField::Texts(texts) => Err(batch(texts.len())),
         PromptField::TokenLists(lists) => Err(batch(lists.len())),
     }
-}
-
-fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessage>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages is empty", Some("messages")));
-    }
-    let unsupported: Vec<String> = messages.iter().flat_map(MessageField::unsupported).collect();
-    if !unsupported.is_empty() {
-        return Err(ApiError::unsupported(&unsupported));
-    }
-    messages
-        .into_iter()
-        .map(|m| {
-            let content = m.content.map(|c| c.into_text()).transpose()?.unwrap_or_default();
-            Ok(ChatMessage { role: m.role, content })
-        })
-        .collect()
 }
 
 fn max_tokens(body: &Body, endpoint: Endpoint) -> Result<Option<u32>, ApiError> {
@@ -204,7 +210,8 @@ mod tests {
         assert_eq!(r.generate.sampling.unwrap().temperature, None, "unset stays unset: the model's defaults apply");
         let chat = request(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Endpoint::Chat).unwrap();
         assert_eq!(chat.generate.stopping.unwrap().max_new_tokens, None);
-        assert_eq!(chat.prompt, PromptSource::Chat(vec![ChatMessage { role: "user".into(), content: "x".into() }]));
+        assert_eq!(chat.prompt, PromptSource::Chat(vec![ChatMessage::new("user", "x")]));
+        assert_eq!(chat.tools, None);
         let refused = [
             (r#"{"model":"m","prompt":"x","n":2}"#, "n"),
             (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
