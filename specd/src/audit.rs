@@ -87,6 +87,7 @@ impl AuditArgs {
             speculation: Some(Speculation { gamma, dense }),
             logprobs: None,
             cache_salt: String::new(),
+            constraint: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use tokio_stream::StreamExt;
 
 use crate::cli_error::{RpcFailure, invalid};
 use crate::client_args::ClientArgs;
+use crate::constraint_args::ConstraintFlags;
 
 /// Generate text from a running coordinator (`specd up` or `specd coordinator`).
 ///
@@ -45,6 +46,8 @@ pub struct GenerateArgs {
     /// Print the final response as one JSON object.
     #[arg(long, env = "SPECD_JSON")]
     json: bool,
+    #[command(flatten)]
+    constraint: ConstraintFlags,
 }
 
 /// The sampling settings of a request, as flags.
@@ -100,6 +103,7 @@ impl GenerateArgs {
             speculation: Some(Speculation { gamma: self.gamma, dense: self.dense }),
             logprobs: None,
             cache_salt: String::new(),
+            constraint: self.constraint.to_wire(),
         }
     }
 }

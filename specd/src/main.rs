@@ -3,6 +3,7 @@
 //! Subcommands live in their own modules:
 //! - [`serve`]: `up`, `target`, `draft`, `coordinator`: the roles as gRPC servers;
 //! - [`generate`]: a client of the public Generation API;
+//! - [`constraint_args`]: a request's output constraint as flags (generate, bench);
 //! - [`bench`]: speculative against target-only decoding, with the analytic bound;
 //!   with `--netns` the roles run in network namespaces;
 //! - [`delay_proxy`]: the hidden `delay-proxy`, a TCP proxy adding latency (for --netns);
@@ -30,6 +31,7 @@ mod audit;
 mod bench;
 mod cli_error;
 mod client_args;
+mod constraint_args;
 mod cost;
 mod delay_proxy;
 mod distribution_arg;

@@ -300,35 +300,44 @@ fn bad_arguments_are_refused_with_exit_code_2() {
         &["models", "demo", "--preset", "tiny", "--device", "cuda:99"],
         &["bench", "--embedded", "--demo-dir", "/nonexistent/dir"],
         &["bench", "--embedded", "--repeat", "0"],
+        &["bench", "--embedded", "--workload", "chat", "--concurrency", "2"],
+        &["bench", "--embedded", "--workload", "chat", "--turns", "0"],
+        &["bench", "--embedded", "--workload", "talk"],
     ] {
         let out = specd(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 
+/// `specd bench --embedded` on the shared pair with `prompts` (a prompts file's text) and
+/// `args`: its JSON report.
+fn bench_json(name: &str, prompts: &str, args: &[&str]) -> Value {
+    let file = std::env::temp_dir().join(format!("specd-bench-{name}-{}", std::process::id()));
+    std::fs::write(&file, prompts).unwrap();
+    let pair = shared_pair().to_str().unwrap();
+    let mut all = vec!["bench", "--embedded", "--demo-dir", pair, "--prompts", file.to_str().unwrap(), "--json"];
+    all.extend(args);
+    let out = specd(&all);
+    let _ = std::fs::remove_file(&file);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("bench JSON")
+}
+
+/// A number of a report.
+fn number(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Equal but for rounding.
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
 #[test]
 fn bench_json_is_complete_and_consistent() {
-    let prompts = std::env::temp_dir().join(format!("specd-bench-prompts-{}", std::process::id()));
-    std::fs::write(&prompts, "def f(x):\n---\nimport os\n").unwrap();
-    let out = specd(&[
-        "bench",
-        "--embedded",
-        "--demo-dir",
-        shared_pair().to_str().unwrap(),
-        "--prompts",
-        prompts.to_str().unwrap(),
-        "--max-new-tokens",
-        "12",
-        "--repeat",
-        "3",
-        "--gamma",
-        "3",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let r: Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
-    let f = |v: &Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+    let args = ["--max-new-tokens", "12", "--repeat", "3", "--gamma", "3"];
+    let r = bench_json("prompts", "def f(x):\n---\nimport os\n", &args);
+    let f = number;
     for key in [
         "target_only_tokens_per_s",
         "speculative_tokens_per_s",
@@ -382,5 +391,56 @@ fn bench_json_is_complete_and_consistent() {
     assert!((0.0..=1.0).contains(&alpha));
     // With γ = 3 a round commits between 1 and 4 tokens.
     assert!((1.0..=4.0).contains(&f(&r["mean_tokens_per_round"])), "{}", r["mean_tokens_per_round"]);
-    let _ = std::fs::remove_file(prompts);
+}
+
+#[test]
+fn bench_chat_workload_reports_every_mode_and_reuses_only_where_it_shares_a_salt() {
+    let args = [
+        "--workload",
+        "chat",
+        "--conversations",
+        "2",
+        // The test pair's context is 64 tokens: two turns fit.
+        "--turns",
+        "2",
+        "--system-tokens",
+        "24",
+        "--max-new-tokens",
+        "6",
+        // A fixed γ: every speculative request opens a draft session.
+        "--gamma",
+        "2",
+    ];
+    let r = bench_json("chat", "a = 1\n---\nb = 2\n", &args);
+    let f = number;
+    assert!(f(&r["system_prompt_tokens"]) >= 24.0, "{}", r["system_prompt_tokens"]);
+    let modes = &r["modes"];
+    for (mode, reuses) in [
+        ("speculative, cache reused", true),
+        ("speculative, no reuse", false),
+        ("target-only, cache reused", true),
+        ("target-only, no reuse", false),
+    ] {
+        let m = &modes[mode];
+        assert_eq!(f(&m["tokens"]), 2.0 * 2.0 * 6.0, "{mode}: {m}");
+        assert_eq!(m["ttft_ms_median_by_turn"].as_array().map(Vec::len), Some(2), "{mode}: {m}");
+        let reused = f(&m["target_reused_after_first_turn"]);
+        // A later turn resends the system prompt and the turns before: most of it is cached.
+        if reuses {
+            assert!(reused > 0.5, "{mode}: {m}");
+        } else {
+            assert_eq!(reused, 0.0, "{mode}: another salt for every request reuses nothing: {m}");
+        }
+        if mode.starts_with("speculative") {
+            assert_eq!(m["turns_after_first_with_a_draft_session"], 2, "{mode}: {m}");
+            assert_eq!(f(&m["draft_reused_after_first_turn"]) > 0.5, reuses, "{mode}: {m}");
+        } else {
+            assert!(m["draft_reused_after_first_turn"].is_null(), "target-only opens no draft session: {m}");
+        }
+    }
+    for (key, prefix) in [("speculative", "speculative"), ("target_only", "target-only")] {
+        let (on, off) = (&modes[format!("{prefix}, cache reused")], &modes[format!("{prefix}, no reuse")]);
+        let total = f(&off["total_s"]) / f(&on["total_s"]);
+        assert!(close(f(&r[key]["total_time_speedup_with_cache"]), total), "{}", r[key]);
+    }
 }

@@ -77,6 +77,75 @@ fn chat_model() -> PathBuf {
     dir
 }
 
+/// The byte-level fixture, whose tokenizer can write JSON, as a chat model whose template
+/// writes tool calls in the Hermes / Qwen2.5 format (`tools_hermes.jinja`, written for
+/// specd-text's tests and checked against transformers there), and its draft.
+fn json_chat_pair() -> (PathBuf, PathBuf) {
+    let target = longer("llama_bytes", "openai-json-model");
+    let template =
+        std::fs::read_to_string(workspace().join("text/tests/fixtures/chat_templates/tools_hermes.jinja")).unwrap();
+    let config = serde_json::json!({"chat_template": template, "bos_token": "<s>", "eos_token": "</s>"});
+    std::fs::write(target.join("tokenizer_config.json"), config.to_string()).unwrap();
+    (target, longer("llama_bytes_draft", "openai-json-draft"))
+}
+
+#[test]
+fn the_openai_client_gets_structured_outputs_and_tool_calls() {
+    let (target, draft) = json_chat_pair();
+    let (_up, http, _) = up_pair(&target, &draft, &[]);
+    run_client("structured", &["--base", &format!("http://{http}/v1"), "--model", "openai-json-model"], 11);
+    streamed_tool_call_over_raw_http(&http);
+}
+
+/// A named call streamed over raw HTTP, as curl sees it: the role, the call's id, type and
+/// name with empty arguments, then its arguments, `tool_calls` on the last chunk, `[DONE]`.
+fn streamed_tool_call_over_raw_http(http: &str) {
+    let body = serde_json::json!({
+        "model": "openai-json-model",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"unit": {"enum": ["C", "F"]}}, "required": ["unit"]}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "stream": true,
+        "seed": 1,
+    });
+    let response = post(http, "/v1/chat/completions", &body.to_string());
+    let events: Vec<&str> = response.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{response}");
+    let chunks: Vec<serde_json::Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("a JSON chunk")).collect();
+    let deltas: Vec<&serde_json::Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    assert_eq!(deltas[0]["role"], "assistant", "{response}");
+    let head = &deltas[1]["tool_calls"][0];
+    assert_eq!(
+        (&head["index"], &head["type"], &head["function"]["name"]),
+        (&0.into(), &"function".into(), &"get_weather".into())
+    );
+    assert!(head["id"].as_str().is_some_and(|id| id.starts_with("call_")), "{head}");
+    let arguments = deltas[2]["tool_calls"][0]["function"]["arguments"].as_str().expect("the arguments");
+    let arguments: serde_json::Value = serde_json::from_str(arguments).expect("JSON arguments");
+    assert!(["C", "F"].contains(&arguments["unit"].as_str().unwrap_or_default()), "{arguments}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls", "{response}");
+    assert!(deltas.iter().all(|d| d.get("content").is_none_or(|c| c == "")), "no text beside a required call");
+}
+
+/// A POST over raw HTTP/1.1 as curl sends it; the whole response, headers first (200 checked).
+fn post(http: &str, path: &str, body: &str) -> String {
+    let mut socket = TcpStream::connect(http).unwrap();
+    write!(
+        socket,
+        "POST {path} HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).unwrap();
+    let (head, _) = response.split_once("\r\n\r\n").expect("headers end");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    response
+}
+
 #[test]
 fn the_openai_client_completes_chats_streams_and_gets_openais_errors() {
     // Another model drafts, so that the rule rejects candidates: log-probabilities are checked
@@ -149,18 +218,7 @@ fn server_sent_events_over_raw_http() {
     let model = hf_fixture("llama_tied");
     let (_up, http, _) = up(&model, &[]);
     let body = r#"{"model":"llama_tied","prompt":"the quick","max_tokens":6,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#;
-    let mut socket = TcpStream::connect(&http).unwrap();
-    write!(
-        socket,
-        "POST /v1/completions HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    socket.read_to_string(&mut response).unwrap();
-    let (head, _) = response.split_once("\r\n\r\n").expect("headers end");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    let response = post(&http, "/v1/completions", body);
     // Chunked transfer encoding frames the events; the events themselves are `data: ` lines.
     let events: Vec<&str> = response.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(events.last(), Some(&"[DONE]"), "{response}");

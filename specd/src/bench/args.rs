@@ -9,10 +9,17 @@ use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCrit
 
 use super::netns::{NetnsOptions, draft_delay};
 use crate::cli_error::invalid;
+use crate::constraint_args::ConstraintFlags;
 use crate::serve::{DraftOptions, GammaFlag, NodeOptions, ProposerOptions, parse_gamma, parse_on_off};
 
-/// The next bench request's `cache_salt` ([`BenchArgs::request`]).
+/// The next bench request's `cache_salt` ([`unique_salt`]).
 static NEXT_SALT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A `cache_salt` no other request of this process carries: its request shares nothing with
+/// any other in the nodes' prefix caches.
+pub(super) fn unique_salt() -> String {
+    format!("bench-{}-{}", std::process::id(), NEXT_SALT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
 
 /// Measure speculative decoding against target-only decoding on the same prompts.
 ///
@@ -94,6 +101,9 @@ pub struct BenchArgs {
     /// For --embedded and --netns.
     #[command(flatten)]
     pub(super) draft: DraftOptions,
+    /// Every request's output constraint (both modes: the speedup under it).
+    #[command(flatten)]
+    pub(super) constraint: ConstraintFlags,
     /// The draft node's proposer, for --embedded and --netns.
     #[command(flatten)]
     pub(super) proposer: ProposerOptions,
@@ -106,6 +116,24 @@ pub struct BenchArgs {
     /// modes, next to one client alone.
     #[arg(long, env = "SPECD_BENCH_CONCURRENCY", default_value_t = 1)]
     pub(super) concurrency: usize,
+    /// What the clients send. `prompts`: each prompt alone, speculative against target-only.
+    /// `chat`: --conversations conversations of --turns turns, all opening with one system
+    /// prompt of about --system-tokens tokens (built from the prompt set), each turn resending
+    /// the conversation so far plus a user message; it reports time to first token per turn,
+    /// total time and tokens/s with the nodes' prefix caches reused and not, speculative and
+    /// target-only.
+    #[arg(long, env = "SPECD_BENCH_WORKLOAD", default_value = "prompts", value_parser = ["prompts", "chat"])]
+    pub(super) workload: String,
+    /// Conversations of the chat workload.
+    #[arg(long, env = "SPECD_BENCH_CONVERSATIONS", default_value_t = 4)]
+    pub(super) conversations: usize,
+    /// Turns per conversation of the chat workload.
+    #[arg(long, env = "SPECD_BENCH_TURNS", default_value_t = 4)]
+    pub(super) turns: usize,
+    /// The chat workload's shared system prompt, in tokens (at least; whole copies of the
+    /// prompt set). The last turn's prompt and reply must fit the model's context.
+    #[arg(long, env = "SPECD_BENCH_SYSTEM_TOKENS", default_value_t = 1024)]
+    pub(super) system_tokens: u32,
 }
 
 impl BenchArgs {
@@ -133,6 +161,14 @@ impl BenchArgs {
         }
         if !(1..=1024).contains(&self.concurrency) {
             return Err(invalid(format!("--concurrency {} must be between 1 and 1024", self.concurrency)));
+        }
+        if self.workload == "chat" {
+            if self.concurrency > 1 {
+                return Err(invalid("--workload chat runs one client: leave --concurrency at 1"));
+            }
+            if self.conversations == 0 || self.turns == 0 || self.system_tokens == 0 {
+                return Err(invalid("--conversations, --turns and --system-tokens must be at least 1"));
+            }
         }
         if self.max_new_tokens == 0 {
             return Err(invalid("--max-new-tokens must be at least 1"));
@@ -174,6 +210,20 @@ impl BenchArgs {
     }
 
     pub(super) fn request(&self, prompt: &str, gamma: Option<u32>, seed: u64) -> tonic::Request<GenerateRequest> {
+        // Every request its own salt: the nodes' prefix caches share nothing between them,
+        // so that the mode that runs a prompt second does not find it cached.
+        self.request_with(prompt, gamma, seed, unique_salt(), self.max_new_tokens)
+    }
+
+    /// A request of `max_new_tokens` tokens under `cache_salt`.
+    pub(super) fn request_with(
+        &self,
+        prompt: &str,
+        gamma: Option<u32>,
+        seed: u64,
+        cache_salt: String,
+        max_new_tokens: u32,
+    ) -> tonic::Request<GenerateRequest> {
         let message = GenerateRequest {
             request_id: String::new(),
             prompt: Some(Prompt::Text(prompt.to_owned())),
@@ -183,15 +233,14 @@ impl BenchArgs {
                 ..Default::default()
             }),
             stopping: Some(StoppingCriteria {
-                max_new_tokens: Some(self.max_new_tokens),
+                max_new_tokens: Some(max_new_tokens),
                 ignore_eos: true,
                 ..Default::default()
             }),
             speculation: Some(Speculation { gamma, dense: false }),
             logprobs: None,
-            // Every request its own salt: the nodes' prefix caches share nothing between
-            // them, so that the mode that runs a prompt second does not find it cached.
-            cache_salt: format!("bench-{}", NEXT_SALT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            cache_salt,
+            constraint: self.constraint.to_wire(),
         };
         let mut request = tonic::Request::new(message);
         if let Some(token) = &self.api_token

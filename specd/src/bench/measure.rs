@@ -1,11 +1,14 @@
 //! The measurement itself: one warm-up pair, then for each pass and prompt a target-only and
-//! a speculative request, alternating which goes first (`--concurrency` above 1: [`load`]).
+//! a speculative request, alternating which goes first (`--concurrency` above 1: [`load`];
+//! `--workload chat`: [`chat`]).
 //!
 //! [`load`]: super::load
+//! [`chat`]: super::chat
 
 use specd_proto::v1::generation_client::GenerationClient;
 
 use super::args::BenchArgs;
+use super::chat;
 use super::load;
 use super::report;
 use super::sample::run_one;
@@ -28,6 +31,9 @@ pub(super) async fn measure(
     // One unmeasured pair first: connections, allocator, the models' first passes.
     run_one(&mut client, args.request(&prompts[0], Some(0), args.seed)).await?;
     run_one(&mut client, args.request(&prompts[0], spec_gamma, args.seed)).await?;
+    if args.workload == "chat" {
+        return chat::measure(args, &mut client, &endpoint, prompts).await;
+    }
     if args.concurrency > 1 {
         return load::measure(args, &client, &endpoint, prompts, spec_gamma).await;
     }

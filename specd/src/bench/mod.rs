@@ -6,6 +6,7 @@
 //! tokens per prompt and tokens/s compare like with like.
 
 mod args;
+mod chat;
 mod embedded;
 mod load;
 mod measure;
@@ -61,6 +62,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.json {
         outln!("{report}");
         return Ok(());
+    }
+    if args.workload == "chat" {
+        return Ok(chat::print_table(&report)?);
     }
     if args.concurrency > 1 {
         return Ok(load::print_table(&report)?);

@@ -23,6 +23,10 @@ pub(crate) struct Sample {
     pub(crate) wall: Duration,
     pub(crate) stats: SpeculationStats,
     pub(crate) token_ids: Vec<u32>,
+    /// The output as text, where the request's prompt was text.
+    pub(crate) text: String,
+    /// The prompt's tokens, as the coordinator counted them.
+    pub(crate) prompt_tokens: u64,
     /// From the request to its last tokens, before its last reply (finish reason, usage).
     pub(crate) to_last_tokens: Duration,
     /// Its first round: the tokens it streamed, the time they took from the request, and the
@@ -57,7 +61,7 @@ impl Sample {
             stats,
             token_ids: self.token_ids.get(first.token_ids.len()..).unwrap_or_default().to_vec(),
             to_last_tokens: self.to_last_tokens.saturating_sub(first.wall),
-            first_round: None,
+            ..Sample::default()
         }
     }
 }
@@ -70,6 +74,7 @@ pub(crate) async fn run_one(
     let started = Instant::now();
     let mut stream = client.generate_stream(request).await.map_err(RpcFailure)?.into_inner();
     let (mut token_ids, mut stats, mut usage, mut first_round) = (Vec::new(), None, None, None);
+    let mut text = String::new();
     let (mut to_last_tokens, mut answered) = (Duration::ZERO, None);
     while let Some(message) = stream.next().await {
         let message = message.map_err(RpcFailure)?;
@@ -82,6 +87,7 @@ pub(crate) async fn run_one(
             answered = Some(started.elapsed());
         }
         token_ids.extend_from_slice(&message.token_ids);
+        text.push_str(&message.text);
         stats = message.stats.or(stats);
         usage = message.usage.or(usage);
         if first_round.is_none() && !message.token_ids.is_empty() {
@@ -91,13 +97,15 @@ pub(crate) async fn run_one(
                 stats: stats.clone().unwrap_or_default(),
                 token_ids: message.token_ids,
                 to_last_tokens,
-                first_round: None,
+                ..Sample::default()
             }));
         }
     }
     let wall = answered.unwrap_or_else(|| started.elapsed());
     let tokens = usage.map_or(token_ids.len() as u64, |u| u64::from(u.completion_tokens));
-    Ok(Sample { tokens, wall, stats: stats.unwrap_or_default(), token_ids, to_last_tokens, first_round })
+    let prompt_tokens = usage.map_or(0, |u| u64::from(u.prompt_tokens));
+    let stats = stats.unwrap_or_default();
+    Ok(Sample { tokens, wall, stats, token_ids, text, prompt_tokens, to_last_tokens, first_round })
 }
 
 #[cfg(test)]
@@ -122,7 +130,7 @@ mod tests {
             stats: stats(1, 30, 2.0),
             token_ids: vec![1, 2, 3],
             to_last_tokens: Duration::from_millis(40),
-            first_round: None,
+            ..Sample::default()
         };
         let whole = Sample {
             tokens: 10,
@@ -131,6 +139,7 @@ mod tests {
             token_ids: (1..=10).collect(),
             to_last_tokens: Duration::from_millis(100),
             first_round: Some(Box::new(first)),
+            ..Sample::default()
         };
         // The 10 ms after the last tokens are the generation's end, not decoding.
         let rest = whole.after_first_round();

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 use specd_coordinator::{
-    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, RuleVariant, TreeSetting,
+    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, RuleVariant, ToolCallFormat,
+    TreeSetting,
 };
 use specd_proto::tls::ClientTls;
 use specd_sampling::{MAX_GAMMA, Truncation, Verification};
@@ -156,6 +157,22 @@ pub struct HttpOptions {
     /// The model name HTTP clients must send; unset: the target model directory's name.
     #[arg(long, env = "SPECD_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
+    /// The syntax the model writes tool calls in, for chat requests with `tools`: hermes
+    /// (`<tool_call>` JSON, Qwen2.5), llama3 (`{"name", "parameters"}`, Llama 3.1) or mistral
+    /// (`[TOOL_CALLS]`), or `auto`: the one the model's chat template shows.
+    #[arg(long, env = "SPECD_TOOL_CALL_FORMAT", default_value = "auto", value_parser = parse_tool_call_format)]
+    tool_call_format: ToolCallFormatChoice,
+}
+
+/// `--tool-call-format`: a format, or `auto` (`None`).
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCallFormatChoice(Option<ToolCallFormat>);
+
+fn parse_tool_call_format(s: &str) -> Result<ToolCallFormatChoice, String> {
+    match s {
+        "auto" => Ok(ToolCallFormatChoice(None)),
+        _ => s.parse().map(|f| ToolCallFormatChoice(Some(f))).map_err(|e| format!("{e} or auto")),
+    }
 }
 
 /// `--http-listen`: an address, or `off`.
@@ -179,7 +196,8 @@ impl HttpOptions {
     pub(super) async fn bind(&self, default: Option<SocketAddr>) -> anyhow::Result<Option<(TcpListener, HttpConfig)>> {
         let Some(addr) = self.address(default) else { return Ok(None) };
         let listener = bind(addr).await?;
-        let config = HttpConfig { served_model_name: self.served_model_name.clone() };
+        let config =
+            HttpConfig { served_model_name: self.served_model_name.clone(), tool_call_format: self.tool_call_format.0 };
         Ok(Some((listener, config)))
     }
 
