@@ -3,6 +3,9 @@
 
 Usage: make_fixtures.py OUT_DIR
 
+`llama_bytes` has a byte-level tokenizer that can write any text (for the output-constraint
+tests); the others share a letters-only tokenizer of 96 tokens.
+
 Every fixture is made here from random weights with a fixed seed: nothing is downloaded.
 Each checkpoint directory holds what a real one does (config.json, model.safetensors or a
 sharded model.safetensors.index.json, tokenizer.json, generation_config.json) plus
@@ -50,7 +53,34 @@ def make_tokenizer(path):
     return tok
 
 
-def write_fixture(root, name, config, eos, shard=False, tok=None):
+# A tokenizer that can write any text: every byte is a token (the byte-level alphabet), with
+# merges learnt from JSON, for the output-constraint tests (a JSON schema needs `{`, `"`,
+# digits, which the letters-only tokenizer above lacks).
+BYTES_VOCAB = 384
+JSON_CORPUS = [
+    '{"name": "Ada", "age": 36, "tags": ["math", "code"], "ok": true}',
+    '{"city": "Paris", "population": 2102650, "capital": true, "rivers": ["Seine"]}',
+    '[{"id": 1, "value": -2.5}, {"id": 2, "value": null}]',
+    "the quick brown fox jumps over the lazy dog 0123456789",
+] * 20
+
+
+def make_bytes_tokenizer(path):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BYTES_VOCAB,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(JSON_CORPUS, trainer=trainer)
+    tok.save(path)
+    return tok
+
+
+def write_fixture(root, name, config, eos, shard=False, tok=None, tok_file="tokenizer.json"):
     torch.manual_seed(zlib.crc32(name.encode()))
     d = os.path.join(root, name)
     os.makedirs(d)
@@ -68,7 +98,7 @@ def write_fixture(root, name, config, eos, shard=False, tok=None):
     gen = {"bos_token_id": 1, "eos_token_id": eos}
     with open(os.path.join(d, "generation_config.json"), "w") as f:
         json.dump(gen, f)
-    shutil.copy(os.path.join(root, "tokenizer.json"), os.path.join(d, "tokenizer.json"))
+    shutil.copy(os.path.join(root, tok_file), os.path.join(d, "tokenizer.json"))
     ids = torch.tensor([TOKEN_IDS])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].to(torch.float32)
@@ -288,6 +318,18 @@ def main():
     ]
     for name, cfg, eos, shard in fixtures:
         write_fixture(tmp, name, cfg, eos, shard=shard, tok=tok)
+    bytes_tok = make_bytes_tokenizer(os.path.join(tmp, "tokenizer_bytes.json"))
+    bytes_config = transformers.LlamaConfig(
+        **dict(common, vocab_size=BYTES_VOCAB, bos_token_id=0, eos_token_id=1, max_position_embeddings=256),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    write_fixture(tmp, "llama_bytes", bytes_config, 1, tok=bytes_tok, tok_file="tokenizer_bytes.json")
+    # Its draft: another random model on the same tokenizer, one layer.
+    bytes_draft = transformers.LlamaConfig(**dict(bytes_config.to_dict(), num_hidden_layers=1))
+    write_fixture(tmp, "llama_bytes_draft", bytes_draft, 1, tok=bytes_tok, tok_file="tokenizer_bytes.json")
     # Defaults transformers gives configs that leave a key out, for the loader to match.
     defaults = {"mistral_sliding_window": transformers.MistralConfig().sliding_window}
     with open(os.path.join(tmp, "defaults.json"), "w") as f:

@@ -15,6 +15,14 @@ Checks against one server:
       504 when a deadline sent as `grpc-timeout` passes.
   unavailable --base URL --model NAME
       a coordinator whose only target is gone: 503.
+  structured --base URL --model NAME
+      a model whose byte-level tokenizer can write JSON, with a chat template in the Hermes
+      tool-call format: response_format json_schema and chat.completions.parse with a Pydantic
+      model give outputs valid under the schema whenever they end with `stop`; tool_choice
+      required and named give calls of offered functions whose arguments satisfy their schemas,
+      auto gives a well-formed answer, streamed calls assembled from their deltas equal the
+      unary ones, a conversation carries calls and results back; and the errors (an invalid
+      schema, an unknown tool, two constraints, malformed tools) are 400s naming the field.
 
 Every check asserts; the script prints one `ok: ...` line per check and exits non-zero on the
 first failure.
@@ -30,7 +38,7 @@ import urllib.request
 import openai
 
 parser = argparse.ArgumentParser()
-parser.add_argument("check", choices=["basics", "guarded", "unavailable"])
+parser.add_argument("check", choices=["basics", "guarded", "unavailable", "structured"])
 parser.add_argument("--base", required=True)
 parser.add_argument("--model", required=True)
 parser.add_argument("--token", default="unused")
@@ -182,9 +190,14 @@ def chat_checks():
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == message.content, (streamed, message.content)
     ok(f"chat streaming: {len(chunks)} chunks, role first, usage last, the unary text")
+    # Tools are offered to the template (Qwen2.5's); the output is free, and well-formed.
+    offered = client.chat.completions.create(model=args.model, messages=messages, max_completion_tokens=10, seed=3,
+                                             tools=[{"type": "function", "function": {"name": "f"}}], extra_body=FIXED)
+    assert offered.usage.prompt_tokens > whole.usage.prompt_tokens, (offered.usage, whole.usage)
+    assert offered.choices[0].finish_reason in ("stop", "length", "tool_calls"), offered.choices[0]
     expect_error(openai.BadRequestError, 400, lambda: client.chat.completions.create(
-        model=args.model, messages=messages, tools=[{"type": "function", "function": {"name": "f"}}]), param="tools")
-    ok("chat with tools: 400 naming tools")
+        model=args.model, messages=messages, functions=[{"name": "f"}]), param="functions")
+    ok("chat with tools renders them into the prompt; the legacy functions: 400 naming it")
 
 
 def logprob_checks():
@@ -294,4 +307,187 @@ def unavailable():
     ok(f"503 when the target is gone: {gone['message']!r}")
 
 
-{"basics": basics, "guarded": guarded, "unavailable": unavailable}[args.check]()
+def satisfies(schema, text):
+    """The JSON text, parsed and checked against the schema."""
+    import jsonschema
+
+    value = json.loads(text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["name", "age", "color"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                      "parameters": WEATHER, "strict": True}},
+    {"type": "function", "function": {"name": "now", "description": "The time."}},
+]
+SCHEMAS = {"get_weather": WEATHER, "now": {"type": "object", "additionalProperties": False}}
+
+
+def chat(**kw):
+    kw.setdefault("messages", [{"role": "user", "content": "What is the weather in Paris?"}])
+    kw.setdefault("max_completion_tokens", 96)
+    kw.setdefault("extra_body", FIXED)
+    return client.chat.completions.create(model=args.model, **kw)
+
+
+def check_calls(calls):
+    """Every call is an offered function's, with an id and arguments valid under its schema."""
+    assert calls, "no calls"
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_") and len(call.id) > 5, call
+        assert call.function.name in SCHEMAS, call
+        satisfies(SCHEMAS[call.function.name], call.function.arguments)
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+
+
+def assembled(chunks):
+    """A stream's text, calls (by index: id, name, arguments) and finish reason."""
+    text, calls, finish = "", {}, None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        text += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+            if delta.id:
+                assert call["id"] is None, ("a second id for one call", delta)
+                call["id"] = delta.id
+            if delta.function and delta.function.name:
+                call["name"] += delta.function.name
+            if delta.function and delta.function.arguments:
+                call["arguments"] += delta.function.arguments
+        if choice.finish_reason is not None:
+            assert finish is None, "two finish reasons"
+            finish = choice.finish_reason
+    assert sorted(calls) == list(range(len(calls))), calls
+    return text, [calls[i] for i in range(len(calls))], finish
+
+
+def structured():
+    # response_format json_schema: whatever ends with `stop` is valid under the schema.
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    finishes = []
+    for seed in range(6):
+        reply = chat(response_format=fmt, seed=seed, temperature=1.0, max_completion_tokens=64)
+        choice = reply.choices[0]
+        finishes.append(choice.finish_reason)
+        if choice.finish_reason == "stop":
+            satisfies(PERSON, choice.message.content)
+    assert "stop" in finishes, finishes
+    ok(f"response_format json_schema: every output that stops is valid ({finishes})")
+
+    from typing import Literal
+
+    import pydantic
+
+    class Pick(pydantic.BaseModel):
+        color: Literal["red", "green", "blue"]
+        ok: bool
+        size: int = pydantic.Field(ge=0, le=99)
+
+    parsed = client.chat.completions.parse(
+        model=args.model, messages=[{"role": "user", "content": "Pick a color."}], response_format=Pick,
+        max_completion_tokens=64, seed=1, extra_body=FIXED)
+    choice = parsed.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert isinstance(choice.message.parsed, Pick), choice.message
+    assert Pick.model_validate_json(choice.message.content) == choice.message.parsed
+    ok(f"chat.completions.parse with a Pydantic model: {choice.message.parsed!r}")
+
+    # tool_choice required, one call: the output is that call.
+    for seed in range(3):
+        reply = chat(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, seed=seed, temperature=1.0)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None and len(choice.message.tool_calls) == 1, choice.message
+        check_calls(choice.message.tool_calls)
+    ok(f"tool_choice required: one call, valid arguments ({choice.message.tool_calls[0].function})")
+
+    # Parallel calls allowed: every call valid where the model ended them.
+    reply = chat(tools=TOOLS, tool_choice="required", seed=4, temperature=1.0, max_completion_tokens=160)
+    choice = reply.choices[0]
+    if choice.finish_reason == "tool_calls":
+        check_calls(choice.message.tool_calls)
+    else:
+        assert choice.finish_reason == "length", choice
+    ok(f"tool_choice required with parallel calls: {choice.finish_reason}, "
+       f"{len(choice.message.tool_calls or [])} calls")
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    called = chat(tools=TOOLS, tool_choice=named, seed=5, temperature=1.0)
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+    [(name, arguments)] = check_calls(choice.message.tool_calls)
+    assert name == "get_weather", name
+    ok(f"a named tool_choice calls that function: {arguments}")
+
+    # Streaming: the calls assembled from their deltas equal the unary ones of the same seed.
+    for kw in (dict(tool_choice=named, seed=5), dict(tool_choice="required", seed=4, max_completion_tokens=160),
+               dict(seed=6)):
+        unary = chat(tools=TOOLS, temperature=1.0, **kw).choices[0]
+        text, calls, finish = assembled(chat(tools=TOOLS, temperature=1.0, stream=True, **kw))
+        assert finish == unary.finish_reason, (finish, unary.finish_reason)
+        want = [(c.function.name, c.function.arguments) for c in unary.message.tool_calls or []]
+        assert [(c["name"], c["arguments"]) for c in calls] == want, (calls, want)
+        assert all(c["id"] and c["id"].startswith("call_") for c in calls), calls
+        assert text == (unary.message.content or ""), (text, unary.message.content)
+    ok("streamed tool calls, assembled from their deltas, equal the unary ones")
+
+    # auto: the output is free; whatever it is, the answer is well-formed.
+    for seed in range(3):
+        choice = chat(tools=TOOLS, seed=seed, temperature=1.0, max_completion_tokens=24).choices[0]
+        assert choice.finish_reason in ("stop", "length", "tool_calls"), choice
+        if choice.finish_reason == "tool_calls":
+            check_calls(choice.message.tool_calls)
+        else:
+            assert isinstance(choice.message.content, str), choice.message
+    ok("tool_choice auto: a well-formed answer")
+
+    # The call and its result go back to the model in the next turn.
+    call = called.choices[0].message.tool_calls[0]
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "21 C"}]
+    after = chat(messages=history, tools=TOOLS, seed=1, max_completion_tokens=8)
+    assert after.usage.prompt_tokens > called.usage.prompt_tokens, (after.usage, called.usage)
+    ok("a conversation carries the call and its result back")
+
+    def bad(param, message, **kw):
+        body = expect_error(openai.BadRequestError, 400, lambda: chat(**kw), param=param)
+        assert message in body["message"], body
+        return body
+
+    broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "two"}}}
+    body = bad("response_format", "response_format: invalid constraint", response_format=broken)
+    ok(f"an invalid schema: 400 naming it ({body['message'][:100]!r})")
+    bad_tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "two"}}}]
+    body = bad("tools", "tools: invalid constraint", tools=bad_tool, tool_choice="required")
+    ok(f"an invalid parameters schema with a required call: 400 naming tools ({body['message'][:100]!r})")
+    bad("tool_choice", "not in tools", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    bad("tool_choice", "response_format", tools=TOOLS, tool_choice="required", response_format=fmt)
+    bad("guided_regex", "response_format and guided_regex", response_format=fmt, extra_body={"guided_regex": "a+"})
+    bad("tools", "must be unique", tools=TOOLS + TOOLS[:1])
+    bad("tools", "must describe an object",
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])
+    ok("400s naming the field: unknown tool, two constraints, duplicate tools, parameters not an object")
+
+
+{"basics": basics, "guarded": guarded, "unavailable": unavailable, "structured": structured}[args.check]()

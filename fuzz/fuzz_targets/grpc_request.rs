@@ -27,6 +27,7 @@ fn facts(has_tokenizer: bool) -> ModelFacts {
         draft_model: Some("d".into()),
         text: None,
         has_tokenizer,
+        constraints: Err("no tokenizer".into()),
     }
 }
 

@@ -35,6 +35,53 @@ pub fn tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
     (target, draft)
 }
 
+/// [`tables_after`] with every row's entries at least 0.05 (no zeros, no one-hot rows): under
+/// an output constraint a row must keep mass on the tokens it allows, whichever they are.
+pub fn positive_tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
+    let (mut target, mut draft) = tables_after(prompt, length);
+    for table in [&mut target, &mut draft] {
+        for (_, probs) in table.rules.iter_mut() {
+            let floored: Vec<f64> = probs.iter().map(|p| p + 0.05).collect();
+            let total: f64 = floored.iter().sum();
+            *probs = floored.iter().map(|p| p / total).collect();
+        }
+    }
+    (target, draft)
+}
+
+/// Tables for conversations of two turns: [`tables_after`]'s rules after `prompt`, and after
+/// each `prompt ++ first ++ [user]` (`first` any continuation of 1 to `length` tokens) rules
+/// of its own, so that the second turn's law depends on every token of the first turn's
+/// output.
+pub fn conversation_tables(prompt: &[u32], user: u32, length: usize) -> (Table, Table) {
+    let (mut target, mut draft) = tables_after(prompt, length);
+    // A history that is also another's (a short first turn, the user's token and what
+    // follows, against a longer first turn) keeps the rule it got first.
+    let mut keys: std::collections::HashSet<Vec<u32>> = target.rules.iter().map(|(key, _)| key.clone()).collect();
+    // Past every index `tables_after` gives its rows.
+    let mut index = 1 << 32;
+    for first in (1..=length).flat_map(continuations) {
+        let mut prefixes = vec![[prompt, &first, &[user]].concat()];
+        for _ in 0..length {
+            for prefix in prefixes.iter().filter(|p| keys.insert(p.to_vec())) {
+                index += 1;
+                target.rules.push((prefix.clone(), row(index, prefix.len() as u32, 1)));
+                draft.rules.push((prefix.clone(), row(index, prefix.len() as u32, 2)));
+            }
+            prefixes =
+                prefixes.iter().flat_map(|p| (0..VOCAB as u32).map(move |t| [p.clone(), vec![t]].concat())).collect();
+        }
+    }
+    (target, draft)
+}
+
+/// Every sequence of `length` tokens, in [`cell`] order.
+pub fn continuations(length: usize) -> Vec<Vec<u32>> {
+    (0..VOCAB.pow(length as u32))
+        .map(|c| (0..length).rev().map(|i| ((c / VOCAB.pow(i as u32)) % VOCAB) as u32).collect())
+        .collect()
+}
+
 fn row(i: u64, depth: u32, salt: u32) -> Vec<f64> {
     let mut rng = StreamKey::new(i, depth, salt, Purpose::Plain).stream();
     if rng.next_uniform() < 0.15 {
@@ -92,6 +139,41 @@ fn effective_target(model: &EffectiveTarget, prefix: &[u32], prompt_len: usize) 
 impl PrefixModel for EffectiveTarget {
     fn target(&self, prefix: &[u32]) -> DenseDist {
         effective_target(self, prefix, PROMPT.len())
+    }
+    fn draft(&self, prefix: &[u32]) -> DenseDist {
+        self.target(prefix)
+    }
+}
+
+/// [`EffectiveTarget`] under an output constraint, computed by hand rather than by the
+/// grammar engine: the tokens `allowed` rules out after an output get logit −∞ before every
+/// sampling setting (docs/rule.md#constrained-decoding).
+pub struct ConstrainedTarget {
+    pub target: EffectiveTarget,
+    pub prompt_len: usize,
+    /// Which of the [`VOCAB`] tokens may follow this output (the tokens after the prompt).
+    pub allowed: fn(&[u32]) -> [bool; VOCAB],
+}
+
+impl std::fmt::Debug for ConstrainedTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstrainedTarget").field("target", &self.target).finish_non_exhaustive()
+    }
+}
+
+impl PrefixModel for ConstrainedTarget {
+    fn target(&self, prefix: &[u32]) -> DenseDist {
+        let allowed = (self.allowed)(&prefix[self.prompt_len..]);
+        let logits: Vec<f32> = self
+            .target
+            .table
+            .probs(prefix)
+            .iter()
+            .zip(allowed)
+            .map(|(&p, allowed)| if allowed && p > 0.0 { p.ln() as f32 } else { f32::NEG_INFINITY })
+            .collect();
+        let history = TokenHistory { prompt: &prefix[..self.prompt_len], generated: &prefix[self.prompt_len..] };
+        effective_distribution(&logits, &self.target.params, history).unwrap()
     }
     fn draft(&self, prefix: &[u32]) -> DenseDist {
         self.target(prefix)

@@ -15,7 +15,7 @@ use specd_device_sampling::DeviceRule;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
 use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget, PrefixCacheOptions};
-use specd_node::{Distributions, NodeConfig, NodeFaults};
+use specd_node::{BlockMasks, Distributions, NodeConfig, NodeFaults};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
@@ -112,6 +112,12 @@ pub struct ClusterOptions {
     pub device_rule: DeviceRule,
     /// Both nodes' prefix caches (default: on, as the nodes' flag).
     pub prefix_cache: PrefixCacheOptions,
+    /// The target's prefix cache files rejected candidates' rows under committed tokens
+    /// (`NodeFaults::prefix_cache_keeps_rejected_rows`; default: no).
+    pub target_prefix_cache_keeps_rejected_rows: bool,
+    /// How the target masks a constrained block's rows (`NodeFaults::block_masks`; default:
+    /// exact).
+    pub target_block_masks: BlockMasks,
 }
 
 impl Default for ClusterOptions {
@@ -139,6 +145,8 @@ impl Default for ClusterOptions {
             distributions: Distributions::Auto,
             device_rule: Default::default(),
             prefix_cache: PrefixCacheOptions::default(),
+            target_prefix_cache_keeps_rejected_rows: false,
+            target_block_masks: BlockMasks::Exact,
         }
     }
 }
@@ -184,12 +192,22 @@ impl Cluster {
             pin_threads: false,
             allow_unused_weights: false,
             distributions: options.distributions,
-            faults: NodeFaults { oom_at_pass: None, device_rule: options.device_rule },
+            faults: NodeFaults {
+                oom_at_pass: None,
+                device_rule: options.device_rule,
+                prefix_cache_keeps_rejected_rows: false,
+                block_masks: BlockMasks::Exact,
+            },
             batch: options.batch,
         };
         let target_config = NodeConfig {
             kv_budget: options.target_kv_budget,
-            faults: NodeFaults { oom_at_pass: options.target_oom_at_pass, device_rule: options.device_rule },
+            faults: NodeFaults {
+                oom_at_pass: options.target_oom_at_pass,
+                device_rule: options.device_rule,
+                prefix_cache_keeps_rejected_rows: options.target_prefix_cache_keeps_rejected_rows,
+                block_masks: options.target_block_masks,
+            },
             ..config(target_model, options.forward_delays.0)
         };
         let target = TargetNode::load(target_config).await?;
@@ -350,7 +368,7 @@ pub fn hf_fixture(name: &str) -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = root.join("target/fixtures/model-v3");
+        let out = root.join("target/fixtures/model-v4");
         if !out.join("VERSION").is_file() {
             std::fs::create_dir_all(out.parent().expect("parent")).expect("fixture parent");
             let python = std::env::var_os("SPECD_PYTHON").map_or_else(|| root.join(".venv/bin/python"), PathBuf::from);

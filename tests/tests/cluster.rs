@@ -3,6 +3,11 @@
 //! module and reads as its own test; run one with `cargo test --release -p specd-e2e --test
 //! cluster law_through_cluster::`.
 //!
+//! - [`constraint_law`]: the output law under a constraint (a regular expression), on both
+//!   distribution paths and with a draft that does not mask, and masks of the wrong state
+//!   caught;
+//! - [`constraint_outputs`]: outputs under a JSON schema on a random-weight checkpoint:
+//!   greedy identity per proposer, every output that ends with `stop` valid;
 //! - [`law_through_cluster`]: the output law through three gRPC servers, χ² against the
 //!   exact target law;
 //! - [`optimistic`]: optimistic drafting, same outputs and the same law;
@@ -12,7 +17,9 @@
 //!   pass out of memory failing its request only;
 //! - [`proposers`]: the n-gram, suffix and model+ngram proposers: the law, greedy identity,
 //!   the suffix node's memory bound;
-//! - [`tree_cache`]: both nodes' caches after a tree round, against fresh sessions.
+//! - [`tree_cache`]: both nodes' caches after a tree round, against fresh sessions;
+//! - [`prefix_cache_law`]: the law of a conversation's second turn with the prefix caches on,
+//!   and a store that keeps a rejected candidate's row caught.
 //!
 //! `service.rs`, `discovery.rs` and `metrics.rs` stay binaries of their own: they assert
 //! deadlines, which a law check running beside them could make them miss.
@@ -23,10 +30,13 @@
 //! of 17.7 s at 20 000 samples each, and the whole binary 27 minutes instead of about 37
 //! (docs/testing.md).
 
+mod constraint_law;
+mod constraint_outputs;
 mod greedy_hf;
 mod kv_budget;
 mod law_through_cluster;
 mod optimistic;
+mod prefix_cache_law;
 mod proposers;
 mod tree_cache;
 mod vocab_padding;

@@ -94,8 +94,13 @@ impl Node {
 
     /// Sessions open on the node now.
     async fn sessions(&self) -> u64 {
+        self.counter("specd_active_sessions").await
+    }
+
+    /// The value of the node's series `name` (labelled with its role).
+    async fn counter(&self, name: &str) -> u64 {
         let text = self.metrics.encode().await.unwrap();
-        let key = format!("specd_active_sessions{{role=\"{}\"}} ", self.role);
+        let key = format!("{name}{{role=\"{}\"}} ", self.role);
         let line = text.lines().find(|l| l.starts_with(&key)).unwrap_or_else(|| panic!("no {key:?} in {text}"));
         line[key.len()..].trim().parse().unwrap()
     }
@@ -303,4 +308,153 @@ async fn localhost_through_the_system_resolver() {
         assert_eq!(tokens, 32);
         assert!(last.stats.unwrap().draft_tokens > 0);
     }
+}
+
+/// A TCP forwarder to a node that can be cut: every connection through it closes at once and
+/// nothing more is accepted, as when the node's process dies.
+struct Cuttable {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Cuttable {
+    async fn to(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            // Dropped with this task when it is aborted, which aborts every connection.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { address, task }
+    }
+
+    fn cut(&self) {
+        self.task.abort();
+    }
+}
+
+/// A conversation's turns: a prompt of its own, each turn extended by the reply and two user
+/// tokens.
+struct Conversation {
+    prompt: Vec<u32>,
+    /// The target replica (index) its last turn ran on, read from the nodes' cache hits.
+    on: Option<usize>,
+}
+
+impl Conversation {
+    fn new(seed: u32) -> Self {
+        let mut state = seed.wrapping_mul(2_654_435_761) | 1;
+        let prompt = (0..40)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state % VOCAB as u32
+            })
+            .collect();
+        Self { prompt, on: None }
+    }
+
+    fn request(&self) -> GenerateRequest {
+        GenerateRequest { prompt: Some(Prompt::TokenIds(TokenIds { ids: self.prompt.clone() })), ..request(8) }
+    }
+}
+
+/// Prefix cache hits on each node.
+async fn hits(nodes: &[&Node]) -> Vec<u64> {
+    let mut counts = Vec::new();
+    for node in nodes {
+        counts.push(node.counter("specd_prefix_cache_hits_total").await);
+    }
+    counts
+}
+
+/// Routing by prefix (issue #39): three conversations of several turns over two target and two
+/// draft replicas, one turn at a time. Every turn after a conversation's first opens where the
+/// conversation so far is cached: both nodes report at least its previous prompt as reused,
+/// and both targets serve conversations. Then the target holding the first conversation
+/// dies (its connections cut; its name still lists it, as a crashed pod's does until its
+/// endpoint goes): that
+/// conversation's next turn opens on the other target, and the turn after finds its prefix
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_stick_to_the_replicas_holding_their_prefix_and_move_when_one_dies() {
+    let model = model("discovery-prefix-routes");
+    let mut targets = vec![Node::on_loopback("target", &model).await, Node::on_loopback("target", &model).await];
+    let links = [Cuttable::to(targets[0].address).await, Cuttable::to(targets[1].address).await];
+    let (d1, d2) = (Node::on_loopback("draft", &model).await, Node::on_loopback("draft", &model).await);
+    let resolver = StaticResolver::default();
+    resolver.set("specd-target.test", vec![links[0].address, links[1].address]);
+    resolver.set("specd-draft.test", vec![d1.address, d2.address]);
+    let discovery = Discovery { interval: INTERVAL, resolver: Arc::new(resolver) };
+    let (mut client, _stop) =
+        coordinator("dns:///specd-target.test:50052", "dns:///specd-draft.test:50053", discovery).await;
+    // Three, so that taking replicas in turn would move each conversation every round.
+    let mut conversations: Vec<Conversation> = (1..=3).map(Conversation::new).collect();
+
+    // One turn of conversation `c`: the replies' stats, and the target it ran on.
+    async fn turn(
+        client: &mut GenerationClient<Channel>,
+        conversation: &mut Conversation,
+        targets: &[&Node],
+    ) -> specd_proto::v1::SpeculationStats {
+        let before = hits(targets).await;
+        let reply = client.generate(conversation.request()).await.unwrap().into_inner();
+        assert_eq!(reply.token_ids.len(), 8);
+        let after = hits(targets).await;
+        conversation.on = (0..targets.len()).find(|&i| after[i] > before[i]);
+        conversation.prompt.extend(&reply.token_ids);
+        conversation.prompt.extend([1, 2]);
+        reply.stats.unwrap()
+    }
+
+    for round in 0..3 {
+        for conversation in &mut conversations {
+            let previous = conversation.prompt.len();
+            let stats = turn(&mut client, conversation, &[&targets[0], &targets[1]]).await;
+            if round == 0 {
+                assert_eq!((stats.target_cached_tokens, stats.draft_cached_tokens), (0, 0), "{stats:?}");
+            } else {
+                // At least the previous turn's prompt (its reply is eight tokens, the user's two).
+                let held = previous - 10;
+                assert!(
+                    stats.target_cached_tokens as usize >= held,
+                    "target reused {} of {held}",
+                    stats.target_cached_tokens
+                );
+                assert!(
+                    stats.draft_cached_tokens as usize >= held,
+                    "draft reused {} of {held}",
+                    stats.draft_cached_tokens
+                );
+                assert!(conversation.on.is_some());
+            }
+        }
+    }
+    let on: Vec<usize> = conversations.iter().map(|c| c.on.unwrap()).collect();
+    assert!(on.contains(&0) && on.contains(&1), "every conversation on one target: {on:?}");
+
+    // The first conversation's target dies; its name still lists it.
+    let gone = on[0];
+    links[gone].cut();
+    targets.remove(gone);
+    let survivor = &targets[0];
+    let moved = turn(&mut client, &mut conversations[0], &[survivor]).await;
+    assert_eq!(moved.target_cached_tokens, 0, "a new target has nothing of it: {moved:?}");
+    assert!(moved.draft_cached_tokens > 0, "its draft still holds it: {moved:?}");
+    let previous = conversations[0].prompt.len();
+    let after = turn(&mut client, &mut conversations[0], &[survivor]).await;
+    assert!(after.target_cached_tokens as usize >= previous - 10, "the turn after the move: {after:?}");
+    // A conversation that was on the survivor is still served from its cache.
+    let stayed = on.iter().position(|&t| t != gone).unwrap();
+    let previous = conversations[stayed].prompt.len();
+    let stats = turn(&mut client, &mut conversations[stayed], &[survivor]).await;
+    assert!(stats.target_cached_tokens as usize >= previous - 10, "{stats:?}");
 }

@@ -13,7 +13,8 @@
 //! continuations take two rounds or more, so those checks audit rounds that start after
 //! another round's stop.
 //! N is `SPECD_LAW_SAMPLES` (default 200 000); the checks that must reject a broken rule
-//! take N / 8, which their measured power allows by far ([`power_samples`]).
+//! take N / 8, which their measured power allows by far ([`power_samples`]), and the device
+//! path's audits N / 4 ([`device_samples`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +46,16 @@ pub(crate) fn samples() -> u64 {
 /// against the threshold 1e-3.
 fn power_samples() -> u64 {
     samples() / 8
+}
+
+/// The device path's audits take a quarter of N. Its distributions and draws equal the host
+/// path's over every sampling setting (`device-sampling/tests/parity.rs`), so what these
+/// audits add is the wiring: which rows, which history, which q the draft drew from. The
+/// wiring bug they guard against, penalties blind to the block, is rejected at N / 8 with a
+/// p-value of 0 in f64. On CPU tensors each draw costs some forty libtorch calls, which made
+/// these audits the binary's slowest at N (docs/testing.md).
+pub(crate) fn device_samples() -> u64 {
+    samples() / 4
 }
 
 fn wire(params: &SamplingParams, seed: u64) -> WireSampling {
@@ -292,13 +303,13 @@ fn adjusted() -> SamplingParams {
 
 #[tokio::test(flavor = "current_thread")]
 async fn sparse_law_on_the_device_path() {
-    let p = law_p_value(across_rounds(on_the_device()), SamplingParams::default(), false, samples()).await;
+    let p = law_p_value(across_rounds(on_the_device()), SamplingParams::default(), false, device_samples()).await;
     assert!(p > FALSE_FAILURE, "device path at T = 1: p = {p}");
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_top_k_top_p_and_penalties_on_the_device_path() {
-    let p = law_p_value(on_the_device(), adjusted(), false, samples()).await;
+    let p = law_p_value(on_the_device(), adjusted(), false, device_samples()).await;
     assert!(p > FALSE_FAILURE, "device path with adjustments: p = {p}");
 }
 
@@ -338,11 +349,10 @@ async fn sparse_tree_law_with_penalties() {
 #[tokio::test(flavor = "current_thread")]
 async fn sparse_tree_law_with_penalties_on_the_device_path() {
     // The draft draws its q on the device path; the target builds a tree's distributions on
-    // the host whatever the flag says (target-node/src/verify.rs). A quarter of the samples:
-    // at 50 000 this audit took as long as the one above at 200 000 (128 s side by side),
-    // which holds the tree rule to its full size, and the wrong rule below is caught at an
-    // eighth.
-    let run = law_run(with_trees(on_the_device()), adjusted(), false, samples() / 4, &PROMPT).await;
+    // the host whatever the flag says (target-node/src/verify.rs). The device path's quarter
+    // ([`device_samples`]): the audit above holds the tree rule to its full size, and the
+    // wrong rule below is caught at an eighth.
+    let run = law_run(with_trees(on_the_device()), adjusted(), false, device_samples(), &PROMPT).await;
     assert_trees_ran(&run);
     assert!(run.p_value > FALSE_FAILURE, "χ² p-value {}", run.p_value);
 }
