@@ -129,3 +129,130 @@ impl FollowedConstraint {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Every mask is checked against a fresh engine state moved along the same tokens, so a
+    //! rollback that went to the wrong place, or a block row read after the wrong prefix,
+    //! shows as a different mask.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use specd_grammar::{ConstraintSpec, GrammarVocabulary};
+    use specd_sampling::TokenMask;
+    use specd_text::test_tokenizer::byte_tokenizer;
+
+    use super::FollowedConstraint;
+    use crate::block_masks::BlockMasks;
+    use crate::error::NodeError;
+
+    const A: u32 = b'a' as u32;
+    const B: u32 = b'b' as u32;
+    const C: u32 = b'c' as u32;
+    const D: u32 = b'd' as u32;
+    const X: u32 = b'x' as u32;
+
+    /// A byte-level vocabulary (ids 0..=255 are the bytes, 256 is EOS) and "ab" or "ac", then
+    /// one or more "d": short enough to reason about, with a fork, a loop and an end.
+    struct Fixture {
+        vocabulary: Arc<GrammarVocabulary>,
+        spec: ConstraintSpec,
+        eos: u32,
+    }
+
+    fn fixture() -> Fixture {
+        let (tokenizer, eos) = byte_tokenizer(&[]);
+        let json = tokenizer.to_string(false).expect("test tokenizer serializes");
+        let vocabulary = GrammarVocabulary::new(&json, eos as usize + 1, &[eos]).expect("vocabulary");
+        Fixture { vocabulary, spec: ConstraintSpec::Regex("(ab|ac)d+".into()), eos }
+    }
+
+    impl Fixture {
+        fn followed(&self) -> FollowedConstraint {
+            FollowedConstraint::new(self.vocabulary.compile(&self.spec).expect("compiles"))
+        }
+
+        /// The mask after `output` from a state that never saw anything else.
+        fn fresh(&self, output: &[u32]) -> TokenMask {
+            let mut state = self.vocabulary.compile(&self.spec).expect("compiles");
+            state.advance_all(output).expect("an output in the language");
+            state.allowed().expect("mask")
+        }
+    }
+
+    #[test]
+    fn masks_after_any_sequence_of_outputs_equal_a_fresh_state_s() {
+        let f = fixture();
+        let mut followed = f.followed();
+        // Forward, a branch switched (one token rolled back), further on, all the way back,
+        // and the other branch again.
+        for output in [&[A][..], &[A, B], &[A, C], &[A, C, D, D], &[], &[A, B, D]] {
+            assert_eq!(followed.mask_after(output).unwrap(), Some(f.fresh(output)), "after {output:?}");
+        }
+        // Spot checks that the fresh masks are the language's, not merely equal to each other.
+        let after_a = f.fresh(&[A]);
+        assert_eq!(after_a.allowed().collect::<Vec<_>>(), [B, C]);
+        assert!(f.fresh(&[A, B, D]).allows(f.eos) && !f.fresh(&[A, B]).allows(f.eos));
+    }
+
+    #[test]
+    fn an_output_that_leaves_the_language_has_no_mask_and_does_not_derail_the_next() {
+        let f = fixture();
+        let mut followed = f.followed();
+        assert_eq!(followed.mask_after(&[B]).unwrap(), None);
+        assert_eq!(followed.mask_after(&[A, X, D]).unwrap(), None);
+        assert_eq!(followed.mask_after(&[A, B]).unwrap(), Some(f.fresh(&[A, B])));
+    }
+
+    #[test]
+    fn a_block_s_rows_are_the_masks_after_each_candidate_and_none_past_a_forbidden_one() {
+        let f = fixture();
+        let mut followed = f.followed();
+        let rows = followed.block_masks(BlockMasks::Exact, &[A], &[B, D, X, D]).unwrap();
+        let expected = vec![Some(f.fresh(&[A])), Some(f.fresh(&[A, B])), Some(f.fresh(&[A, B, D])), None, None];
+        assert_eq!(rows, expected);
+        // A first candidate forbidden: only the row before it has a mask.
+        let rows = followed.block_masks(BlockMasks::Exact, &[A], &[X, B]).unwrap();
+        assert_eq!(rows, vec![Some(f.fresh(&[A])), None, None]);
+        // The next request starts where the coordinator committed, whatever the block moved.
+        followed.block_masks(BlockMasks::Exact, &[A], &[B, D, D]).unwrap();
+        assert_eq!(followed.mask_after(&[A, C]).unwrap(), Some(f.fresh(&[A, C])));
+    }
+
+    #[test]
+    fn forbids_after_checks_the_one_token_in_the_output_s_state() {
+        let f = fixture();
+        let mut followed = f.followed();
+        assert!(!followed.forbids_after(&[A], B).unwrap());
+        assert!(followed.forbids_after(&[A], X).unwrap());
+        // "ab" is not yet complete: the end is forbidden there, and allowed after a "d".
+        assert!(followed.forbids_after(&[A, B], f.eos).unwrap());
+        assert!(!followed.forbids_after(&[A, B, D], f.eos).unwrap());
+        // After an output that left the language no mask applies, so nothing is forbidden.
+        assert!(!followed.forbids_after(&[X], X).unwrap());
+        assert!(followed.forbids_after(&[A, C], A).unwrap());
+    }
+
+    #[test]
+    fn costly_masks_run_beside_the_pass_and_cheap_ones_before_it_with_the_same_result() {
+        let f = fixture();
+        let caller = std::thread::current().id();
+        let masks = |c: &mut FollowedConstraint| {
+            let mask = c.mask_after(&[A, B])?;
+            Ok::<_, NodeError>((std::thread::current().id(), mask))
+        };
+        // Until measured, a constraint's masks are taken to cost a thread.
+        let mut unmeasured = f.followed();
+        let (passed, beside) = unmeasured.alongside(masks, || 7);
+        let (thread, beside) = beside.unwrap();
+        assert_eq!(passed, 7);
+        assert_ne!(thread, caller);
+        let mut cheap = FollowedConstraint { last_masks: Duration::ZERO, ..f.followed() };
+        let (passed, inline) = cheap.alongside(masks, || 8);
+        let (thread, inline) = inline.unwrap();
+        assert_eq!((passed, thread), (8, caller));
+        assert_eq!(beside, inline);
+        assert_eq!(inline, Some(f.fresh(&[A, B])));
+    }
+}
