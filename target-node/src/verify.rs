@@ -132,8 +132,10 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
         Some(masks) => masked_copies(&rows, masks)?,
         None => Vec::new(),
     };
-    if !masked.is_empty() {
-        rows = masked.iter().map(Vec::as_slice).collect();
+    for (row, copy) in rows.iter_mut().zip(&masked) {
+        if let Some(copy) = copy {
+            *row = copy;
+        }
     }
     let p = block_distributions(
         &rows,
@@ -159,16 +161,20 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     Ok(Verified { verdict, logprobs, verify_ns: started.elapsed().as_nanos() as u64, batch_size })
 }
 
-/// Copies of `rows`, each masked by its row's constraint mask.
-fn masked_copies(rows: &[&[f32]], masks: &[Option<TokenMask>]) -> Result<Vec<Vec<f32>>, NodeError> {
+/// A masked copy of each row of `rows` that has a constraint mask; `None` for a row without
+/// one, which lies past a candidate the constraint forbids: the rule rejects that candidate
+/// and never reads the row, so copying it (a row is the vocabulary's width) would be waste.
+fn masked_copies(rows: &[&[f32]], masks: &[Option<TokenMask>]) -> Result<Vec<Option<Vec<f32>>>, NodeError> {
     rows.iter()
         .zip(masks)
         .map(|(row, mask)| {
-            let mut row = row.to_vec();
-            if let Some(mask) = mask {
-                mask.apply_to_logits(&mut row)?;
-            }
-            Ok(row)
+            mask.as_ref()
+                .map(|mask| {
+                    let mut row = row.to_vec();
+                    mask.apply_to_logits(&mut row)?;
+                    Ok::<_, NodeError>(row)
+                })
+                .transpose()
         })
         .collect()
 }
