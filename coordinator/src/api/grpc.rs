@@ -202,7 +202,7 @@ impl GenerationService {
         if spec.request_id.is_empty() {
             spec.request_id.clone_from(&session_id);
         }
-        let Picked { target, draft, target_route, leases } =
+        let Picked { target, draft, target_route, target_lease } =
             self.pool.pick(&PromptBlocks::of(&spec.cache_salt, &spec.prompt), spec.gamma.max() > 0)?;
         let (out, rx) = mpsc::channel(16);
         self.active.insert(
@@ -243,8 +243,9 @@ impl GenerationService {
                 if let Some(releases) = releases {
                     releases.release().await;
                 }
-                // The replicas serve one generation fewer once it holds nothing there.
-                drop(leases);
+                // The target replica serves one generation fewer once it holds nothing there
+                // (the draft's lease goes with the draft's releases).
+                drop(target_lease);
                 // The stream closes here, once the nodes hold nothing of the generation.
                 drop(actor);
             }

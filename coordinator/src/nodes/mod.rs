@@ -254,7 +254,7 @@ pub struct NodePool {
     target_routes: Arc<PrefixRoutes>,
     draft_routes: Arc<PrefixRoutes>,
     target_loads: ReplicaLoads,
-    draft_loads: ReplicaLoads,
+    draft_loads: Arc<ReplicaLoads>,
     /// Whose turn it is among equally loaded replicas.
     next: AtomicUsize,
     pub facts: ModelFacts,
@@ -264,12 +264,33 @@ pub struct NodePool {
 #[derive(Debug)]
 pub struct Picked {
     pub target: TargetClient,
-    pub draft: Option<DraftClient>,
+    pub draft: Option<DraftChoice>,
     /// Records where the target session opened (or moved to on a failover).
     pub target_route: RouteNote,
-    /// The session counted on its replicas until these are dropped, once it has released
-    /// its node sessions.
-    pub leases: Vec<ReplicaLease>,
+    /// The session counted on its target replica until this is dropped, once it has
+    /// released its node sessions.
+    pub target_lease: ReplicaLease,
+}
+
+/// The draft replica a new session would draft on. It counts there, and is recorded as
+/// holding the prompt, only once the session opens there ([`DraftChoice::engage`]): a
+/// generation whose adaptive policy starts it without drafting touches neither, so the
+/// draft replicas' loads and routes say where draft sessions are.
+#[derive(Debug, Clone)]
+pub struct DraftChoice {
+    pub client: DraftClient,
+    routes: Arc<PrefixRoutes>,
+    loads: Arc<ReplicaLoads>,
+    prompt: PromptBlocks,
+}
+
+impl DraftChoice {
+    /// The session opens on this replica: later prompts sharing its prefix are routed here,
+    /// and it counts on the replica until the lease is dropped (a draft session never moves).
+    pub fn engage(&self) -> ReplicaLease {
+        self.routes.record(&self.prompt, &self.client.address);
+        self.loads.lease(&self.client.address)
+    }
 }
 
 impl NodePool {
@@ -330,7 +351,7 @@ impl NodePool {
             target_routes: Arc::new(PrefixRoutes::new(DEFAULT_CAPACITY)),
             draft_routes: Arc::new(PrefixRoutes::new(DEFAULT_CAPACITY)),
             target_loads: ReplicaLoads::default(),
-            draft_loads: ReplicaLoads::default(),
+            draft_loads: Arc::default(),
             next: AtomicUsize::new(0),
             facts,
         })
@@ -364,9 +385,9 @@ impl NodePool {
     /// The replicas a new session on `prompt` will use (and keep: they hold its KV caches):
     /// in each role the one holding the prompt's longest prefix seen, within its bounded
     /// share, else the least loaded; no draft for a generation that may not draft
-    /// (`drafts` false: γ is 0), which then counts on no draft's load. The draft's choice is
-    /// recorded at once (a draft session never moves); the target's as the session opens
-    /// ([`Picked::target_route`]). UNAVAILABLE when no target is left.
+    /// (`drafts` false: γ is 0). The target counts on its replica at once and its route is
+    /// recorded as the session opens ([`Picked::target_route`]); the draft's, both when its
+    /// session opens ([`DraftChoice::engage`]). UNAVAILABLE when no target is left.
     pub fn pick(&self, prompt: &PromptBlocks, drafts: bool) -> Result<Picked, CoordinatorError> {
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         let targets = self.targets.current();
@@ -374,16 +395,16 @@ impl NodePool {
             return Err(CoordinatorError::NoNode("target"));
         }
         let target = targets[route(&targets, &self.target_routes, &self.target_loads, prompt, turn)].clone();
-        let mut leases = vec![self.target_loads.lease(&target.address)];
+        let target_lease = self.target_loads.lease(&target.address);
         let drafts = if drafts { self.drafts.current() } else { Arc::from([]) };
-        let draft = (!drafts.is_empty()).then(|| {
-            let draft = drafts[route(&drafts, &self.draft_routes, &self.draft_loads, prompt, turn)].clone();
-            self.draft_routes.record(prompt, &draft.address);
-            leases.push(self.draft_loads.lease(&draft.address));
-            draft
+        let draft = (!drafts.is_empty()).then(|| DraftChoice {
+            client: drafts[route(&drafts, &self.draft_routes, &self.draft_loads, prompt, turn)].clone(),
+            routes: Arc::clone(&self.draft_routes),
+            loads: Arc::clone(&self.draft_loads),
+            prompt: prompt.clone(),
         });
         let target_route = RouteNote::new(Arc::clone(&self.target_routes), prompt.clone());
-        Ok(Picked { target, draft, target_route, leases })
+        Ok(Picked { target, draft, target_route, target_lease })
     }
 
     /// A target for a call outside a generation (the next-token law): the least loaded.
@@ -439,5 +460,33 @@ impl Replica for DraftClient {
 
     fn url(&self) -> &str {
         &self.address
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_draft_replica_counts_a_generation_and_holds_its_prefix_only_once_engaged() {
+        let address = "http://127.0.0.1:9";
+        let lazy = Endpoint::from_static(address).connect_lazy();
+        let client = NodeClient {
+            role: "draft",
+            address: address.to_owned(),
+            client: DraftServiceClient::new(lazy),
+            timeout: Duration::from_secs(1),
+        };
+        let (routes, loads) = (Arc::new(PrefixRoutes::new(16)), Arc::new(ReplicaLoads::default()));
+        let prompt = PromptBlocks::of("", &(0..40).collect::<Vec<u32>>());
+        let choice = DraftChoice { client, routes: Arc::clone(&routes), loads: Arc::clone(&loads), prompt };
+        // Picked, not engaged: a generation that starts without drafting.
+        assert_eq!((routes.lookup(&choice.prompt), loads.of(address)), (None, 0));
+        let lease = choice.engage();
+        assert_eq!(loads.of(address), 1);
+        let (holder, blocks) = routes.lookup(&choice.prompt).expect("the prefix is routed to the draft");
+        assert_eq!((&*holder, blocks), (address, 2));
+        drop(lease);
+        assert_eq!(loads.of(address), 0, "released with the draft's sessions");
     }
 }

@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::error::CoordinatorError;
-use crate::nodes::{DraftClient, DraftRounds};
+use crate::nodes::load::ReplicaLease;
+use crate::nodes::{DraftChoice, DraftClient, DraftRounds};
 use crate::policy::copies::CopyChoice;
 use crate::session::round_report::{Cursor, RoundReport};
 
@@ -120,12 +121,16 @@ pub struct DraftLink {
     pub cached_tokens: usize,
     /// The choice of copies a draft session starts with: where earlier sessions left it.
     copies: CopyChoice,
+    /// The generation counted on its draft replica while the link lives: until its sessions
+    /// are released ([`Self::close`]), or dropped with a failed generation.
+    _lease: ReplicaLease,
 }
 
 impl DraftLink {
     /// Starts opening the draft's session and round stream in the background; a draft that
     /// fails to open is only logged.
-    pub fn start(client: DraftClient, template: OpenSessionRequest, copies: CopyChoice) -> Self {
+    pub fn start(choice: &DraftChoice, template: OpenSessionRequest, copies: CopyChoice) -> Self {
+        let (client, _lease) = (choice.client.clone(), choice.engage());
         let (session_id, prompt) = (template.session_id.clone(), template.prompt_token_ids.clone());
         let state = open_in_background(&client, &template, session_id.clone(), prompt, FIRST_RETRY / 2, &copies);
         Self {
@@ -137,6 +142,7 @@ impl DraftLink {
             fallbacks: 0,
             cached_tokens: 0,
             copies,
+            _lease,
         }
     }
 

@@ -42,7 +42,7 @@ use specd_text::{ModelText, TextStream};
 
 use crate::error::CoordinatorError;
 use crate::nodes::prefix_routes::RouteNote;
-use crate::nodes::{DraftClient, TargetClient};
+use crate::nodes::{DraftChoice, TargetClient};
 use crate::policy::governor::LoadMode;
 use crate::policy::key::{LoadLevel, PolicyKey};
 use crate::policy::trees::{TreeTrial, auto_shape};
@@ -71,7 +71,8 @@ pub struct SessionActor {
     pub spare_targets: Vec<TargetClient>,
     /// Records which target replica holds the prompt once the session opens there.
     pub target_route: RouteNote,
-    pub draft: Option<DraftClient>,
+    /// Where the generation drafts, if it does.
+    pub draft: Option<DraftChoice>,
     pub out: mpsc::Sender<Result<GenerateResponse, Status>>,
     pub metrics: Option<RequestMetrics>,
     /// The client's deadline: the generation ends with DEADLINE_EXCEEDED when it passes.
@@ -210,8 +211,7 @@ impl SessionActor {
         let will_draft = adaptive.as_ref().map_or(spec.gamma.max(), |policy| policy.max()) > 0;
         let requests = OpenRequests::of(spec, &self.session_id, self.vocab_size);
         let copies = self.policy_memory.copy_choice(settings);
-        let mut draft =
-            self.draft.as_ref().filter(|_| will_draft).map(|d| DraftLink::start(d.clone(), requests.draft, copies));
+        let mut draft = self.draft.as_ref().filter(|_| will_draft).map(|d| DraftLink::start(d, requests.draft, copies));
         let target =
             TargetSession::open(&self.target, &self.spare_targets, &self.target_route, requests.target).await?;
         if let Some(link) = draft.as_mut() {
