@@ -1,0 +1,111 @@
+//! Which instruction set the kernels run with. The build targets the baseline x86-64 (SSE2),
+//! so loops compiled only for it use 4 lanes and no fused multiply-add; each kernel is also
+//! compiled for AVX2 with FMA and for AVX-512, and the widest set the CPU reports is chosen
+//! when [`Isa::detect`] runs.
+
+/// An instruction set the kernels can run with on this CPU. Only [`Isa::detect`] and
+/// [`Isa::available`] make one above the baseline, and only after the CPU reported its
+/// features: that is what makes the dispatch below sound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Isa(pub(crate) Level);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Level {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+    Baseline,
+}
+
+impl Isa {
+    /// The widest instruction set this CPU runs.
+    pub fn detect() -> Self {
+        Self::available().into_iter().next().unwrap_or(Self(Level::Baseline))
+    }
+
+    /// The build's baseline, which every CPU it runs on has.
+    pub fn baseline() -> Self {
+        Self(Level::Baseline)
+    }
+
+    /// Every instruction set this CPU runs, widest first (the tests check each against the
+    /// others).
+    pub fn available() -> Vec<Self> {
+        let mut sets = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+            if avx2
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
+                sets.push(Self(Level::Avx512));
+            }
+            if avx2 {
+                sets.push(Self(Level::Avx2Fma));
+            }
+        }
+        sets.push(Self(Level::Baseline));
+        sets
+    }
+
+    /// Its name, as logs and benches print it.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => "avx512",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2Fma => "avx2+fma",
+            Level::Baseline => "baseline",
+        }
+    }
+}
+
+/// A kernel compiled three times (AVX-512, AVX2 with FMA, baseline) and called for the
+/// [`Isa`] it is given. Each arm is the same generic loop with its own constants.
+macro_rules! dispatched {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? {
+        avx512 => $avx512:expr,
+        avx2 => $avx2:expr,
+        baseline => $baseline:expr $(,)?
+    }) => {
+        $(#[$m])*
+        $vis fn $name(isa: $crate::isa::Isa, $($arg: $ty),*) $(-> $ret)? {
+            match isa.0 {
+                #[cfg(target_arch = "x86_64")]
+                $crate::isa::Level::Avx512 => {
+                    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                    fn avx512($($arg: $ty),*) $(-> $ret)? { $avx512 }
+                    // SAFETY: an `Isa` at this level exists only after `is_x86_feature_detected!`
+                    // reported every feature enabled above (`Isa::available`).
+                    #[allow(unsafe_code)]
+                    unsafe { avx512($($arg),*) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                $crate::isa::Level::Avx2Fma => {
+                    #[target_feature(enable = "avx2,fma")]
+                    fn avx2($($arg: $ty),*) $(-> $ret)? { $avx2 }
+                    // SAFETY: as above, for AVX2 and FMA.
+                    #[allow(unsafe_code)]
+                    unsafe { avx2($($arg),*) }
+                }
+                $crate::isa::Level::Baseline => $baseline,
+            }
+        }
+    };
+}
+pub(crate) use dispatched;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_detected_set_is_the_widest_available_and_the_baseline_is_always_there() {
+        let sets = Isa::available();
+        assert_eq!(Isa::detect(), sets[0]);
+        assert_eq!(*sets.last().unwrap(), Isa::baseline());
+    }
+}

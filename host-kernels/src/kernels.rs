@@ -1,0 +1,340 @@
+//! [`Kernels`]: the operations a host pass calls, run with the CPU's widest instruction set
+//! and, for the linear layers, split by panels across a pool of threads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use rayon::prelude::*;
+
+use crate::error::KernelError;
+use crate::isa::{Isa, dispatched};
+use crate::loops;
+use crate::packed::{BLOCK, PackedMatrix, Panels};
+
+/// Work below which a linear layer runs on the calling thread: handing it to the pool costs
+/// a few microseconds, as much as this many multiply-adds.
+const PARALLEL_MIN_MADDS: usize = 32 * 1024;
+
+/// Pieces per thread a linear layer is cut into, so that a thread slowed by something else
+/// on its core leaves its last pieces to the others.
+const PIECES_PER_THREAD: usize = 3;
+
+/// An instruction set and a pool of threads. A pass run inside [`Kernels::install`] keeps
+/// the pool's threads busy from one layer to the next instead of waking them per layer.
+///
+/// Pools are shared by every `Kernels` of one thread count in the process: a draft and a
+/// target on the host engine in one process (`specd up`) take turns on the same threads,
+/// where two pools would each spin on the cores the other's pass needs.
+#[derive(Debug, Clone)]
+pub struct Kernels {
+    isa: Isa,
+    threads: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+/// The process's pools, by thread count.
+fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, KernelError> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    let mut pools = POOLS.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(pool) = pools.get(&threads) {
+        return Ok(Arc::clone(pool));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("specd-host-{threads}.{i}"))
+        .build()
+        .map_err(|e| KernelError::Threads { threads, reason: e.to_string() })?;
+    let pool = Arc::new(pool);
+    pools.insert(threads, Arc::clone(&pool));
+    Ok(pool)
+}
+
+/// Partial sums of a linear layer, panel-major, kept between calls so that a pass allocates
+/// nothing.
+#[derive(Debug, Default)]
+pub struct LinearScratch(Vec<[f32; BLOCK]>);
+
+impl Kernels {
+    /// The CPU's widest instruction set and `threads` threads (at least one: the caller's).
+    pub fn new(threads: usize) -> Result<Self, KernelError> {
+        Self::with_isa(Isa::detect(), threads)
+    }
+
+    /// `isa` (one of [`Isa::available`]) and `threads` threads.
+    pub fn with_isa(isa: Isa, threads: usize) -> Result<Self, KernelError> {
+        let threads = threads.max(1);
+        let pool = if threads > 1 { Some(shared_pool(threads)?) } else { None };
+        Ok(Self { isa, threads, pool })
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `op` on the pool (on the calling thread when there is none), so that the linear
+    /// layers it calls split across threads that are already awake.
+    pub fn install<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(op),
+            None => op(),
+        }
+    }
+
+    /// `out[t][o] = Σ_k x[t][k] · w[o][k] (+ bias[o])` for the `rows` vectors of `x`.
+    ///
+    /// # Panics
+    /// If `x`, `out` or `bias` do not have the lengths `rows` and `w` give them.
+    pub fn linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &PackedMatrix,
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        scratch: &mut LinearScratch,
+    ) {
+        let (k, outputs, blocks) = (w.inputs, w.outputs, w.blocks());
+        assert_eq!(x.len(), rows * k, "{rows} inputs of {k}");
+        assert_eq!(out.len(), rows * outputs, "{rows} outputs of {outputs}");
+        if let Some(b) = bias {
+            assert_eq!(b.len(), outputs, "a bias of {outputs}");
+        }
+        if rows == 0 {
+            return;
+        }
+        let sums = &mut scratch.0;
+        sums.resize(blocks * rows, [0.0; BLOCK]);
+        let isa = self.isa;
+        let run = |first_block: usize, sums: &mut [[f32; BLOCK]]| {
+            let count = sums.len() / rows;
+            let at = first_block * BLOCK * k..(first_block + count) * BLOCK * k;
+            match &w.panels {
+                Panels::F32(p) => panels_f32(isa, x, k, rows, &p.as_slice()[at], sums),
+                Panels::Bf16(p) => panels_bf16(isa, x, k, rows, &p.as_slice()[at], sums),
+            }
+        };
+        match &self.pool {
+            Some(pool) if rows * k * outputs >= PARALLEL_MIN_MADDS => {
+                let per = blocks.div_ceil(self.threads * PIECES_PER_THREAD).max(1);
+                pool.install(|| {
+                    sums.par_chunks_mut(per * rows).enumerate().for_each(|(piece, s)| run(piece * per, s));
+                });
+            }
+            _ => run(0, sums),
+        }
+        for (block, sums) in sums.chunks_exact(rows).enumerate() {
+            let first = block * BLOCK;
+            let width = BLOCK.min(outputs - first);
+            for (t, sum) in sums.iter().enumerate() {
+                let dst = &mut out[t * outputs + first..][..width];
+                dst.copy_from_slice(&sum[..width]);
+                if let Some(b) = bias {
+                    for (d, &bv) in dst.iter_mut().zip(&b[first..first + width]) {
+                        *d += bv;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f(index, piece)` for each `chunk`-long piece of `data` (the last may be
+    /// shorter): across the pool's threads when `parallel` and there is a pool, else in order
+    /// on the calling thread. For work whose pieces are independent, as attention's heads are.
+    pub fn for_each_chunk<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        parallel: bool,
+        f: impl Fn(usize, &mut [T]) + Sync + Send,
+    ) {
+        let chunk = chunk.max(1);
+        match &self.pool {
+            Some(pool) if parallel => {
+                pool.install(|| data.par_chunks_mut(chunk).enumerate().for_each(|(i, piece)| f(i, piece)));
+            }
+            _ => data.chunks_mut(chunk).enumerate().for_each(|(i, piece)| f(i, piece)),
+        }
+    }
+
+    /// `a · b` over the shorter of the two.
+    pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        dot(self.isa, a, b)
+    }
+
+    /// `out[i] = Σ_r weights[r] · m[r · stride + offset + i]` for `i < out.len()`.
+    ///
+    /// # Panics
+    /// If `m` is too short for `weights.len()` rows of that stride.
+    pub fn weighted_rows(&self, weights: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+        weighted_rows(self.isa, weights, m, stride, offset, out);
+    }
+
+    /// `acc += a · x`.
+    pub fn axpy(&self, acc: &mut [f32], a: f32, x: &[f32]) {
+        axpy(self.isa, acc, a, x);
+    }
+}
+
+// Inlined into each dispatched arm below, so that it is compiled with the arm's features:
+// out of line it would be compiled for the baseline, `mul_add` a libm call.
+#[inline(always)]
+fn each_panel<W: loops::Weight, const FUSED: bool, const TILE: usize>(
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    panels: &[W],
+    sums: &mut [[f32; BLOCK]],
+) {
+    for (panel, out) in panels.chunks_exact(BLOCK * k).zip(sums.chunks_exact_mut(rows)) {
+        loops::panel_rows::<W, FUSED, TILE>(x, k, panel, out);
+    }
+}
+
+dispatched! {
+    fn panels_f32(x: &[f32], k: usize, rows: usize, panels: &[f32], sums: &mut [[f32; BLOCK]]) {
+        avx512 => each_panel::<f32, true, 8>(x, k, rows, panels, sums),
+        avx2 => each_panel::<f32, true, 4>(x, k, rows, panels, sums),
+        baseline => each_panel::<f32, false, 4>(x, k, rows, panels, sums),
+    }
+}
+
+dispatched! {
+    fn panels_bf16(x: &[f32], k: usize, rows: usize, panels: &[u16], sums: &mut [[f32; BLOCK]]) {
+        avx512 => each_panel::<u16, true, 8>(x, k, rows, panels, sums),
+        avx2 => each_panel::<u16, true, 4>(x, k, rows, panels, sums),
+        baseline => each_panel::<u16, false, 4>(x, k, rows, panels, sums),
+    }
+}
+
+dispatched! {
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        avx512 => loops::dot::<true>(a, b),
+        avx2 => loops::dot::<true>(a, b),
+        baseline => loops::dot::<false>(a, b),
+    }
+}
+
+dispatched! {
+    fn weighted_rows(weights: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+        avx512 => loops::weighted_rows::<true>(weights, m, stride, offset, out),
+        avx2 => loops::weighted_rows::<true>(weights, m, stride, offset, out),
+        baseline => loops::weighted_rows::<false>(weights, m, stride, offset, out),
+    }
+}
+
+dispatched! {
+    fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
+        avx512 => loops::axpy::<true>(acc, a, x),
+        avx2 => loops::axpy::<true>(acc, a, x),
+        baseline => loops::axpy::<false>(acc, a, x),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::WeightFormat;
+
+    fn wave(n: usize, step: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * step).sin()).collect()
+    }
+
+    /// `x · wᵀ + bias` in f64, row by row.
+    fn reference(x: &[f32], rows: usize, w: &[f32], outputs: usize, bias: &[f32]) -> Vec<f64> {
+        let k = x.len() / rows;
+        let mut out = Vec::new();
+        for t in 0..rows {
+            for o in 0..outputs {
+                let s: f64 = (0..k).map(|j| f64::from(x[t * k + j]) * f64::from(w[o * k + j])).sum();
+                out.push(s + f64::from(bias[o]));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn linear_matches_a_plain_product_for_every_set_format_tile_and_thread_count() {
+        // Rows 1..=11 cover every tile and remainder; 2 blocks and a tail of outputs; 37
+        // inputs are no multiple of anything.
+        let (k, outputs) = (37, 2 * BLOCK + 5);
+        let w = wave(outputs * k, 0.07);
+        let bias = wave(outputs, 0.5);
+        for isa in Isa::available() {
+            for threads in [1, 2, 3] {
+                let kernels = Kernels::with_isa(isa, threads).unwrap();
+                for format in [WeightFormat::F32, WeightFormat::Bf16] {
+                    let packed = PackedMatrix::new(&w, outputs, k, format);
+                    // bf16 weights are compared with their own rounded values.
+                    let wr: Vec<f32> = match format {
+                        WeightFormat::F32 => w.clone(),
+                        WeightFormat::Bf16 => {
+                            w.iter().map(|&v| f32::from_bits(u32::from(crate::to_bf16(v)) << 16)).collect()
+                        }
+                    };
+                    let mut scratch = LinearScratch::default();
+                    for rows in 1..=11 {
+                        let x = wave(rows * k, 0.13);
+                        let mut out = vec![f32::NAN; rows * outputs];
+                        kernels.linear(&x, rows, &packed, Some(&bias), &mut out, &mut scratch);
+                        let want = reference(&x, rows, &wr, outputs, &bias);
+                        for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                            assert!(
+                                (f64::from(got) - want).abs() < 1e-4,
+                                "{} × {threads} threads, {format:?}, {rows} rows, value {i}: {got} ≠ {want}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_layer_large_enough_to_split_gives_the_same_values_on_one_thread_and_on_three() {
+        let (rows, k, outputs) = (3, 384, 40 * BLOCK);
+        assert!(rows * k * outputs >= PARALLEL_MIN_MADDS);
+        let packed = PackedMatrix::new(&wave(outputs * k, 0.011), outputs, k, WeightFormat::Bf16);
+        let x = wave(rows * k, 0.3);
+        let run = |threads| {
+            let mut out = vec![0f32; rows * outputs];
+            Kernels::new(threads).unwrap().linear(&x, rows, &packed, None, &mut out, &mut LinearScratch::default());
+            out
+        };
+        // Each output is summed by one thread in one order, so the split changes nothing.
+        assert_eq!(run(1), run(3));
+    }
+
+    #[test]
+    fn the_vector_loops_match_their_definitions_on_every_set() {
+        for isa in Isa::available() {
+            let k = Kernels::with_isa(isa, 1).unwrap();
+            for n in [0, 1, 15, 16, 17, 130] {
+                let (a, b) = (wave(n, 0.37), wave(n, 0.11));
+                let plain: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+                assert!((f64::from(k.dot(&a, &b)) - plain).abs() < 1e-4, "{}: n = {n}", isa.name());
+            }
+            // 3 rows of a 3 × 40 matrix at offset 2, 35 outputs: a whole block and a tail.
+            let m = wave(3 * 40, 0.2);
+            let weights = [0.5, -1.0, 2.0];
+            let mut out = vec![0f32; 35];
+            k.weighted_rows(&weights, &m, 40, 2, &mut out);
+            for (i, &o) in out.iter().enumerate() {
+                let want: f32 = (0..3).map(|r| weights[r] * m[r * 40 + 2 + i]).sum();
+                assert!((o - want).abs() < 1e-5, "{}: output {i}", isa.name());
+            }
+            let mut pieces = vec![0usize; 10];
+            for parallel in [false, true] {
+                Kernels::with_isa(isa, 2).unwrap().for_each_chunk(&mut pieces, 3, parallel, |i, p| p.fill(i + 1));
+                assert_eq!(pieces, [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]);
+            }
+            let mut acc = vec![1.0f32; 5];
+            k.axpy(&mut acc, 2.0, &[1.0, 2.0, 3.0, 4.0, 5.0]);
+            assert_eq!(acc, [3.0, 5.0, 7.0, 9.0, 11.0]);
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! specd-host-kernels: the arithmetic of the host engine, fast on whatever CPU runs it.
+//!
+//! A draft on a CPU node decodes one token, or scores a few, per pass: each linear layer is a
+//! matrix–vector product over weights that stream from memory, so the pass is bounded by
+//! how many bytes of weights it reads and how many vector lanes and cores read them.
+//!
+//! - [`isa`]: the instruction sets a kernel is compiled for (AVX-512, AVX2 with FMA, or the
+//!   build's baseline) and the one this CPU runs, read at run time. It is the only module
+//!   with `unsafe`: calling a function compiled for a feature after checking the feature.
+//! - [`packed`]: [`PackedMatrix`], a linear layer's weight cut into panels of [`BLOCK`]
+//!   outputs, stored as `f32` or as `bf16` (half the bytes; exact for a bf16 checkpoint).
+//! - `loops` (private): the loops themselves, written once and compiled per instruction set.
+//! - `error`: [`KernelError`].
+//! - [`kernels`]: [`Kernels`], an instruction set and a pool of threads kept hot across a
+//!   pass, with the operations a pass calls.
+
+mod error;
+pub mod isa;
+pub mod kernels;
+mod loops;
+pub mod packed;
+
+pub use error::KernelError;
+pub use isa::Isa;
+pub use kernels::{Kernels, LinearScratch};
+pub use packed::{BLOCK, PackedMatrix, WeightFormat, bf16_exact, to_bf16};

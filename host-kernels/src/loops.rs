@@ -1,0 +1,192 @@
+//! The loops, written once as plain safe Rust over fixed-width arrays so that the compiler
+//! vectorises them, and instantiated per instruction set by the dispatching functions in
+//! [`crate::kernels`]. `FUSED` selects `mul_add`, which is one instruction where the set
+//! has FMA and a libm call where it does not.
+
+use crate::packed::BLOCK;
+
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// A weight as stored in a panel, widened to `f32` for the arithmetic.
+pub(crate) trait Weight: Copy + Send + Sync {
+    fn widen(self) -> f32;
+}
+
+impl Weight for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+/// bf16 is the upper half of an f32: widening is a shift, exact, and vectorises as one.
+impl Weight for u16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+}
+
+/// `out[t][i] = Σ_k x[t][k] · panel[k][i]` for the rows `t` of `x` (each `k` long) and the
+/// [`BLOCK`] outputs `i` of one panel. Rows go in tiles of `TILE`, and the rest in one tile
+/// of its exact size, so the panel is read (and widened) once per tile: a verify pass's
+/// five rows read each weight once, not twice. The tile's sums stay in registers meanwhile.
+#[inline(always)]
+pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[W],
+    out: &mut [[f32; BLOCK]],
+) {
+    let rows = out.len();
+    let mut t = 0;
+    while rows - t >= TILE {
+        tile::<W, FUSED, TILE, 1>(x, t, k, panel, &mut out[t..t + TILE]);
+        t += TILE;
+    }
+    // Fewer rows than a tile are fewer independent sums: each multiply-add would wait for
+    // the one before it into the same register (4 cycles where 2 could issue each cycle),
+    // so the inputs are split across `S` sets of sums, added at the end.
+    let rest = &mut out[t..];
+    match rest.len() {
+        0 => {}
+        1 => tile::<W, FUSED, 1, 4>(x, t, k, panel, rest),
+        2 => tile::<W, FUSED, 2, 2>(x, t, k, panel, rest),
+        3 => tile::<W, FUSED, 3, 2>(x, t, k, panel, rest),
+        4 => tile::<W, FUSED, 4, 1>(x, t, k, panel, rest),
+        5 => tile::<W, FUSED, 5, 1>(x, t, k, panel, rest),
+        6 => tile::<W, FUSED, 6, 1>(x, t, k, panel, rest),
+        // Only a `TILE` of 8 leaves 7. (No call back into `panel_rows`: a recursive
+        // function cannot be inlined into the kernel compiled for the CPU's features, and
+        // out of line it would run with the baseline's, `mul_add` a libm call.)
+        _ => {
+            tile::<W, FUSED, 4, 1>(x, t, k, panel, &mut rest[..4]);
+            tile::<W, FUSED, 3, 2>(x, t + 4, k, panel, &mut rest[4..]);
+        }
+    }
+}
+
+/// `N` rows of one panel, the inputs taken `S` at a time into `S` sets of sums.
+#[inline(always)]
+fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize>(
+    x: &[f32],
+    first: usize,
+    k: usize,
+    panel: &[W],
+    out: &mut [[f32; BLOCK]],
+) {
+    let xs: [&[f32]; N] = std::array::from_fn(|r| &x[(first + r) * k..][..k]);
+    let mut acc = [[[0f32; BLOCK]; N]; S];
+    let panel = &panel[..k * BLOCK];
+    let mut groups = panel.chunks_exact(BLOCK * S);
+    let mut kk = 0;
+    for group in &mut groups {
+        for s in 0..S {
+            let wk = &group[s * BLOCK..][..BLOCK];
+            let mut w = [0f32; BLOCK];
+            for i in 0..BLOCK {
+                w[i] = wk[i].widen();
+            }
+            for r in 0..N {
+                let xv = xs[r][kk + s];
+                for i in 0..BLOCK {
+                    acc[s][r][i] = madd::<FUSED>(xv, w[i], acc[s][r][i]);
+                }
+            }
+        }
+        kk += S;
+    }
+    for wk in groups.remainder().chunks_exact(BLOCK) {
+        let mut w = [0f32; BLOCK];
+        for i in 0..BLOCK {
+            w[i] = wk[i].widen();
+        }
+        for r in 0..N {
+            let xv = xs[r][kk];
+            for i in 0..BLOCK {
+                acc[0][r][i] = madd::<FUSED>(xv, w[i], acc[0][r][i]);
+            }
+        }
+        kk += 1;
+    }
+    for r in 0..N {
+        for i in 0..BLOCK {
+            let mut sum = acc[0][r][i];
+            for set in &acc[1..] {
+                sum += set[r][i];
+            }
+            out[r][i] = sum;
+        }
+    }
+}
+
+/// Independent partial sums in [`dot`]: addition is not associative, so the compiler keeps
+/// one running sum unless it is given several.
+const LANES: usize = 16;
+
+/// `a · b` over the shorter of the two.
+#[inline(always)]
+pub(crate) fn dot<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..LANES {
+            acc[i] = madd::<FUSED>(x[i], y[i], acc[i]);
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail = madd::<FUSED>(*x, *y, tail);
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `out[i] = Σ_r weights[r] · m[r · stride + offset + i]` for `i < out.len()`: a weighted sum
+/// of rows of a row-major matrix, [`BLOCK`] outputs at a time with their sums in registers.
+/// Attention's scores are this over the transposed keys (rows: dimensions; outputs:
+/// positions), and its output over the values (rows: positions; outputs: dimensions).
+#[inline(always)]
+pub(crate) fn weighted_rows<const FUSED: bool>(
+    weights: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
+    let mut start = 0;
+    while start < out.len() {
+        let width = BLOCK.min(out.len() - start);
+        let mut acc = [0f32; BLOCK];
+        if width == BLOCK {
+            for (r, &w) in weights.iter().enumerate() {
+                let row = &m[r * stride + offset + start..][..BLOCK];
+                for i in 0..BLOCK {
+                    acc[i] = madd::<FUSED>(w, row[i], acc[i]);
+                }
+            }
+        } else {
+            for (r, &w) in weights.iter().enumerate() {
+                let row = &m[r * stride + offset + start..][..width];
+                for (a, &x) in acc.iter_mut().zip(row) {
+                    *a = madd::<FUSED>(w, x, *a);
+                }
+            }
+        }
+        out[start..start + width].copy_from_slice(&acc[..width]);
+        start += width;
+    }
+}
+
+/// `acc += a · x`.
+#[inline(always)]
+pub(crate) fn axpy<const FUSED: bool>(acc: &mut [f32], a: f32, x: &[f32]) {
+    for (d, &v) in acc.iter_mut().zip(x) {
+        *d = madd::<FUSED>(a, v, *d);
+    }
+}

@@ -1,0 +1,183 @@
+//! A linear layer's weight laid out for the kernels, in `f32` or `bf16`.
+
+/// Outputs computed together: their partial sums stay in registers (two AVX-512 registers,
+/// four AVX2 ones) while the input is walked once, so no sum is reduced across lanes.
+pub const BLOCK: usize = 32;
+
+/// How a matrix's weights are stored. The arithmetic is `f32` either way: bf16 weights are
+/// widened as they are read, so a bf16 checkpoint computes exactly as its `f32` upcast does,
+/// in half the bytes a pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    F32,
+    Bf16,
+}
+
+impl WeightFormat {
+    /// Bytes per weight.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+        }
+    }
+}
+
+/// A cache line: panels start on one, so that no 64-byte load of a panel straddles two
+/// lines (each such load would cost two).
+const LINE: usize = 64;
+
+/// `len` values starting on a cache line, inside a vector allocated a line longer. The
+/// vector is never resized, so its buffer, and the alignment, stay put.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Aligned<T> {
+    data: Vec<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    fn zeroed(len: usize) -> Self {
+        let per_line = LINE / size_of::<T>();
+        let data = vec![T::default(); len + per_line];
+        let misalignment = data.as_ptr() as usize % LINE;
+        let start = if misalignment == 0 { 0 } else { (LINE - misalignment) / size_of::<T>() };
+        Self { data, start, len }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[T] {
+        &self.data[self.start..self.start + self.len]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.data[self.start..self.start + self.len]
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Panels {
+    F32(Aligned<f32>),
+    Bf16(Aligned<u16>),
+}
+
+/// The checkpoint's `outputs × inputs` matrix cut into panels of [`BLOCK`] outputs, each
+/// stored input-major (`inputs × BLOCK`, the last padded with zero rows), so that a pass
+/// reads the whole weight front to back and each panel is the unit one thread computes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedMatrix {
+    pub(crate) inputs: usize,
+    pub(crate) outputs: usize,
+    pub(crate) panels: Panels,
+}
+
+impl PackedMatrix {
+    /// Packs the row-major `outputs × inputs` matrix `w` in `format` (bf16 rounds to
+    /// nearest, ties to even, as torch converts).
+    ///
+    /// # Panics
+    /// If `w` is not `outputs × inputs` long.
+    pub fn new(w: &[f32], outputs: usize, inputs: usize, format: WeightFormat) -> Self {
+        assert_eq!(w.len(), outputs * inputs, "a {outputs} × {inputs} matrix");
+        let len = outputs.div_ceil(BLOCK) * BLOCK * inputs;
+        let at = |o: usize, k: usize| (o / BLOCK) * BLOCK * inputs + k * BLOCK + o % BLOCK;
+        let panels = match format {
+            WeightFormat::F32 => {
+                let mut aligned = Aligned::zeroed(len);
+                let p = aligned.as_mut_slice();
+                for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
+                    for (k, &v) in row.iter().enumerate() {
+                        p[at(o, k)] = v;
+                    }
+                }
+                Panels::F32(aligned)
+            }
+            WeightFormat::Bf16 => {
+                let mut aligned = Aligned::zeroed(len);
+                let p = aligned.as_mut_slice();
+                for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
+                    for (k, &v) in row.iter().enumerate() {
+                        p[at(o, k)] = to_bf16(v);
+                    }
+                }
+                Panels::Bf16(aligned)
+            }
+        };
+        Self { inputs, outputs, panels }
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    pub fn outputs(&self) -> usize {
+        self.outputs
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        match self.panels {
+            Panels::F32(_) => WeightFormat::F32,
+            Panels::Bf16(_) => WeightFormat::Bf16,
+        }
+    }
+
+    /// The bytes its panels hold (padding included): what a pass over it reads.
+    pub fn bytes(&self) -> usize {
+        match &self.panels {
+            Panels::F32(p) => p.len * 4,
+            Panels::Bf16(p) => p.len * 2,
+        }
+    }
+
+    pub(crate) fn blocks(&self) -> usize {
+        self.outputs.div_ceil(BLOCK)
+    }
+}
+
+/// `x` rounded to bf16 (nearest, ties to even; a NaN stays a quiet NaN).
+pub fn to_bf16(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7fc0;
+    }
+    let bits = x.to_bits();
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+/// Whether every value of `w` is a bf16 value (its low 16 bits zero), as a bf16 checkpoint
+/// read into `f32` is: storing it as bf16 then loses nothing.
+pub fn bf16_exact(w: &[f32]) -> bool {
+    w.iter().all(|v| v.to_bits() & 0xffff == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even_and_keeps_bf16_values() {
+        assert_eq!(to_bf16(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even one, 1.
+        assert_eq!(to_bf16(1.0 + 1.0 / 256.0), 0x3f80);
+        // Just above halfway rounds up.
+        assert_eq!(to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(to_bf16(-2.5), 0xc020);
+        assert_eq!(to_bf16(f32::NAN), 0x7fc0);
+        let exact = [0.0f32, -1.5, 3.0e-3f32].map(|v| f32::from_bits(u32::from(to_bf16(v)) << 16));
+        assert!(bf16_exact(&exact));
+        assert!(!bf16_exact(&[0.1]));
+    }
+
+    #[test]
+    fn a_panel_holds_its_outputs_input_major_with_the_last_padded() {
+        // 3 outputs × 2 inputs: one panel, rows 3.. zero.
+        let m = PackedMatrix::new(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2, WeightFormat::F32);
+        let Panels::F32(p) = &m.panels else { panic!("f32") };
+        let p = p.as_slice();
+        assert_eq!(p.as_ptr() as usize % LINE, 0, "panels start on a cache line");
+        assert_eq!(p.len(), 2 * BLOCK);
+        assert_eq!((&p[..3], &p[BLOCK..BLOCK + 3]), (&[1.0, 3.0, 5.0][..], &[2.0, 4.0, 6.0][..]));
+        assert!(p[3..BLOCK].iter().all(|&v| v == 0.0));
+        assert_eq!(m.bytes(), 2 * BLOCK * 4);
+        assert_eq!(PackedMatrix::new(&[1.0; 6], 3, 2, WeightFormat::Bf16).bytes(), 2 * BLOCK * 2);
+    }
+}
