@@ -9,7 +9,8 @@ use crate::error::{ModelError, Result};
 /// What computes a model's passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Engine {
-    /// The host engine for a small CPU model it can run, libtorch otherwise.
+    /// On the CPU, whichever engine runs the model faster, measured at load where the host
+    /// engine can run it; libtorch elsewhere.
     #[default]
     Auto,
     Libtorch,

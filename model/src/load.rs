@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use crate::checksums::verify_checksums;
 use crate::config::LlamaConfig;
 use crate::engine::Engine;
+use crate::engine_choice::{EngineDecision, PassTimes, time_passes};
 use crate::error::{ModelError, Result};
 use crate::host::HostLlama;
 use crate::language_model::LanguageModel;
@@ -26,9 +27,10 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
         if checked > 0 {
             tracing::info!(files = checked, dir = %path.display(), "checkpoint files match SHA256SUMS");
         }
-        match opts.engine.resolve(&LlamaConfig::from_dir(path)?, opts)? {
-            Engine::Host => Ok(Box::new(HostLlama::load(path, opts)?)),
-            _ => Ok(Box::new(LlamaModel::load(path, opts)?)),
+        match opts.engine.decide(&LlamaConfig::from_dir(path)?, opts)? {
+            EngineDecision::Use(Engine::Host) => Ok(Box::new(HostLlama::load(path, opts)?)),
+            EngineDecision::Use(_) => Ok(Box::new(LlamaModel::load(path, opts)?)),
+            EngineDecision::Measure => load_the_faster(path, opts),
         }
     } else if path.is_file() {
         // A fraction of the free memory is measured after warm-up (`set_memory_budget`).
@@ -39,6 +41,44 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
             path: path.to_owned(),
             what: "expected a checkpoint directory or a table model .json file".into(),
         })
+    }
+}
+
+/// Loads the checkpoint on each engine in turn, times the same passes on each, and keeps
+/// the faster. One model is held at a time: the host engine is timed and dropped, then
+/// libtorch, which is kept if it won; otherwise the host engine is loaded again.
+fn load_the_faster(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
+    // A timing that fails (a context too short for the timed passes, say) leaves the choice
+    // to the other engine rather than failing the load.
+    let host = time_passes(&mut HostLlama::load(path, opts)?);
+    let mut libtorch = LlamaModel::load(path, opts)?;
+    let chosen = match (host, time_passes(&mut libtorch)) {
+        (Ok(host), Ok(torch)) => {
+            let times = PassTimes { host, libtorch: torch };
+            let chosen = times.faster();
+            tracing::info!(
+                model = %path.display(),
+                host_ms = times.host.as_secs_f64() * 1e3,
+                libtorch_ms = times.libtorch.as_secs_f64() * 1e3,
+                "--engine auto: the {chosen} engine ran the timed passes faster"
+            );
+            chosen
+        }
+        (Err(e), _) => {
+            tracing::warn!(model = %path.display(), "--engine auto: timing the host engine failed ({e}); libtorch");
+            Engine::Libtorch
+        }
+        (_, Err(e)) => {
+            tracing::warn!(model = %path.display(), "--engine auto: timing libtorch failed ({e}); the host engine");
+            Engine::Host
+        }
+    };
+    match chosen {
+        Engine::Host => {
+            drop(libtorch);
+            Ok(Box::new(HostLlama::load(path, opts)?))
+        }
+        _ => Ok(Box::new(libtorch)),
     }
 }
 

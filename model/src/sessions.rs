@@ -88,6 +88,14 @@ impl<S> SessionTable<S> {
         self.sessions.get_mut(&id).ok_or(ModelError::UnknownSession(id))
     }
 
+    /// The sessions `ids` (distinct), each `None` where there is no such session: for a
+    /// pass that writes several sessions' caches at once.
+    pub(crate) fn many_mut(&mut self, ids: &[SessionId]) -> Vec<Option<&mut Session<S>>> {
+        let mut found: HashMap<SessionId, &mut Session<S>> =
+            self.sessions.iter_mut().filter(|(id, _)| ids.contains(id)).map(|(id, s)| (*id, s)).collect();
+        ids.iter().map(|id| found.remove(id)).collect()
+    }
+
     /// What the session must grow by for `extra` more tokens: `None` when they fit in its
     /// reservation; else its capacity rounded up to whole [`GROWTH_CHUNK`]s past what it
     /// needs (at most `context_length`), checked against the budget. Changes nothing: the

@@ -1,35 +1,49 @@
 //! The host engine against transformers: the same f32 logits (within 1e-4) for every
 //! fixture of the families it runs (GQA with Llama-3 RoPE scaling and an untied head, tied
 //! embeddings, Qwen2's biases, Mistral sharded and with a sliding window shorter than the
-//! sequence), whether the tokens come in one pass, one at a time, or in blocks rolled back
-//! and scored again; what it cannot run is refused with the reason, and `auto` goes to
-//! libtorch for it.
+//! sequence, Qwen3's q/k norms with YaRN, Gemma 3's norms, scaling, soft-capping and
+//! interleaved windowed layers with their own RoPE, its multimodal checkpoint's text model),
+//! on one thread and on several, whether the tokens come in one pass, one at a time, in
+//! blocks rolled back and scored again, or batched with other sessions' tokens; with bf16
+//! weights within a stated bound; what it cannot run is refused with the reason.
 
 mod common;
 
 use anyhow::Result;
 use common::{cpu_f32, fixture, max_abs_diff, reference, rows};
-use specd_model::config::LlamaShape;
-use specd_model::{DType, DeviceSpec, Engine, HostLlama, LanguageModel, LlamaConfig, LoadOptions, load_model};
+use specd_model::engine_choice::{EngineDecision, PassTimes, time_passes};
+use specd_model::{
+    DType, DeviceSpec, Engine, ForwardItem, HostLlama, LanguageModel, LlamaConfig, LoadOptions, load_model,
+};
 
 const TOL: f32 = 1e-4;
 
-const HOST_FIXTURES: [&str; 5] = ["llama_gqa_untied", "llama_tied", "qwen2", "mistral_sharded", "mistral_window"];
+const HOST_FIXTURES: [&str; 9] = [
+    "llama_gqa_untied",
+    "llama_tied",
+    "qwen2",
+    "mistral_sharded",
+    "mistral_window",
+    "qwen3_tied_yarn",
+    "qwen3_untied",
+    "gemma3",
+    "gemma3_multimodal",
+];
 
 fn host_options() -> LoadOptions {
-    LoadOptions { engine: Engine::Host, ..cpu_f32() }
+    LoadOptions { engine: Engine::Host, threads: Some(1), ..cpu_f32() }
 }
 
 #[test]
 fn every_fixture_it_runs_matches_transformers_in_one_pass_and_token_by_token() -> Result<()> {
-    for name in HOST_FIXTURES {
+    for (name, threads) in HOST_FIXTURES.iter().flat_map(|name| [(*name, 1), (*name, 3)]) {
         let r = reference(name)?;
-        let mut m = load_model(&fixture(name), &host_options())?;
+        let mut m = load_model(&fixture(name), &LoadOptions { threads: Some(threads), ..host_options() })?;
         assert_eq!(m.info().engine, "host", "{name}");
         let s = m.open_session(None)?;
         let whole = m.forward(s, &r.tokens)?;
         let diff = max_abs_diff(&whole.to_rows(), &r.logits);
-        eprintln!("{name}: one pass, max |Δlogit| = {diff:e}");
+        eprintln!("{name} on {threads} thread(s): one pass, max |Δlogit| = {diff:e}");
         assert!(diff <= TOL, "{name}: one pass, max |Δlogit| = {diff} > {TOL}");
 
         // One token a pass, each attending to the cache the earlier passes wrote.
@@ -69,42 +83,147 @@ fn the_window_fixture_runs_past_its_window_so_the_window_is_tested() -> Result<(
 }
 
 #[test]
-fn what_the_host_engine_cannot_run_is_refused_with_the_reason_and_auto_takes_libtorch() -> Result<()> {
-    for (name, reason) in [("qwen3_tied_yarn", "q/k norms"), ("gemma3", "Gemma's norms")] {
-        let err = load_model(&fixture(name), &host_options()).map(|_| ()).unwrap_err().to_string();
-        assert!(err.contains(reason) && err.contains("--engine libtorch"), "{name}: {err}");
-        let m = load_model(&fixture(name), &LoadOptions { engine: Engine::Auto, ..cpu_f32() })?;
-        assert_eq!(m.info().engine, "libtorch", "{name}");
+fn a_batch_of_sessions_gives_each_the_logits_it_gets_alone() -> Result<()> {
+    // Sessions at different lengths, one of them twice as long as the window, with
+    // different numbers of rows asked for; and a bad item that fails alone.
+    for name in ["gemma3", "llama_gqa_untied"] {
+        let r = reference(name)?;
+        let mut m = load_model(&fixture(name), &LoadOptions { threads: Some(2), ..host_options() })?;
+        let (a, b, c) = (m.open_session(None)?, m.open_session(None)?, m.open_session(None)?);
+        let cut = r.tokens.len() / 3;
+        m.forward(a, &r.tokens[..cut])?;
+        let items = [
+            ForwardItem { session: a, tokens: &r.tokens[cut..], rows: 2 },
+            ForwardItem { session: b, tokens: &r.tokens, rows: r.tokens.len() },
+            ForwardItem { session: c, tokens: &[u32::MAX], rows: 1 },
+        ];
+        let mut out = m.forward_batch(&items).into_iter();
+        let first = out.next().expect("a")?;
+        let diff = max_abs_diff(&first.to_rows(), &r.logits[r.tokens.len() - 2..]);
+        assert!(diff <= TOL, "{name}: the continued session, max |Δlogit| = {diff} > {TOL}");
+        let second = out.next().expect("b")?;
+        let diff = max_abs_diff(&second.to_rows(), &r.logits);
+        assert!(diff <= TOL, "{name}: the whole prompt, max |Δlogit| = {diff} > {TOL}");
+        assert!(out.next().expect("c").is_err(), "{name}: a token outside the vocabulary fails its item");
+        assert_eq!((m.session_len(a)?, m.session_len(b)?, m.session_len(c)?), (r.tokens.len(), r.tokens.len(), 0));
     }
-    let bf16 = LoadOptions { engine: Engine::Host, dtype: DType::Bf16, ..cpu_f32() };
-    let err = HostLlama::load(&fixture("llama_tied"), &bf16).unwrap_err().to_string();
-    assert!(err.contains("f32"), "{err}");
+    Ok(())
+}
+
+/// A copy of fixture `name` whose weights are rounded to bf16 values, still stored as f32.
+fn rounded_copy(name: &str) -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    for entry in std::fs::read_dir(fixture(name))? {
+        let path = entry?.path();
+        let to = dir.path().join(path.file_name().expect("a file"));
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let bytes = std::fs::read(&path)?;
+            let tensors = safetensors::SafeTensors::deserialize(&bytes)?;
+            let rounded: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+                .tensors()
+                .into_iter()
+                .map(|(name, view)| {
+                    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+                    let data = view
+                        .data()
+                        .chunks_exact(4)
+                        .flat_map(|b| {
+                            let v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+                            (u32::from(specd_host_kernels::to_bf16(v)) << 16).to_le_bytes()
+                        })
+                        .collect();
+                    (name, data, view.shape().to_vec())
+                })
+                .collect();
+            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = rounded
+                .iter()
+                .map(|(n, d, shape)| {
+                    Ok((n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), d)?))
+                })
+                .collect::<Result<_>>()?;
+            std::fs::write(&to, safetensors::serialize(views, None)?)?;
+        } else {
+            std::fs::copy(&path, &to)?;
+        }
+    }
+    Ok(dir)
+}
+
+#[test]
+fn bf16_weights_compute_exactly_what_f32_computes_on_the_rounded_weights() -> Result<()> {
+    // `--dtype bf16` rounds each weight once and computes in f32, so it must equal the f32
+    // engine (checked against transformers above) on a checkpoint of the rounded weights;
+    // and `auto` on that checkpoint, whose weights are bf16 values, stores them in bf16 and
+    // loses nothing.
+    for name in ["llama_gqa_untied", "qwen3_tied_yarn", "gemma3"] {
+        let r = reference(name)?;
+        let rounded = rounded_copy(name)?;
+        let logits = |dir: &std::path::Path, dtype| -> Result<(Vec<Vec<f32>>, DType)> {
+            let mut m = load_model(dir, &LoadOptions { dtype, ..host_options() })?;
+            let s = m.open_session(None)?;
+            Ok((m.forward(s, &r.tokens)?.to_rows(), m.info().dtype))
+        };
+        let (bf16, stored) = logits(&fixture(name), DType::Bf16)?;
+        assert_eq!(stored, DType::Bf16, "{name}");
+        let (f32_on_rounded, stored) = logits(rounded.path(), DType::F32)?;
+        assert_eq!(stored, DType::F32, "{name}");
+        let diff = max_abs_diff(&bf16, &f32_on_rounded);
+        assert!(diff <= 1e-5, "{name}: bf16 weights against f32 on the rounded copy, max |Δlogit| = {diff}");
+        let (auto_on_rounded, stored) = logits(rounded.path(), DType::Auto)?;
+        assert_eq!(stored, DType::Bf16, "{name}: a checkpoint of bf16 values is stored in bf16 by auto");
+        assert_eq!(auto_on_rounded, bf16, "{name}");
+        // How far rounding the weights moves these random fixtures' logits, for the record.
+        eprintln!(
+            "{name}: bf16 weights against transformers in f32, max |Δlogit| = {:e}",
+            max_abs_diff(&bf16, &r.logits)
+        );
+    }
+    // The f32 fixtures' weights are not bf16 values, so auto keeps them in f32.
+    let m = load_model(&fixture("llama_tied"), &LoadOptions { dtype: DType::Auto, ..host_options() })?;
+    assert_eq!(m.info().dtype, DType::F32);
     Ok(())
 }
 
 #[test]
-fn auto_takes_the_host_engine_for_a_small_cpu_f32_model_only() -> Result<()> {
-    let shape = |hidden, layers| LlamaShape {
-        vocab_size: 4096,
-        hidden_size: hidden,
-        intermediate_size: 3 * hidden,
-        layers,
-        heads: 2,
-        kv_heads: 2,
-        head_dim: hidden / 2,
-        context: 512,
-    };
-    let draft = LlamaConfig::llama(shape(128, 2));
-    let target = LlamaConfig::llama(shape(384, 6));
-    assert!(draft.num_parameters() < specd_model::engine_choice::HOST_ENGINE_MAX_PARAMETERS);
+fn what_the_host_engine_cannot_run_is_refused_with_the_reason() -> Result<()> {
+    let f16 = LoadOptions { engine: Engine::Host, dtype: DType::F16, ..cpu_f32() };
+    let err = HostLlama::load(&fixture("llama_tied"), &f16).unwrap_err().to_string();
+    assert!(err.contains("f32") && err.contains("bf16"), "{err}");
+    let gpu = LoadOptions { engine: Engine::Host, device: DeviceSpec::Cuda(0), ..cpu_f32() };
+    let err = load_model(&fixture("llama_tied"), &gpu).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("CPU") && err.contains("--engine libtorch"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn auto_measures_where_both_engines_run_and_takes_libtorch_elsewhere() -> Result<()> {
+    let cfg = LlamaConfig::from_dir(&fixture("llama_tied"))?;
     let cpu = |dtype| LoadOptions { dtype, ..LoadOptions::default() };
-    assert_eq!(Engine::Auto.resolve(&draft, &cpu(DType::F32))?, Engine::Host);
-    assert_eq!(Engine::Auto.resolve(&draft, &cpu(DType::Auto))?, Engine::Host);
-    assert_eq!(Engine::Auto.resolve(&draft, &cpu(DType::Bf16))?, Engine::Libtorch);
-    assert_eq!(Engine::Auto.resolve(&target, &cpu(DType::F32))?, Engine::Libtorch);
+    for dtype in [DType::Auto, DType::F32, DType::Bf16] {
+        assert_eq!(Engine::Auto.decide(&cfg, &cpu(dtype))?, EngineDecision::Measure, "{dtype}");
+    }
+    assert_eq!(Engine::Auto.decide(&cfg, &cpu(DType::F16))?, EngineDecision::Use(Engine::Libtorch));
     let gpu = LoadOptions { device: DeviceSpec::Cuda(0), ..cpu(DType::F32) };
-    assert_eq!(Engine::Auto.resolve(&draft, &gpu)?, Engine::Libtorch);
-    assert!(Engine::Host.resolve(&draft, &gpu).is_err());
-    assert_eq!(Engine::Libtorch.resolve(&draft, &cpu(DType::F32))?, Engine::Libtorch);
+    assert_eq!(Engine::Auto.decide(&cfg, &gpu)?, EngineDecision::Use(Engine::Libtorch));
+    assert!(Engine::Host.decide(&cfg, &gpu).is_err());
+    assert_eq!(Engine::Libtorch.decide(&cfg, &cpu(DType::F32))?, EngineDecision::Use(Engine::Libtorch));
+    assert_eq!(Engine::Host.decide(&cfg, &cpu(DType::F32))?, EngineDecision::Use(Engine::Host));
+    Ok(())
+}
+
+#[test]
+fn auto_keeps_the_engine_that_ran_the_timed_passes_faster() -> Result<()> {
+    // On a fixture this small libtorch's cost per operation is nearly all of a pass: the
+    // host engine is many times faster, far past any noise, so auto must keep it.
+    let dir = fixture("llama_tied");
+    let one = |engine| LoadOptions { engine, threads: Some(1), ..cpu_f32() };
+    let mut host = load_model(&dir, &one(Engine::Host))?;
+    let mut torch = load_model(&dir, &one(Engine::Libtorch))?;
+    let times = PassTimes { host: time_passes(host.as_mut())?, libtorch: time_passes(torch.as_mut())? };
+    eprintln!("llama_tied: host {:?}, libtorch {:?}", times.host, times.libtorch);
+    assert!(times.host * 3 < times.libtorch, "{times:?}");
+    assert_eq!(times.faster(), Engine::Host);
+    let auto = load_model(&dir, &one(Engine::Auto))?;
+    assert_eq!(auto.info().engine, "host");
     Ok(())
 }

@@ -1,25 +1,65 @@
-//! One forward pass of the host engine over a session's run of tokens: the Llama decoder
-//! (RMS norms, RoPE, causal attention over the session's cache, SiLU MLP) in `f32` on the
-//! calling thread.
+//! One forward pass of the host engine over one or more sessions' runs of tokens: the
+//! Llama-family decoder (norms, q/k norms, RoPE, causal attention over each session's
+//! cache, gated MLP, Gemma's extra norms, scaling and soft-capping) in f32. The runs share
+//! every linear layer, so a batch reads the weights once; each run attends to its own cache.
 
+use specd_host_kernels::{Kernels, LinearScratch};
+
+use crate::config::Activation;
+use crate::host::attention::{AttentionShape, QueryRow, attend};
 use crate::host::cache::HostCache;
-use crate::host::kernels::{BLOCK, axpy, linear, rms_norm, silu_mul, softmax};
+use crate::host::elementwise::{gated, soft_cap};
 use crate::host::weights::HostWeights;
 use crate::rope::Frequencies;
+
+/// Activations below which the MLP's gate runs on the calling thread.
+const PARALLEL_MIN_ACTIVATIONS: usize = 64 * 1024;
 
 /// The shape numbers a pass needs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dims {
     pub(crate) hidden: usize,
     pub(crate) intermediate: usize,
-    pub(crate) heads: usize,
-    pub(crate) kv_heads: usize,
-    pub(crate) head_dim: usize,
     pub(crate) vocab: usize,
     pub(crate) eps: f32,
+    pub(crate) attention: AttentionShape,
 }
 
-/// Buffers a pass writes into, kept between passes so that a step allocates nothing.
+/// What a pass computes with.
+#[derive(Debug)]
+pub(crate) struct Net {
+    pub(crate) weights: HostWeights,
+    pub(crate) dims: Dims,
+    pub(crate) rope: Frequencies,
+    /// The windowed layers' RoPE where it differs from the others' (Gemma 3).
+    pub(crate) local_rope: Option<Frequencies>,
+    /// Each layer's sliding window, if any.
+    pub(crate) windows: Vec<Option<usize>>,
+    /// Embeddings are multiplied by this (Gemma's √hidden).
+    pub(crate) embed_scale: Option<f32>,
+    pub(crate) activation: Activation,
+    /// Final logits become `cap · tanh(logits / cap)` (Gemma).
+    pub(crate) logit_cap: Option<f32>,
+}
+
+/// One session's part of a pass: `tokens` appended to `cache` at positions `past..`, and
+/// the logits of the last `rows` of them returned.
+#[derive(Debug)]
+pub(crate) struct Run<'a> {
+    pub(crate) cache: &'a mut HostCache,
+    pub(crate) past: usize,
+    pub(crate) tokens: &'a [u32],
+    pub(crate) rows: usize,
+}
+
+/// cos and sin of each query row's position, `head_dim` each.
+#[derive(Debug, Default)]
+struct RotaryTables {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// Buffers a pass writes into, kept between passes so that a step allocates little.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     x: Vec<f32>,
@@ -29,9 +69,11 @@ pub(crate) struct Scratch {
     projected: Vec<f32>,
     gate_up: Vec<f32>,
     gate: Vec<f32>,
-    scores: Vec<f32>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    last: Vec<f32>,
+    global: RotaryTables,
+    local: RotaryTables,
+    rows: Vec<QueryRow>,
+    linear: LinearScratch,
 }
 
 /// `buffer` as `len` floats, stale where it held them before: every writer of a scratch
@@ -41,91 +83,132 @@ fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buffer
 }
 
-/// What a pass computes with: the weights and the shape, RoPE and window of each layer.
-#[derive(Debug)]
-pub(crate) struct Net {
-    pub(crate) weights: HostWeights,
-    pub(crate) dims: Dims,
-    pub(crate) rope: Frequencies,
-    /// Each layer's sliding window, if any.
-    pub(crate) windows: Vec<Option<usize>>,
-}
-
 impl Net {
-    /// Appends `tokens` at positions `past..` to `cache` and returns the logits of the last
-    /// `rows` of them, row-major.
-    pub(crate) fn pass(
-        &self,
-        cache: &mut HostCache,
-        past: usize,
-        tokens: &[u32],
-        rows: usize,
-        s: &mut Scratch,
-    ) -> Vec<f32> {
-        let (w, d, rope, windows) = (&self.weights, self.dims, &self.rope, &self.windows);
-        let n = tokens.len();
-        let h = d.hidden;
-        let (qd, kvd) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        let x = sized(&mut s.x, n * h);
-        for (dst, &t) in x.chunks_exact_mut(h).zip(tokens) {
-            dst.copy_from_slice(&w.embed[t as usize * h..(t as usize + 1) * h]);
+    /// Runs every run's tokens through the model, appending their keys and values to their
+    /// caches, and returns each run's logits (its last `rows`, row-major), in order.
+    pub(crate) fn pass(&self, k: &Kernels, runs: &mut [Run<'_>], s: &mut Scratch) -> Vec<Vec<f32>> {
+        let (w, d) = (&self.weights, self.dims);
+        let a = d.attention;
+        let (h, hd) = (d.hidden, a.head_dim);
+        let (qd, kvd) = (a.heads * hd, a.kv_heads * hd);
+        let n: usize = runs.iter().map(|r| r.tokens.len()).sum();
+        s.rows.clear();
+        for (cache, r) in runs.iter().enumerate() {
+            s.rows.extend((0..r.tokens.len()).map(|t| QueryRow { cache, position: r.past + t }));
         }
-        rotary_tables(rope, d.head_dim, past, n, &mut s.cos, &mut s.sin);
+        let x = sized(&mut s.x, n * h);
+        for (dst, &t) in x.chunks_exact_mut(h).zip(runs.iter().flat_map(|r| r.tokens)) {
+            dst.copy_from_slice(&w.embed[t as usize * h..(t as usize + 1) * h]);
+            if let Some(scale) = self.embed_scale {
+                dst.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        rotary_tables(&self.rope, hd, &s.rows, &mut s.global);
+        if let Some(local) = &self.local_rope {
+            rotary_tables(local, hd, &s.rows, &mut s.local);
+        }
         for (l, layer) in w.layers.iter().enumerate() {
+            let tables = match (&self.local_rope, self.windows[l]) {
+                (Some(_), Some(_)) => &s.local,
+                _ => &s.global,
+            };
             let normed = sized(&mut s.normed, n * h);
-            rms_norm(&s.x, &layer.attn_norm, d.eps, normed);
+            layer.attn_norm.apply(&s.x, d.eps, normed);
             let qkv = sized(&mut s.qkv, n * (qd + 2 * kvd));
-            linear(normed, n, &layer.qkv, layer.qkv_bias.as_deref(), qkv);
-            for (t, row) in qkv.chunks_exact_mut(qd + 2 * kvd).enumerate() {
-                let (cos, sin) = (&s.cos[t * d.head_dim..][..d.head_dim], &s.sin[t * d.head_dim..][..d.head_dim]);
-                for head in row[..qd + kvd].chunks_exact_mut(d.head_dim) {
+            k.linear(normed, n, &layer.qkv, layer.qkv_bias.as_deref(), qkv, &mut s.linear);
+            for ((t, row), at) in qkv.chunks_exact_mut(qd + 2 * kvd).enumerate().zip(&s.rows) {
+                let (q, rest) = row.split_at_mut(qd);
+                let (keys, values) = rest.split_at_mut(kvd);
+                if let Some((qn, kn)) = &layer.qk_norm {
+                    qn.apply_in_place(q, d.eps);
+                    kn.apply_in_place(keys, d.eps);
+                }
+                let (cos, sin) = (&tables.cos[t * hd..][..hd], &tables.sin[t * hd..][..hd]);
+                for head in q.chunks_exact_mut(hd).chain(keys.chunks_exact_mut(hd)) {
                     rotate(head, cos, sin);
                 }
-                cache.write(l, past + t, &row[qd..qd + kvd], &row[qd + kvd..]);
+                runs[at.cache].cache.write(l, at.position, keys, values);
             }
+            let caches: Vec<&HostCache> = runs.iter().map(|r| &*r.cache).collect();
             let attn = sized(&mut s.attn, n * qd);
-            attend(d, &s.qkv, cache, l, past, n, windows[l], &mut s.scores, attn);
+            attend(k, a, &s.qkv, &caches, &s.rows, l, self.windows[l], attn);
             let projected = sized(&mut s.projected, n * h);
-            linear(attn, n, &layer.o, layer.o_bias.as_deref(), projected);
-            axpy(&mut s.x, 1.0, projected);
+            k.linear(attn, n, &layer.o, layer.o_bias.as_deref(), projected, &mut s.linear);
+            if let Some(norm) = &layer.post_attn_norm {
+                norm.apply_in_place(projected, d.eps);
+            }
+            add(&mut s.x, projected);
             let normed = sized(&mut s.normed, n * h);
-            rms_norm(&s.x, &layer.mlp_norm, d.eps, normed);
+            layer.mlp_norm.apply(&s.x, d.eps, normed);
             let i = d.intermediate;
             let gate_up = sized(&mut s.gate_up, n * 2 * i);
-            linear(normed, n, &layer.gate_up, layer.gate_up_bias.as_deref(), gate_up);
+            k.linear(normed, n, &layer.gate_up, layer.gate_up_bias.as_deref(), gate_up, &mut s.linear);
             let gate = sized(&mut s.gate, n * i);
-            for (g, both) in gate.chunks_exact_mut(i).zip(gate_up.chunks_exact(2 * i)) {
+            // An exponential or a tanh per value: a prompt's worth is worth splitting.
+            let gate_up: &[f32] = gate_up;
+            k.for_each_chunk(gate, i, n * i >= PARALLEL_MIN_ACTIVATIONS, |t, g| {
+                let both = &gate_up[t * 2 * i..][..2 * i];
                 g.copy_from_slice(&both[..i]);
-                silu_mul(g, &both[i..]);
-            }
+                gated(self.activation, g, &both[i..]);
+            });
             let projected = sized(&mut s.projected, n * h);
-            linear(gate, n, &layer.down, layer.down_bias.as_deref(), projected);
-            axpy(&mut s.x, 1.0, projected);
+            k.linear(gate, n, &layer.down, layer.down_bias.as_deref(), projected, &mut s.linear);
+            if let Some(norm) = &layer.post_mlp_norm {
+                norm.apply_in_place(projected, d.eps);
+            }
+            add(&mut s.x, projected);
         }
-        let rows = rows.clamp(1, n);
-        let last = &s.x[(n - rows) * h..];
-        let normed = sized(&mut s.normed, rows * h);
-        rms_norm(last, &w.norm, d.eps, normed);
-        let mut logits = vec![0f32; rows * d.vocab];
-        linear(normed, rows, &w.lm_head, None, &mut logits);
-        logits
+        // Each run's last rows, gathered so that the head reads its weights once.
+        s.last.clear();
+        let mut start = 0;
+        let mut counts = Vec::with_capacity(runs.len());
+        for r in runs.iter() {
+            let len = r.tokens.len();
+            let rows = r.rows.clamp(1, len.max(1)).min(len);
+            s.last.extend_from_slice(&s.x[(start + len - rows) * h..(start + len) * h]);
+            counts.push(rows);
+            start += len;
+        }
+        let total: usize = counts.iter().sum();
+        w.norm.apply_in_place(&mut s.last, d.eps);
+        let mut logits = vec![0f32; total * d.vocab];
+        k.linear(&s.last, total, &w.lm_head, None, &mut logits, &mut s.linear);
+        if let Some(cap) = self.logit_cap {
+            soft_cap(&mut logits, cap);
+        }
+        let mut rest = logits.as_slice();
+        counts
+            .into_iter()
+            .map(|rows| {
+                let (mine, others) = rest.split_at(rows * d.vocab);
+                rest = others;
+                mine.to_vec()
+            })
+            .collect()
     }
 }
 
-/// cos and sin of positions `past..past + n`, `head_dim` each (the halves repeated, as
+/// `x += y`.
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// cos and sin of each row's position, `head_dim` each (the halves repeated, as
 /// transformers concatenates the frequencies), computed in `f32` as transformers does.
-fn rotary_tables(rope: &Frequencies, head_dim: usize, past: usize, n: usize, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+fn rotary_tables(rope: &Frequencies, head_dim: usize, rows: &[QueryRow], tables: &mut RotaryTables) {
     let half = head_dim / 2;
-    cos.clear();
-    sin.clear();
+    tables.cos.clear();
+    tables.sin.clear();
     let factor = rope.attention_factor as f32;
-    for t in 0..n {
-        let pos = (past + t) as f32 / rope.position_scale as f32;
+    for row in rows {
+        let pos = row.position as f32 / rope.position_scale as f32;
         for _ in 0..2 {
             for &inv in &rope.inv_freq[..half] {
                 let angle = pos * inv;
-                cos.push(angle.cos() * factor);
-                sin.push(angle.sin() * factor);
+                tables.cos.push(angle.cos() * factor);
+                tables.sin.push(angle.sin() * factor);
             }
         }
     }
@@ -138,72 +221,5 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let (a, b) = (x[i], x[i + half]);
         x[i] = a * cos[i] + -b * sin[i];
         x[i + half] = b * cos[i + half] + a * sin[i + half];
-    }
-}
-
-/// Causal attention of the run's queries (in `qkv`'s rows) over the cache of layer `l`,
-/// which already holds the run's own keys and values; writes `n × heads × head_dim`.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    d: Dims,
-    qkv: &[f32],
-    cache: &HostCache,
-    l: usize,
-    past: usize,
-    n: usize,
-    window: Option<usize>,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let hd = d.head_dim;
-    let (qd, kvd) = (d.heads * hd, d.kv_heads * hd);
-    let group = d.heads / d.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let values = cache.values(l);
-    for t in 0..n {
-        let pos = past + t;
-        // A query at i sees keys j ≤ i with i - j < window.
-        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let q_row = &qkv[t * (qd + 2 * kvd)..][..qd];
-        for head in 0..d.heads {
-            let kv = head / group;
-            let s = sized(scores, pos + 1 - first);
-            weighted_rows(&q_row[head * hd..][..hd], cache.keys(l, kv), cache.capacity(), first, s);
-            for x in s.iter_mut() {
-                *x *= scale;
-            }
-            softmax(s);
-            let o = &mut out[t * qd + head * hd..][..hd];
-            weighted_rows(s, &values[first * kvd + kv * hd..], kvd, 0, o);
-        }
-    }
-}
-
-/// `out[i] = Σ_r weights[r] · m[r · stride + offset + i]` for `i < out.len()`: a weighted sum
-/// of rows of a row-major matrix, [`BLOCK`] outputs at a time with their sums in registers.
-/// Scores are this over the transposed keys (rows: dimensions; outputs: positions), and
-/// attention's output over the values (rows: positions; outputs: dimensions).
-fn weighted_rows(weights: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
-    let mut start = 0;
-    while start < out.len() {
-        let width = BLOCK.min(out.len() - start);
-        let mut acc = [0f32; BLOCK];
-        if width == BLOCK {
-            for (r, &w) in weights.iter().enumerate() {
-                let row = &m[r * stride + offset + start..][..BLOCK];
-                for i in 0..BLOCK {
-                    acc[i] += w * row[i];
-                }
-            }
-        } else {
-            for (r, &w) in weights.iter().enumerate() {
-                let row = &m[r * stride + offset + start..][..width];
-                for (a, &x) in acc.iter_mut().zip(row) {
-                    *a += w * x;
-                }
-            }
-        }
-        out[start..start + width].copy_from_slice(&acc[..width]);
-        start += width;
     }
 }

@@ -1,47 +1,46 @@
-//! The host engine: a Llama-family model (Llama, Mistral, Qwen2) run in plain Rust `f32`
-//! on the model's thread, for drafts small enough that libtorch's cost per operation is
-//! most of their pass. The demo draft's pass is about 150 libtorch operations of a few
-//! microseconds each over 0.95 M parameters; here it is a few loops over 3.8 MB.
+//! The host engine: a Llama-family model (Llama, Mistral, Qwen2, Qwen3, Gemma 3) run on the
+//! CPU without libtorch, for models whose passes are small enough that libtorch's cost per
+//! operation is a large part of them: drafts, and small targets. Its arithmetic is
+//! `specd_host_kernels`': the CPU's widest vector instructions, chosen at run time, and the
+//! linear layers split across a pool of threads kept awake for the whole pass. Weights are
+//! stored as bf16 where the checkpoint is bf16 (or `--dtype bf16` asks), which halves what a
+//! pass reads; the arithmetic is f32 either way.
 //!
-//! - `weights`: the checkpoint read as `f32` vectors (through the libtorch models' reader).
-//! - `forward`: one pass over a session's run of tokens; `kernels`: its arithmetic.
+//! - `weights`: the checkpoint read and packed for the kernels.
+//! - `forward`: one pass over one or more sessions' runs of tokens; `attention` its
+//!   attention, `elementwise` its norms and activations.
 //! - `cache`: a session's keys and values.
 //!
-//! Which checkpoints it runs, and when `--engine auto` picks it: [`crate::engine_choice`].
+//! When `--engine auto` picks it: [`crate::engine_choice`].
 
+mod attention;
 mod cache;
+mod elementwise;
 mod forward;
-mod kernels;
 mod weights;
 
 use std::path::Path;
 
+use specd_host_kernels::{Kernels, WeightFormat};
+
 use crate::checkpoint_text::CheckpointText;
-use crate::config::LlamaConfig;
+use crate::config::{Activation, LlamaConfig};
 use crate::device::DType;
 use crate::error::{ModelError, Result};
-use crate::language_model::{LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
+use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
 use crate::options::LoadOptions;
 use crate::rope::Frequencies;
 use crate::sessions::{SessionTable, resolve_capacity};
+use attention::AttentionShape;
 use cache::HostCache;
-use forward::{Dims, Net, Scratch};
-use weights::HostWeights;
+use forward::{Dims, Net, Run, Scratch};
+use weights::{HostWeights, WeightPolicy};
 
-/// What the host engine's pass leaves out, if `cfg` needs any of it: the later families'
-/// additions (q/k norms, Gemma's norms and embedding scale, GELU, soft-capping, per-layer
-/// RoPE) run on libtorch only.
+/// What the host engine's pass leaves out, if `cfg` needs any of it.
 pub fn unsupported(cfg: &LlamaConfig) -> Option<String> {
     let f = &cfg.features;
     let missing = [
-        (f.qk_norm, "q/k norms"),
-        (f.norm_plus_one || f.sandwich_norms, "Gemma's norms"),
-        (f.scale_embeddings, "scaled embeddings"),
-        (f.activation != crate::config::Activation::Silu, "an activation other than SiLU"),
-        (f.query_pre_attn_scalar.is_some(), "query_pre_attn_scalar"),
-        (f.final_logit_softcapping.is_some(), "logit soft-capping"),
-        (f.local_rope.is_some() || !f.sliding_layers.is_empty(), "per-layer attention windows"),
-        (f.multimodal_wrapper, "a multimodal checkpoint"),
+        (f.activation == Activation::Gelu, "exact GELU"),
         (
             cfg.num_key_value_heads == 0 || !cfg.num_attention_heads.is_multiple_of(cfg.num_key_value_heads),
             "these head counts",
@@ -51,47 +50,71 @@ pub fn unsupported(cfg: &LlamaConfig) -> Option<String> {
     (!missing.is_empty()).then(|| format!("{} needs {}", cfg.architecture.class_name(), missing.join(", ")))
 }
 
-/// A Llama-family causal LM computed on the host in `f32`, with its sessions' caches.
+/// A Llama-family causal LM computed on the host, with its sessions' caches.
 #[derive(Debug)]
 pub struct HostLlama {
     cfg: LlamaConfig,
     info: ModelInfo,
     text: CheckpointText,
     net: Net,
+    kernels: Kernels,
     sessions: SessionTable<HostCache>,
     scratch: Scratch,
 }
 
 impl HostLlama {
-    /// Loads a Hugging Face checkpoint directory as [`crate::LlamaModel::load`] does, into
-    /// `f32` on the host; `opts.device` must be the CPU and `opts.dtype` f32 or auto.
+    /// Loads a Hugging Face checkpoint directory as [`crate::LlamaModel::load`] does, onto
+    /// the host: `opts.device` must be the CPU; `opts.dtype` f32, bf16 (weights stored in
+    /// bf16) or auto (bf16 where the checkpoint's weights are bf16 values, f32 otherwise);
+    /// `opts.threads` threads (default: one per core).
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let cfg = LlamaConfig::from_dir(dir)?;
         if let Some(why) = host_refuses(&cfg, opts) {
             return Err(ModelError::InvalidInput(format!("the host engine cannot run {}: {why}", dir.display())));
         }
+        let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let kernels = Kernels::new(threads).map_err(|e| ModelError::Device(e.to_string()))?;
         let text = CheckpointText::read(dir)?;
-        let weights = HostWeights::load(dir, &cfg, opts.allow_unused_weights)?;
-        let info = text.info(&cfg, DType::F32, crate::engine::Engine::Host.name());
+        let weights = HostWeights::load(dir, &cfg, WeightPolicy::from_dtype(opts.dtype), opts.allow_unused_weights)?;
+        let bf16 = weights.matrices().all(|m| m.format() == WeightFormat::Bf16);
+        let dtype = if bf16 { DType::Bf16 } else { DType::F32 };
+        let info = text.info(&cfg, dtype, crate::engine::Engine::Host.name());
+        let f = &cfg.features;
         let dims = Dims {
             hidden: cfg.hidden_size,
             intermediate: cfg.intermediate_size,
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
             vocab: cfg.vocab_size,
             eps: cfg.rms_norm_eps as f32,
+            attention: AttentionShape {
+                heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim,
+                scale: f.query_pre_attn_scalar.map_or(1.0 / (cfg.head_dim as f32).sqrt(), |s| (1.0 / s.sqrt()) as f32),
+            },
         };
         let net = Net {
             weights,
             dims,
             rope: Frequencies::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling),
+            local_rope: f.local_rope.as_ref().map(|(theta, scaling)| Frequencies::new(cfg.head_dim, *theta, scaling)),
             windows: (0..cfg.num_hidden_layers).map(|l| cfg.layer_window(l)).collect(),
+            // transformers keeps √hidden as a float32 tensor cast to the weights' dtype.
+            embed_scale: f.scale_embeddings.then(|| (cfg.hidden_size as f64).sqrt() as f32),
+            activation: f.activation,
+            logit_cap: f.final_logit_softcapping.map(|c| c as f32),
         };
+        tracing::info!(
+            model = %info.name,
+            instructions = kernels.isa().name(),
+            threads = kernels.threads(),
+            weights = if bf16 { "bf16" } else { "f32" },
+            "host engine loaded"
+        );
         Ok(Self {
             info,
             text,
             net,
+            kernels,
             // A fraction of the free memory is measured after warm-up, by whoever warms the
             // model up (a node): `set_memory_budget`.
             sessions: SessionTable::new(opts.kv_budget.without_measuring()),
@@ -104,6 +127,11 @@ impl HostLlama {
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
+
+    /// The instruction set and thread count its kernels run with, as in "avx512 × 2".
+    pub fn kernels_description(&self) -> String {
+        format!("{} × {}", self.kernels.isa().name(), self.kernels.threads())
+    }
 }
 
 /// Why the host engine cannot run `cfg` with `opts`, if it cannot.
@@ -111,8 +139,8 @@ pub(crate) fn host_refuses(cfg: &LlamaConfig, opts: &LoadOptions) -> Option<Stri
     if opts.device != crate::device::DeviceSpec::Cpu {
         return Some(format!("it runs on the CPU, not {}", opts.device));
     }
-    if !matches!(opts.dtype, DType::Auto | DType::F32) {
-        return Some(format!("it computes in f32, not {}", opts.dtype));
+    if !matches!(opts.dtype, DType::Auto | DType::F32 | DType::Bf16) {
+        return Some(format!("it computes in f32 with f32 or bf16 weights, not {}", opts.dtype));
     }
     unsupported(cfg)
 }
@@ -167,14 +195,65 @@ impl LanguageModel for HostLlama {
     }
 
     fn forward_last(&mut self, session: SessionId, tokens: &[u32], rows: usize) -> Result<Logits> {
-        check_tokens(tokens, self.cfg.vocab_size)?;
-        self.make_room(session, tokens.len())?;
-        let s = self.sessions.get_mut(session)?;
-        let past = s.len;
-        let rows = rows_returned(rows, tokens.len());
-        let logits = self.net.pass(&mut s.state, past, tokens, rows, &mut self.scratch);
-        s.len = past + tokens.len();
-        Logits::new(self.net.dims.vocab, logits)
+        let item = ForwardItem { session, tokens, rows };
+        self.forward_batch(&[item]).pop().unwrap_or_else(|| Err(ModelError::InvalidInput("no pass".into())))
+    }
+
+    /// One pass for every item that can run: their tokens share each linear layer (the
+    /// weights are read once for all of them), and each attends to its own cache.
+    fn forward_batch(&mut self, items: &[ForwardItem<'_>]) -> Vec<Result<Logits>> {
+        let mut results: Vec<Option<Result<Logits>>> = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let checked = check_tokens(item.tokens, self.cfg.vocab_size)
+                    .and_then(|()| self.sessions.get(item.session).map(|_| ()))
+                    .and_then(|()| {
+                        if items[..i].iter().any(|other| other.session == item.session) {
+                            return Err(ModelError::InvalidInput(format!(
+                                "session {} appears twice in one batch",
+                                item.session
+                            )));
+                        }
+                        self.make_room(item.session, item.tokens.len())
+                    });
+                checked.err().map(Err)
+            })
+            .collect();
+        let ready: Vec<&ForwardItem<'_>> =
+            items.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(i, _)| i).collect();
+        let ids: Vec<SessionId> = ready.iter().map(|i| i.session).collect();
+        let mut runs: Vec<Run<'_>> = self
+            .sessions
+            .many_mut(&ids)
+            .into_iter()
+            .zip(&ready)
+            .filter_map(|(s, item)| {
+                let s = s?;
+                Some(Run {
+                    past: s.len,
+                    cache: &mut s.state,
+                    tokens: item.tokens,
+                    rows: rows_returned(item.rows, item.tokens.len()),
+                })
+            })
+            .collect();
+        let (net, kernels, scratch) = (&self.net, &self.kernels, &mut self.scratch);
+        let logits = kernels.install(|| net.pass(kernels, &mut runs, scratch));
+        drop(runs);
+        for (s, item) in self.sessions.many_mut(&ids).into_iter().zip(&ready) {
+            if let Some(s) = s {
+                s.len += item.tokens.len();
+            }
+        }
+        let mut logits = logits.into_iter();
+        for slot in results.iter_mut().filter(|r| r.is_none()) {
+            *slot = Some(logits.next().map_or_else(
+                || Err(ModelError::InvalidInput("a batch item without logits".into())),
+                |rows| Logits::new(self.net.dims.vocab, rows),
+            ));
+        }
+        results.into_iter().map(|r| r.unwrap_or_else(|| Err(ModelError::InvalidInput("no pass".into())))).collect()
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {

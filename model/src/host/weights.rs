@@ -1,31 +1,84 @@
 //! The host engine's weights: read through the checkpoint reader the libtorch models use
-//! (the same names, shapes and checks, q/k/v and gate/up fused the same way), then kept as
-//! plain `f32` vectors.
+//! (the same names, shapes and checks, q/k/v and gate/up fused the same way, Gemma's
+//! multimodal names mapped the same way), then packed for `specd_host_kernels` in the format
+//! [`WeightPolicy`] picks.
 
 use std::path::Path;
 
+use specd_host_kernels::{PackedMatrix, WeightFormat, bf16_exact, to_bf16};
 use tch::{Device, Kind, Tensor};
 
 use crate::config::LlamaConfig;
+use crate::device::DType;
 use crate::error::Result;
-use crate::host::kernels::Packed;
+use crate::host::elementwise::Norm;
+use crate::libtorch::open_checkpoint;
 use crate::weights::WeightStore;
 
-/// One decoder layer, each matrix [`Packed`] for [`crate::host::kernels::linear`].
+/// How the matrices are stored, from `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WeightPolicy {
+    /// `f32`: as read.
+    F32,
+    /// `bf16`: every weight rounded to bf16 (matrices stored in it; embeddings, norms and
+    /// biases rounded too, so the model is exactly the checkpoint's bf16 copy).
+    Bf16,
+    /// `auto`: bf16 where that loses nothing (a bf16 checkpoint), `f32` otherwise.
+    Lossless,
+}
+
+impl WeightPolicy {
+    pub(crate) fn from_dtype(dtype: DType) -> Self {
+        match dtype {
+            DType::Bf16 => Self::Bf16,
+            DType::Auto => Self::Lossless,
+            _ => Self::F32,
+        }
+    }
+
+    /// `tensor`'s values as f32, rounded to bf16 values under [`Self::Bf16`].
+    fn read(self, tensor: &Tensor) -> Result<Vec<f32>> {
+        let mut values = floats(tensor)?;
+        if self == Self::Bf16 {
+            for v in &mut values {
+                *v = f32::from_bits(u32::from(to_bf16(*v)) << 16);
+            }
+        }
+        Ok(values)
+    }
+
+    fn pack(self, w: &[f32], outputs: usize, inputs: usize) -> PackedMatrix {
+        let format = match self {
+            Self::F32 => WeightFormat::F32,
+            Self::Bf16 => WeightFormat::Bf16,
+            Self::Lossless if bf16_exact(w) => WeightFormat::Bf16,
+            Self::Lossless => WeightFormat::F32,
+        };
+        PackedMatrix::new(w, outputs, inputs, format)
+    }
+}
+
+/// One decoder layer.
 #[derive(Debug)]
 pub(crate) struct HostLayer {
-    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) attn_norm: Norm,
+    /// Per-head norms of q and k (Qwen3, Gemma 3).
+    pub(crate) qk_norm: Option<(Norm, Norm)>,
     /// q, k, v stacked.
-    pub(crate) qkv: Packed,
+    pub(crate) qkv: PackedMatrix,
     pub(crate) qkv_bias: Option<Vec<f32>>,
-    pub(crate) o: Packed,
+    pub(crate) o: PackedMatrix,
     pub(crate) o_bias: Option<Vec<f32>>,
-    pub(crate) mlp_norm: Vec<f32>,
+    /// Gemma's norm of the attention output, before the residual add.
+    pub(crate) post_attn_norm: Option<Norm>,
+    pub(crate) mlp_norm: Norm,
     /// gate, up stacked.
-    pub(crate) gate_up: Packed,
+    pub(crate) gate_up: PackedMatrix,
     pub(crate) gate_up_bias: Option<Vec<f32>>,
-    pub(crate) down: Packed,
+    pub(crate) down: PackedMatrix,
     pub(crate) down_bias: Option<Vec<f32>>,
+    /// Gemma's norm of the MLP output, before the residual add.
+    pub(crate) post_mlp_norm: Option<Norm>,
 }
 
 #[derive(Debug)]
@@ -33,38 +86,41 @@ pub(crate) struct HostWeights {
     /// `[vocab, hidden]`, as stored: a token's row is its embedding.
     pub(crate) embed: Vec<f32>,
     pub(crate) layers: Vec<HostLayer>,
-    pub(crate) norm: Vec<f32>,
+    pub(crate) norm: Norm,
     /// The head, or the embedding matrix when they are tied.
-    pub(crate) lm_head: Packed,
+    pub(crate) lm_head: PackedMatrix,
 }
 
 impl HostWeights {
     /// Reads the checkpoint in `dir`; a tensor it holds and the model does not use is an
     /// error unless `allow_unused`.
-    pub(crate) fn load(dir: &Path, cfg: &LlamaConfig, allow_unused: bool) -> Result<Self> {
-        let mut store = WeightStore::open(dir, Device::Cpu, Kind::Float)?;
+    pub(crate) fn load(dir: &Path, cfg: &LlamaConfig, policy: WeightPolicy, allow_unused: bool) -> Result<Self> {
+        let mut store = open_checkpoint(dir, cfg, Device::Cpu, Kind::Float)?;
         let h = cfg.hidden_size as i64;
         let v = cfg.vocab_size as i64;
         let i = cfg.intermediate_size as i64;
+        let hd = cfg.head_dim as i64;
         let qd = (cfg.num_attention_heads * cfg.head_dim) as i64;
         let kvd = (cfg.num_key_value_heads * cfg.head_dim) as i64;
-        let embed = floats(&store.take("model.embed_tokens.weight", &[v, h])?)?;
+        let features = &cfg.features;
+        let plus_one = features.norm_plus_one;
+        let norm = |store: &mut WeightStore, name: &str, size: i64| -> Result<Norm> {
+            Ok(Norm::new(policy.read(&store.take(name, &[size])?)?, plus_one))
+        };
+        let embed = policy.read(&store.take("model.embed_tokens.weight", &[v, h])?)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
-            let fused = |store: &mut WeightStore, parts: &[(String, i64)], cols: Option<i64>| -> Result<Vec<f32>> {
+            let stacked = |store: &mut WeightStore, parts: &[(String, i64)], cols: Option<i64>| -> Result<Vec<f32>> {
                 let shapes: Vec<Vec<i64>> =
                     parts.iter().map(|(_, rows)| cols.map_or(vec![*rows], |c| vec![*rows, c])).collect();
                 let named: Vec<(&str, &[i64])> =
                     parts.iter().zip(&shapes).map(|((name, _), shape)| (name.as_str(), shape.as_slice())).collect();
-                floats(&store.take_stacked(&named)?)
+                policy.read(&store.take_stacked(&named)?)
             };
-            let packed = |stacked: Vec<f32>| Packed::new(&stacked, stacked.len() / h as usize, h as usize);
-            let matrix = |store: &mut WeightStore, name: String, rows: i64, cols: i64| -> Result<Packed> {
-                Ok(Packed::new(&floats(&store.take(&name, &[rows, cols])?)?, rows as usize, cols as usize))
-            };
+            let packed = |w: Vec<f32>, inputs: i64| policy.pack(&w, w.len() / inputs as usize, inputs as usize);
             let qkv_names = |suffix: &str| {
                 vec![
                     (format!("{a}.q_proj.{suffix}"), qd),
@@ -74,36 +130,62 @@ impl HostWeights {
             };
             let gate_up_names =
                 |suffix: &str| vec![(format!("{m}.gate_proj.{suffix}"), i), (format!("{m}.up_proj.{suffix}"), i)];
-            let qkv = packed(fused(&mut store, &qkv_names("weight"), Some(h))?);
-            let qkv_bias = if cfg.qkv_bias { Some(fused(&mut store, &qkv_names("bias"), None)?) } else { None };
-            let gate_up = packed(fused(&mut store, &gate_up_names("weight"), Some(h))?);
-            let gate_up_bias = if cfg.mlp_bias { Some(fused(&mut store, &gate_up_names("bias"), None)?) } else { None };
             let bias = |store: &mut WeightStore, present: bool, name: String| -> Result<Option<Vec<f32>>> {
-                if present { Ok(Some(floats(&store.take(&name, &[h])?)?)) } else { Ok(None) }
+                if present { Ok(Some(policy.read(&store.take(&name, &[h])?)?)) } else { Ok(None) }
+            };
+            let qkv = packed(stacked(&mut store, &qkv_names("weight"), Some(h))?, h);
+            let qkv_bias = if cfg.qkv_bias { Some(stacked(&mut store, &qkv_names("bias"), None)?) } else { None };
+            let gate_up = packed(stacked(&mut store, &gate_up_names("weight"), Some(h))?, h);
+            let gate_up_bias =
+                if cfg.mlp_bias { Some(stacked(&mut store, &gate_up_names("bias"), None)?) } else { None };
+            let qk_norm = if features.qk_norm {
+                Some((
+                    norm(&mut store, &format!("{a}.q_norm.weight"), hd)?,
+                    norm(&mut store, &format!("{a}.k_norm.weight"), hd)?,
+                ))
+            } else {
+                None
+            };
+            let (post_attn_norm, mlp_norm, post_mlp_norm) = if features.sandwich_norms {
+                (
+                    Some(norm(&mut store, &format!("{p}.post_attention_layernorm.weight"), h)?),
+                    norm(&mut store, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                    Some(norm(&mut store, &format!("{p}.post_feedforward_layernorm.weight"), h)?),
+                )
+            } else {
+                (None, norm(&mut store, &format!("{p}.post_attention_layernorm.weight"), h)?, None)
             };
             layers.push(HostLayer {
-                attn_norm: floats(&store.take(&format!("{p}.input_layernorm.weight"), &[h])?)?,
+                attn_norm: norm(&mut store, &format!("{p}.input_layernorm.weight"), h)?,
+                qk_norm,
                 qkv,
                 qkv_bias,
-                o: matrix(&mut store, format!("{a}.o_proj.weight"), h, qd)?,
+                o: packed(policy.read(&store.take(&format!("{a}.o_proj.weight"), &[h, qd])?)?, qd),
                 o_bias: bias(&mut store, cfg.o_bias, format!("{a}.o_proj.bias"))?,
-                mlp_norm: floats(&store.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?)?,
+                post_attn_norm,
+                mlp_norm,
                 gate_up,
                 gate_up_bias,
-                down: matrix(&mut store, format!("{m}.down_proj.weight"), h, i)?,
+                down: packed(policy.read(&store.take(&format!("{m}.down_proj.weight"), &[h, i])?)?, i),
                 down_bias: bias(&mut store, cfg.mlp_bias, format!("{m}.down_proj.bias"))?,
+                post_mlp_norm,
             });
         }
-        let norm = floats(&store.take("model.norm.weight", &[h])?)?;
+        let norm = norm(&mut store, "model.norm.weight", h)?;
         let lm_head = if cfg.tie_word_embeddings {
             // Some tied checkpoints still store a copy; the embedding is authoritative.
             store.take_optional("lm_head.weight", &[v, h])?;
-            Packed::new(&embed, v as usize, h as usize)
+            policy.pack(&embed, v as usize, h as usize)
         } else {
-            Packed::new(&floats(&store.take("lm_head.weight", &[v, h])?)?, v as usize, h as usize)
+            policy.pack(&policy.read(&store.take("lm_head.weight", &[v, h])?)?, v as usize, h as usize)
         };
         store.finish(allow_unused)?;
         Ok(Self { embed, layers, norm, lm_head })
+    }
+
+    /// Every matrix, for what the engine reports of them.
+    pub(crate) fn matrices(&self) -> impl Iterator<Item = &PackedMatrix> {
+        self.layers.iter().flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]).chain(std::iter::once(&self.lm_head))
     }
 }
 

@@ -40,7 +40,8 @@ use dims::Dims;
 use forward::Net;
 pub use layer::rms_norm;
 use segments::Segment;
-use weights::{RandomWeights, WeightSource, Weights, open_checkpoint};
+pub(crate) use weights::open_checkpoint;
+use weights::{RandomWeights, WeightSource, Weights};
 
 /// A Llama-family causal LM with its sessions' KV caches.
 #[derive(Debug)]
