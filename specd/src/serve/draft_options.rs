@@ -18,14 +18,13 @@ use crate::cli_error::invalid;
 pub struct DraftOptions {
     /// Where the draft model runs: cpu or cuda:N. Default: beside a CUDA target (--device
     /// cuda:N) a small draft runs on the CPU, on the host engine unless --draft-engine says
-    /// otherwise, and leaves the GPU to the target (small: one that --engine auto would run
-    /// on the host engine, a Llama, Mistral or Qwen2 checkpoint of at most 4 M parameters,
-    /// or a table model); a larger draft runs on the target's device, and so does every
+    /// otherwise, and leaves the GPU to the target (small: a checkpoint of a family the host
+    /// engine runs, of at most 4 M parameters, or a table model); a larger draft runs on the target's device, and so does every
     /// draft beside a CPU target.
     #[arg(long, env = "SPECD_DRAFT_DEVICE", value_parser = parse_device)]
     pub(crate) draft_device: Option<DeviceSpec>,
-    /// libtorch threads of the draft model (its steps are too short to split; --threads
-    /// then applies to the target only).
+    /// Threads of the draft model (its steps are too short to split; --threads then applies
+    /// to the target only).
     #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
     pub(crate) draft_threads: usize,
     /// dtype of the draft model. Default: --dtype where the draft runs on the target's

@@ -7,23 +7,27 @@
 
 use std::path::Path;
 
+use specd_model::engine_choice::host_engine_refuses;
 use specd_model::{DType, DeviceSpec, Engine, LlamaConfig, LoadOptions};
 
 /// What the rule knows of the draft model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DraftSize {
-    /// A model `--engine auto` would run on the host engine if it were on the CPU (a family
-    /// the host engine runs, of at most `specd_model::engine_choice::HOST_ENGINE_MAX_PARAMETERS`),
-    /// or a table model.
+    /// A model the host engine runs, of at most [`CPU_DRAFT_MAX_PARAMETERS`], or a table
+    /// model.
     Small,
     /// Anything else: larger, a family only libtorch runs, or no model it can read (its
     /// load then says why).
     Large,
 }
 
+/// The largest draft moved off a CUDA target's GPU onto the CPU's host engine. A draft this
+/// small costs a GPU a few hundred kernel launches a pass, each worth more than its work,
+/// and costs the host engine well under a millisecond; a larger one keeps the GPU's speed.
+pub(crate) const CPU_DRAFT_MAX_PARAMETERS: u64 = 4_000_000;
+
 impl DraftSize {
-    /// The size of the draft at `model` loaded in `dtype`, by the rule `--engine auto` decides
-    /// with ([`Engine::resolve`]), so that "small" means what it means there.
+    /// The size of the draft at `model` loaded in `dtype` on the CPU.
     pub(crate) fn of(model: &Path, dtype: DType) -> Self {
         if model.is_file() {
             return Self::Small;
@@ -32,9 +36,10 @@ impl DraftSize {
             return Self::Large;
         };
         let on_the_cpu = LoadOptions { device: DeviceSpec::Cpu, dtype, ..LoadOptions::default() };
-        match Engine::Auto.resolve(&cfg, &on_the_cpu) {
-            Ok(Engine::Host) => Self::Small,
-            _ => Self::Large,
+        if host_engine_refuses(&cfg, &on_the_cpu).is_none() && cfg.num_parameters() <= CPU_DRAFT_MAX_PARAMETERS {
+            Self::Small
+        } else {
+            Self::Large
         }
     }
 }
@@ -163,8 +168,9 @@ mod tests {
         };
         std::fs::write(dir.join("config.json"), config(128, 2).to_string()).unwrap();
         assert_eq!(DraftSize::of(&dir, DType::Auto), DraftSize::Small);
-        // The host engine computes in f32 only, so a bf16 draft is not one it would run.
-        assert_eq!(DraftSize::of(&dir, DType::Bf16), DraftSize::Large);
+        assert_eq!(DraftSize::of(&dir, DType::Bf16), DraftSize::Small);
+        // The host engine does not store weights in f16.
+        assert_eq!(DraftSize::of(&dir, DType::F16), DraftSize::Large);
         std::fs::write(dir.join("config.json"), config(1024, 8).to_string()).unwrap();
         assert_eq!(DraftSize::of(&dir, DType::Auto), DraftSize::Large);
         let table = dir.join("table.json");

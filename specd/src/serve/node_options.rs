@@ -27,11 +27,11 @@ pub struct NodeOptions {
     /// f32 elsewhere.
     #[arg(long, env = "SPECD_DTYPE", default_value = "auto", value_parser = parse_dtype)]
     pub(super) dtype: DType,
-    /// What computes the model's passes: libtorch (every family, CPU or GPU), host (plain
-    /// Rust f32 on one CPU thread, for Llama, Mistral and Qwen2 checkpoints: much faster
-    /// for a tiny draft, whose libtorch pass is mostly the cost of each operation), or auto
-    /// (host for a CPU model of at most 4 M parameters that it can run, with --dtype f32 or
-    /// auto; libtorch otherwise).
+    /// What computes the model's passes: libtorch (every family, CPU or GPU), host (Llama,
+    /// Mistral, Qwen2, Qwen3 and Gemma 3 checkpoints on the CPU without libtorch: the CPU's
+    /// vector instructions on --threads threads, bf16 or f32 weights, f32 arithmetic), or
+    /// auto (on a CPU, where both can run the model, each is timed on a few passes at load
+    /// and the faster kept; libtorch otherwise).
     #[arg(long, env = "SPECD_ENGINE", default_value = "auto", value_parser = parse_engine)]
     pub(super) engine: Engine,
     /// Load a checkpoint even when it holds tensors the model does not use (a bias its
@@ -75,9 +75,9 @@ pub struct NodeOptions {
     /// releasing it); 0 keeps sessions until released.
     #[arg(long, env = "SPECD_SESSION_TTL_S", default_value_t = 600.0)]
     pub(super) session_ttl_s: f64,
-    /// libtorch threads of the model (default: one per core). 1 suits small draft models:
-    /// their operations are too short to split, and on a busy machine waiting for a second
-    /// thread costs more than it saves.
+    /// Threads of the model, libtorch's or the host engine's (default: one per core). 1
+    /// suits small draft models: their operations are too short to split, and on a busy
+    /// machine waiting for a second thread costs more than it saves.
     #[arg(long, env = "SPECD_THREADS")]
     pub(super) threads: Option<usize>,
     /// Threads a target uses after each verify pass to turn the block's rows of logits into
