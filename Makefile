@@ -28,7 +28,7 @@ export LD_LIBRARY_PATH = $(TORCH_LIB)$(if $(OUTER_LD_LIBRARY_PATH),:$(OUTER_LD_L
 
 CARGO ?= cargo
 
-.PHONY: all build test lint demo demo-rebuild demo-ship bench torch pydeps deploy-check gpu-bundle-check gpu-dry-run fuzz clean help
+.PHONY: all build test lint demo demo-rebuild demo-ship bench bench-llama-cpp torch pydeps deploy-check gpu-bundle-check gpu-dry-run fuzz clean help
 
 all: build
 
@@ -41,6 +41,7 @@ help:
 	@echo "make all          - the same as make build (what plain make runs)"
 	@echo "make lint         - rustfmt, clippy (release, every target) and the no-file-circles check"
 	@echo "make bench        - run the criterion benchmarks (sampling round, model verify vs decode)"
+	@echo "make bench-llama-cpp - build llama.cpp from PyPI's llama-cpp-python sdist, convert the demo target, time it (decode, prefill; 1 and 2 threads)"
 	@echo "make fuzz         - build the fuzz targets (stable cargo-fuzz) and fuzz each for 20 s"
 	@echo "make deploy-check - render and validate deploy/k8s, specd --check-config on every container"
 	@echo "make gpu-bundle-check - build the GPU check's bundle (target/gpu-check) and check it fits in 64 MiB"
@@ -147,6 +148,11 @@ demo-rebuild: build
 demo-ship: build pydeps
 	./target/release/specd models demo --preset shipped --matmul f32 --out models/shipped-build --ship-to models/demo
 	$(PYTHON) scripts/copy_probe.py models/demo/target --card models/demo/card.json
+
+# llama.cpp on this CPU, for the host engine's figures to compare with (BENCHMARKS.md); not
+# part of make test.
+bench-llama-cpp: pydeps
+	scripts/llama_cpp_bench.sh all
 
 clean:
 	$(CARGO) clean
