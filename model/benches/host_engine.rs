@@ -119,6 +119,6 @@ fn main() {
     for (name, m) in [("host", &mut host), ("libtorch", &mut torch)] {
         m.release(if name == "host" { hs } else { ts }).expect("release");
         let (decode, prefill) = llama_bench_shapes(m);
-        println!("{}: {name} alone: tg128 {decode:.0} tokens/s, pp256 {prefill:.0} tokens/s", dir.display());
+        println!("{}: {name} alone: tg128 {decode:.1} tokens/s, pp256 {prefill:.1} tokens/s", dir.display());
     }
 }
