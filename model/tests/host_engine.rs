@@ -10,7 +10,7 @@
 mod common;
 
 use anyhow::Result;
-use common::{cpu_f32, fixture, max_abs_diff, reference, rows};
+use common::{FIXTURES, cpu_f32, fixture, max_abs_diff, reference, rows};
 use specd_model::engine_choice::{EngineDecision, PassTimes, time_passes};
 use specd_model::{
     DType, DeviceSpec, Engine, ForwardItem, HostLlama, LanguageModel, LlamaConfig, LoadOptions, load_model,
@@ -18,25 +18,13 @@ use specd_model::{
 
 const TOL: f32 = 1e-4;
 
-const HOST_FIXTURES: [&str; 9] = [
-    "llama_gqa_untied",
-    "llama_tied",
-    "qwen2",
-    "mistral_sharded",
-    "mistral_window",
-    "qwen3_tied_yarn",
-    "qwen3_untied",
-    "gemma3",
-    "gemma3_multimodal",
-];
-
 fn host_options() -> LoadOptions {
     LoadOptions { engine: Engine::Host, threads: Some(1), ..cpu_f32() }
 }
 
 #[test]
 fn every_fixture_it_runs_matches_transformers_in_one_pass_and_token_by_token() -> Result<()> {
-    for (name, threads) in HOST_FIXTURES.iter().flat_map(|name| [(*name, 1), (*name, 3)]) {
+    for (name, threads) in FIXTURES.iter().flat_map(|name| [(*name, 1), (*name, 3)]) {
         let r = reference(name)?;
         let mut m = load_model(&fixture(name), &LoadOptions { threads: Some(threads), ..host_options() })?;
         assert_eq!(m.info().engine, "host", "{name}");
@@ -165,6 +153,13 @@ fn bf16_weights_compute_exactly_what_f32_computes_on_the_rounded_weights() -> Re
         };
         let (bf16, stored) = logits(&fixture(name), DType::Bf16)?;
         assert_eq!(stored, DType::Bf16, "{name}");
+        // Its caches are f32 like the f32 engine's, and the KV budget counts them so.
+        let kv_bytes = |dtype| -> Result<u64> {
+            Ok(load_model(&fixture(name), &LoadOptions { dtype, ..host_options() })?.info().kv_bytes_per_token)
+        };
+        let cfg = LlamaConfig::from_dir(&fixture(name))?;
+        let f32_rows = (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64;
+        assert_eq!((kv_bytes(DType::Bf16)?, kv_bytes(DType::F32)?), (f32_rows, f32_rows), "{name}");
         let (f32_on_rounded, stored) = logits(rounded.path(), DType::F32)?;
         assert_eq!(stored, DType::F32, "{name}");
         let diff = max_abs_diff(&bf16, &f32_on_rounded);

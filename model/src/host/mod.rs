@@ -78,7 +78,9 @@ impl HostLlama {
         let weights = HostWeights::load(dir, &cfg, WeightPolicy::from_dtype(opts.dtype), opts.allow_unused_weights)?;
         let bf16 = weights.matrices().all(|m| m.format() == WeightFormat::Bf16);
         let dtype = if bf16 { DType::Bf16 } else { DType::F32 };
-        let info = text.info(&cfg, dtype, crate::engine::Engine::Host.name());
+        // The keys and values are f32 whatever the weights are: the budget counts those bytes.
+        let mut info = text.info(&cfg, DType::F32, crate::engine::Engine::Host.name());
+        info.dtype = dtype;
         let f = &cfg.features;
         let dims = Dims {
             hidden: cfg.hidden_size,
