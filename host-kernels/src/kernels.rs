@@ -22,9 +22,9 @@ const PIECES_PER_THREAD: usize = 3;
 /// An instruction set and a pool of threads. A pass run inside [`Kernels::install`] keeps
 /// the pool's threads busy from one layer to the next instead of waking them per layer.
 ///
-/// Pools are shared by every `Kernels` of one thread count in the process: a draft and a
-/// target on the host engine in one process (`specd up`) take turns on the same threads,
-/// where two pools would each spin on the cores the other's pass needs.
+/// Pools are shared by every `Kernels` of one thread count in the process: two host models
+/// of one thread count in one process take turns on the same threads, where two pools would
+/// each spin on the cores the other's pass needs.
 #[derive(Debug, Clone)]
 pub struct Kernels {
     isa: Isa,
@@ -104,6 +104,16 @@ impl Kernels {
             assert_eq!(b.len(), outputs, "a bias of {outputs}");
         }
         if rows == 0 {
+            return;
+        }
+        if k == 0 {
+            // No inputs: every output is its bias.
+            for row in out.chunks_exact_mut(outputs.max(1)) {
+                match bias {
+                    Some(b) => row.copy_from_slice(b),
+                    None => row.fill(0.0),
+                }
+            }
             return;
         }
         let sums = &mut scratch.0;
@@ -292,6 +302,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_layer_without_inputs_gives_its_bias() {
+        let packed = PackedMatrix::new(&[], 3, 0, WeightFormat::F32);
+        let mut out = [f32::NAN; 6];
+        Kernels::new(2).unwrap().linear(
+            &[],
+            2,
+            &packed,
+            Some(&[1.0, 2.0, 3.0]),
+            &mut out,
+            &mut LinearScratch::default(),
+        );
+        assert_eq!(out, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
     }
 
     #[test]

@@ -32,8 +32,9 @@ impl Weight for u16 {
 
 /// `out[t][i] = Σ_k x[t][k] · panel[k][i]` for the rows `t` of `x` (each `k` long) and the
 /// [`BLOCK`] outputs `i` of one panel. Rows go in tiles of `TILE`, and the rest in one tile
-/// of its exact size, so the panel is read (and widened) once per tile: a verify pass's
-/// five rows read each weight once, not twice. The tile's sums stay in registers meanwhile.
+/// of its exact size (7, left by a tile of 8, goes as 4 and 3), so the panel is read (and
+/// widened) once per tile: with AVX-512's tile of 8 a verify pass's five rows read each
+/// weight once, not twice (with a tile of 4, as 4 and 1). The tile's sums stay in registers meanwhile.
 #[inline(always)]
 pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize>(
     x: &[f32],

@@ -29,7 +29,7 @@ const LINE: usize = 64;
 
 /// `len` values starting on a cache line, inside a vector allocated a line longer. The
 /// vector is never resized, so its buffer, and the alignment, stay put.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct Aligned<T> {
     data: Vec<T>,
     start: usize,
@@ -54,7 +54,7 @@ impl<T: Copy + Default> Aligned<T> {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub(crate) enum Panels {
     F32(Aligned<f32>),
     Bf16(Aligned<u16>),
@@ -63,7 +63,8 @@ pub(crate) enum Panels {
 /// The checkpoint's `outputs × inputs` matrix cut into panels of [`BLOCK`] outputs, each
 /// stored input-major (`inputs × BLOCK`, the last padded with zero rows), so that a pass
 /// reads the whole weight front to back and each panel is the unit one thread computes.
-#[derive(Debug, Clone, PartialEq)]
+/// (Not `Clone`: a copied vector would not keep the alignment.)
+#[derive(Debug, PartialEq)]
 pub struct PackedMatrix {
     pub(crate) inputs: usize,
     pub(crate) outputs: usize,

@@ -2,7 +2,7 @@
 //! [`crate::engine_choice`] picks for it.
 
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::checksums::verify_checksums;
 use crate::config::LlamaConfig;
@@ -47,10 +47,17 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
 /// Loads the checkpoint on each engine in turn, times the same passes on each, and keeps
 /// the faster. One model is held at a time: the host engine is timed and dropped, then
 /// libtorch, which is kept if it won; otherwise the host engine is loaded again.
+///
+/// One measurement runs at a time in a process: `specd up` loads its draft and its target
+/// at once, and a pass timed while the other model's threads spin on the same cores would
+/// decide by the overlap, not by the engines.
 fn load_the_faster(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
-    // A timing that fails (a context too short for the timed passes, say) leaves the choice
-    // to the other engine rather than failing the load.
-    let host = time_passes(&mut HostLlama::load(path, opts)?);
+    static MEASURING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = MEASURING.lock().unwrap_or_else(PoisonError::into_inner);
+    // A host engine that fails to load or to time (a context too short for the timed
+    // passes, say) leaves the choice to libtorch rather than failing the load, and a
+    // libtorch that fails to time leaves it to the host engine.
+    let host = HostLlama::load(path, opts).and_then(|mut host| time_passes(&mut host));
     let mut libtorch = LlamaModel::load(path, opts)?;
     let chosen = match (host, time_passes(&mut libtorch)) {
         (Ok(host), Ok(torch)) => {
@@ -65,11 +72,11 @@ fn load_the_faster(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
             chosen
         }
         (Err(e), _) => {
-            tracing::warn!(model = %path.display(), "--engine auto: timing the host engine failed ({e}); libtorch");
+            tracing::warn!(model = %path.display(), "--engine auto: the host engine could not be timed ({e}); libtorch");
             Engine::Libtorch
         }
         (_, Err(e)) => {
-            tracing::warn!(model = %path.display(), "--engine auto: timing libtorch failed ({e}); the host engine");
+            tracing::warn!(model = %path.display(), "--engine auto: libtorch could not be timed ({e}); the host engine");
             Engine::Host
         }
     };
