@@ -30,7 +30,7 @@ fn main() {
                 for rows in [1usize, 5, 64] {
                     let reps = if rows == 64 { 10 } else { 200 };
                     let mut pass = || {
-                        kernels.install(|| {
+                        kernels.pass(|| {
                             for l in &layers {
                                 let (k, o) = (l.inputs(), l.outputs());
                                 kernels.linear(&x[..rows * k], rows, l, None, &mut out[..rows * o], &mut scratch);

@@ -4,12 +4,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use rayon::prelude::*;
-
 use crate::error::KernelError;
 use crate::isa::{Isa, dispatched};
 use crate::loops;
 use crate::packed::{BLOCK, PackedMatrix, Panels};
+use crate::pool::HotPool;
 
 /// Work below which a linear layer runs on the calling thread: handing it to the pool costs
 /// a few microseconds, as much as this many multiply-adds.
@@ -19,8 +18,8 @@ const PARALLEL_MIN_MADDS: usize = 32 * 1024;
 /// on its core leaves its last pieces to the others.
 const PIECES_PER_THREAD: usize = 3;
 
-/// An instruction set and a pool of threads. A pass run inside [`Kernels::install`] keeps
-/// the pool's threads busy from one layer to the next instead of waking them per layer.
+/// An instruction set and a pool of threads ([`HotPool`]): the calling thread takes a share
+/// of each parallel step, and the pool's helpers stay awake from one step to the next.
 ///
 /// Pools are shared by every `Kernels` of one thread count in the process: two host models
 /// of one thread count in one process take turns on the same threads, where two pools would
@@ -29,22 +28,17 @@ const PIECES_PER_THREAD: usize = 3;
 pub struct Kernels {
     isa: Isa,
     threads: usize,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<HotPool>>,
 }
 
 /// The process's pools, by thread count.
-fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, KernelError> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+fn shared_pool(threads: usize) -> Result<Arc<HotPool>, KernelError> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<HotPool>>>> = OnceLock::new();
     let mut pools = POOLS.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(pool) = pools.get(&threads) {
         return Ok(Arc::clone(pool));
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(move |i| format!("specd-host-{threads}.{i}"))
-        .build()
-        .map_err(|e| KernelError::Threads { threads, reason: e.to_string() })?;
-    let pool = Arc::new(pool);
+    let pool = Arc::new(HotPool::new(threads)?);
     pools.insert(threads, Arc::clone(&pool));
     Ok(pool)
 }
@@ -75,12 +69,28 @@ impl Kernels {
         self.threads
     }
 
-    /// Runs `op` on the pool (on the calling thread when there is none), so that the linear
-    /// layers it calls split across threads that are already awake.
-    pub fn install<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
+    /// Runs `op`, a pass whose steps these kernels split: the pool's helpers stay awake
+    /// from one step to the next until it returns, and sleep soon after.
+    pub fn pass<R>(&self, op: impl FnOnce() -> R) -> R {
         match &self.pool {
-            Some(pool) => pool.install(op),
+            Some(pool) => pool.pass(op),
             None => op(),
+        }
+    }
+
+    /// `f(index, piece)` for each piece, across the pool when `parallel` (and there is one),
+    /// else in order on the calling thread.
+    fn each_piece<T: Send>(&self, pieces: Vec<&mut [T]>, parallel: bool, f: impl Fn(usize, &mut [T]) + Sync) {
+        match &self.pool {
+            Some(pool) if parallel && pieces.len() > 1 => {
+                // Each piece is taken by exactly one task; the lock only hands it over.
+                let pieces: Vec<Mutex<&mut [T]>> = pieces.into_iter().map(Mutex::new).collect();
+                pool.run(pieces.len(), &|i| {
+                    let mut piece = pieces[i].lock().unwrap_or_else(PoisonError::into_inner);
+                    f(i, &mut piece);
+                });
+            }
+            _ => pieces.into_iter().enumerate().for_each(|(i, piece)| f(i, piece)),
         }
     }
 
@@ -127,15 +137,9 @@ impl Kernels {
                 Panels::Bf16(p) => panels_bf16(isa, x, k, rows, &p.as_slice()[at], sums),
             }
         };
-        match &self.pool {
-            Some(pool) if rows * k * outputs >= PARALLEL_MIN_MADDS => {
-                let per = blocks.div_ceil(self.threads * PIECES_PER_THREAD).max(1);
-                pool.install(|| {
-                    sums.par_chunks_mut(per * rows).enumerate().for_each(|(piece, s)| run(piece * per, s));
-                });
-            }
-            _ => run(0, sums),
-        }
+        let parallel = self.pool.is_some() && rows * k * outputs >= PARALLEL_MIN_MADDS;
+        let per = if parallel { blocks.div_ceil(self.threads * PIECES_PER_THREAD).max(1) } else { blocks };
+        self.each_piece(sums.chunks_mut(per * rows).collect(), parallel, |piece, s| run(piece * per, s));
         for (block, sums) in sums.chunks_exact(rows).enumerate() {
             let first = block * BLOCK;
             let width = BLOCK.min(outputs - first);
@@ -161,12 +165,25 @@ impl Kernels {
         parallel: bool,
         f: impl Fn(usize, &mut [T]) + Sync + Send,
     ) {
-        let chunk = chunk.max(1);
+        self.each_piece(data.chunks_mut(chunk.max(1)).collect(), parallel, f);
+    }
+
+    /// `f(i)` for `i < n`, in order, on the pool's threads when `parallel` (and the pool has
+    /// more than one).
+    pub fn map<R: Send>(&self, n: usize, parallel: bool, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
         match &self.pool {
-            Some(pool) if parallel => {
-                pool.install(|| data.par_chunks_mut(chunk).enumerate().for_each(|(i, piece)| f(i, piece)));
+            Some(pool) if parallel && n > 1 => {
+                let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
+                pool.run(n, &|i| {
+                    let result = f(i);
+                    *results[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+                });
+                results
+                    .into_iter()
+                    .map(|r| r.into_inner().unwrap_or_else(PoisonError::into_inner).expect("every task ran"))
+                    .collect()
             }
-            _ => data.chunks_mut(chunk).enumerate().for_each(|(i, piece)| f(i, piece)),
+            _ => (0..n).map(f).collect(),
         }
     }
 
@@ -181,6 +198,39 @@ impl Kernels {
     /// If `m` is too short for `weights.len()` rows of that stride.
     pub fn weighted_rows(&self, weights: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
         weighted_rows(self.isa, weights, m, stride, offset, out);
+    }
+
+    /// `sums[p · rows + t][i] = Σ_j x[t][j] · panels[p][j][i]` for each panel `p` of
+    /// `panels` (`k × BLOCK` floats each, input-major, as a [`PackedMatrix`] keeps them) and
+    /// each of the `rows` vectors of `x` (`k` long), on the calling thread: the loop of
+    /// [`Self::linear`], over panels laid out by the caller (attention's keys).
+    ///
+    /// # Panics
+    /// If `x` or `sums` do not have the lengths `rows`, `k` and the panels give them.
+    pub fn panel_products(&self, x: &[f32], rows: usize, k: usize, panels: &[f32], sums: &mut [[f32; BLOCK]]) {
+        assert_eq!(x.len(), rows * k, "{rows} inputs of {k}");
+        assert_eq!(sums.len() * BLOCK * k, panels.len() * rows, "a sum per panel and row");
+        if rows > 0 && k > 0 {
+            panels_f32(self.isa, x, k, rows, panels, sums);
+        }
+    }
+
+    /// `out[t][i] = Σ_r weights[t][r] · m[r · stride + offset + i]` for each row `t` of
+    /// `weights` (rows `reach` long; `out` holds as many rows, of equal width): the rows of
+    /// `m` are read once for several weight rows.
+    ///
+    /// # Panics
+    /// If `m` is too short for `reach` rows of that stride.
+    pub fn weighted_rows_many(
+        &self,
+        weights: &[f32],
+        reach: usize,
+        m: &[f32],
+        stride: usize,
+        offset: usize,
+        out: &mut [f32],
+    ) {
+        weighted_rows_many(self.isa, weights, reach, m, stride, offset, out);
     }
 
     /// `acc += a · x`.
@@ -233,6 +283,14 @@ dispatched! {
         avx512 => loops::weighted_rows::<true>(weights, m, stride, offset, out),
         avx2 => loops::weighted_rows::<true>(weights, m, stride, offset, out),
         baseline => loops::weighted_rows::<false>(weights, m, stride, offset, out),
+    }
+}
+
+dispatched! {
+    fn weighted_rows_many(weights: &[f32], reach: usize, m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+        avx512 => loops::weighted_rows_many::<true, 8>(weights, reach, m, stride, offset, out),
+        avx2 => loops::weighted_rows_many::<true, 4>(weights, reach, m, stride, offset, out),
+        baseline => loops::weighted_rows_many::<false, 4>(weights, reach, m, stride, offset, out),
     }
 }
 

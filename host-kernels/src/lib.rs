@@ -6,19 +6,24 @@
 //!
 //! - [`isa`]: the instruction sets a kernel is compiled for (AVX-512, AVX2 with FMA, or the
 //!   build's baseline) and the one this CPU runs, read at run time. It is the only module
-//!   with `unsafe`: calling a function compiled for a feature after checking the feature.
+//!   with `unsafe` besides `pool`: calling a function compiled for a feature after checking
+//!   the feature.
 //! - [`packed`]: [`PackedMatrix`], a linear layer's weight cut into panels of [`BLOCK`]
 //!   outputs, stored as `f32` or as `bf16` (half the bytes; exact for a bf16 checkpoint).
 //! - `loops` (private): the loops themselves, written once and compiled per instruction set.
 //! - `error`: [`KernelError`].
-//! - [`kernels`]: [`Kernels`], an instruction set and a pool of threads kept hot across a
-//!   pass, with the operations a pass calls.
+//! - `pool` (private): `HotPool`, the threads a pass's parallel steps run on with the
+//!   calling thread, spinning between steps rather than sleeping; its one `unsafe` lets
+//!   them call a closure borrowed from the caller's stack.
+//! - [`kernels`]: [`Kernels`], an instruction set and a pool, with the operations a pass
+//!   calls.
 
 mod error;
 pub mod isa;
 pub mod kernels;
 mod loops;
 pub mod packed;
+mod pool;
 
 pub use error::KernelError;
 pub use isa::Isa;

@@ -163,24 +163,123 @@ pub(crate) fn weighted_rows<const FUSED: bool>(
     let mut start = 0;
     while start < out.len() {
         let width = BLOCK.min(out.len() - start);
-        let mut acc = [0f32; BLOCK];
         if width == BLOCK {
-            for (r, &w) in weights.iter().enumerate() {
-                let row = &m[r * stride + offset + start..][..BLOCK];
-                for i in 0..BLOCK {
-                    acc[i] = madd::<FUSED>(w, row[i], acc[i]);
-                }
+            // As in `tile`: one set of sums would make each multiply-add wait for the one
+            // before it (a chain as long as the context, for attention), so rows go four at
+            // a time into four sets, each a local of its own so that it stays in registers.
+            let row =
+                |r: usize| -> &[f32; BLOCK] { m[r * stride + offset + start..][..BLOCK].try_into().expect("a block") };
+            let (mut a0, mut a1, mut a2, mut a3) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
+            let mut groups = weights.chunks_exact(4);
+            let mut r = 0;
+            for g in &mut groups {
+                block_madd::<FUSED>(&mut a0, g[0], row(r));
+                block_madd::<FUSED>(&mut a1, g[1], row(r + 1));
+                block_madd::<FUSED>(&mut a2, g[2], row(r + 2));
+                block_madd::<FUSED>(&mut a3, g[3], row(r + 3));
+                r += 4;
+            }
+            for &w in groups.remainder() {
+                block_madd::<FUSED>(&mut a0, w, row(r));
+                r += 1;
+            }
+            for i in 0..BLOCK {
+                out[start + i] = (a0[i] + a1[i]) + (a2[i] + a3[i]);
             }
         } else {
+            let mut acc = [0f32; BLOCK];
             for (r, &w) in weights.iter().enumerate() {
                 let row = &m[r * stride + offset + start..][..width];
                 for (a, &x) in acc.iter_mut().zip(row) {
                     *a = madd::<FUSED>(w, x, *a);
                 }
             }
+            out[start..start + width].copy_from_slice(&acc[..width]);
         }
-        out[start..start + width].copy_from_slice(&acc[..width]);
         start += width;
+    }
+}
+
+/// `out[t][i] = Σ_r w[t][r] · m[r · stride + offset + i]` for the rows `t` of `w` (each
+/// `reach` long; `out`'s rows `width` long): [`weighted_rows`] for several weight rows at
+/// once, `TILE` at a time, so that each row of `m` is read once per tile, not once per
+/// weight row. Attention's queries of one session share its keys and values this way.
+#[inline(always)]
+pub(crate) fn weighted_rows_many<const FUSED: bool, const TILE: usize>(
+    w: &[f32],
+    reach: usize,
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
+    let n = w.len() / reach.max(1);
+    if n == 0 {
+        return;
+    }
+    let width = out.len() / n;
+    let mut t = 0;
+    while t < n {
+        let rows = (n - t).min(TILE);
+        let (w, out) = (&w[t * reach..(t + rows) * reach], &mut out[t * width..(t + rows) * width]);
+        match rows {
+            1 => weighted_rows::<FUSED>(w, m, stride, offset, out),
+            2 => many_tile::<FUSED, 2>(w, reach, m, stride, offset, out),
+            3 => many_tile::<FUSED, 3>(w, reach, m, stride, offset, out),
+            4 => many_tile::<FUSED, 4>(w, reach, m, stride, offset, out),
+            5 => many_tile::<FUSED, 5>(w, reach, m, stride, offset, out),
+            6 => many_tile::<FUSED, 6>(w, reach, m, stride, offset, out),
+            7 => many_tile::<FUSED, 7>(w, reach, m, stride, offset, out),
+            _ => many_tile::<FUSED, 8>(w, reach, m, stride, offset, out),
+        }
+        t += rows;
+    }
+}
+
+/// `N` weight rows of [`weighted_rows_many`], their sums in registers.
+#[inline(always)]
+fn many_tile<const FUSED: bool, const N: usize>(
+    w: &[f32],
+    reach: usize,
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
+    let width = out.len() / N;
+    let ws: [&[f32]; N] = std::array::from_fn(|t| &w[t * reach..][..reach]);
+    let mut start = 0;
+    while start < width {
+        let bw = BLOCK.min(width - start);
+        let mut acc = [[0f32; BLOCK]; N];
+        if bw == BLOCK {
+            for r in 0..reach {
+                let row: &[f32; BLOCK] = m[r * stride + offset + start..][..BLOCK].try_into().expect("a block");
+                for t in 0..N {
+                    block_madd::<FUSED>(&mut acc[t], ws[t][r], row);
+                }
+            }
+        } else {
+            for r in 0..reach {
+                let row = &m[r * stride + offset + start..][..bw];
+                for t in 0..N {
+                    for (a, &x) in acc[t].iter_mut().zip(row) {
+                        *a = madd::<FUSED>(ws[t][r], x, *a);
+                    }
+                }
+            }
+        }
+        for t in 0..N {
+            out[t * width + start..][..bw].copy_from_slice(&acc[t][..bw]);
+        }
+        start += bw;
+    }
+}
+
+#[inline(always)]
+fn block_madd<const FUSED: bool>(acc: &mut [f32; BLOCK], w: f32, row: &[f32; BLOCK]) {
+    for i in 0..BLOCK {
+        acc[i] = madd::<FUSED>(w, row[i], acc[i]);
     }
 }
 

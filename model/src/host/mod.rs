@@ -241,7 +241,7 @@ impl LanguageModel for HostLlama {
             })
             .collect();
         let (net, kernels, scratch) = (&self.net, &self.kernels, &mut self.scratch);
-        let logits = kernels.install(|| net.pass(kernels, &mut runs, scratch));
+        let logits = kernels.pass(|| net.pass(kernels, &mut runs, scratch));
         drop(runs);
         for (s, item) in self.sessions.many_mut(&ids).into_iter().zip(&ready) {
             if let Some(s) = s {
