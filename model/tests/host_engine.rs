@@ -63,6 +63,54 @@ fn every_fixture_it_runs_matches_transformers_in_one_pass_and_token_by_token() -
     Ok(())
 }
 
+/// The references are 14 tokens long, and the host cache keeps keys in panels of 32
+/// positions with the rest in a tail: a sequence of 60 crosses both, and the sessions below
+/// grow across the panel's edge. The oracle is the libtorch engine, which matches
+/// transformers on the references (`parity.rs`); each engine is within 1e-4 of
+/// transformers there, so they are held within twice that of each other here.
+#[test]
+fn past_a_panel_of_keys_it_matches_the_libtorch_engine_in_one_pass_in_blocks_and_batched() -> Result<()> {
+    const LONG: usize = 60;
+    for (name, threads) in FIXTURES.iter().flat_map(|name| [(*name, 1), (*name, 3)]) {
+        let tokens: Vec<u32> = (0..LONG as u32).map(|i| (i * 37 + 11) % 96).collect();
+        let oracle = {
+            let mut m = common::load(name)?;
+            let s = m.open_session(None)?;
+            m.forward(s, &tokens)?.to_rows()
+        };
+        let mut m = load_model(&fixture(name), &LoadOptions { threads: Some(threads), ..host_options() })?;
+        let check = |what: &str, got: &[Vec<f32>], want: &[Vec<f32>]| {
+            let diff = max_abs_diff(got, want);
+            assert!(diff <= 2.0 * TOL, "{name} on {threads} thread(s): {what}, max |Δlogit| = {diff}");
+        };
+        let s = m.open_session(None)?;
+        check("one pass", &m.forward(s, &tokens)?.to_rows(), &oracle);
+        // Blocks of five from a cache of 8 (grown across the panel's edge), each block
+        // first scored wrong and rolled back, as a speculative round does.
+        let t = m.open_session(Some(8))?;
+        let mut got = Vec::new();
+        for (i, block) in tokens.chunks(5).enumerate() {
+            let past = i * 5;
+            let wrong: Vec<u32> = block.iter().map(|&x| (x + 1) % 96).collect();
+            m.forward(t, &wrong)?;
+            m.truncate(t, past)?;
+            got.extend(m.forward(t, block)?.to_rows());
+        }
+        check("blocks after rollbacks", &got, &oracle);
+        // Two sessions in one pass, one prefilling past the panel, one decoding past it.
+        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+        m.forward(a, &tokens[..LONG - 1])?;
+        let both = m.forward_batch(&[
+            ForwardItem { session: a, tokens: &tokens[LONG - 1..], rows: 1 },
+            ForwardItem { session: b, tokens: &tokens, rows: LONG },
+        ]);
+        let both: Vec<_> = both.into_iter().collect::<Result<_, _>>()?;
+        check("batched decode", &both[0].to_rows(), &oracle[LONG - 1..]);
+        check("batched prefill", &both[1].to_rows(), &oracle);
+    }
+    Ok(())
+}
+
 #[test]
 fn the_window_fixture_runs_past_its_window_so_the_window_is_tested() -> Result<()> {
     let window = LlamaConfig::from_dir(&fixture("mistral_window"))?.sliding_window.expect("a window");
