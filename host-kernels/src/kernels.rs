@@ -21,9 +21,9 @@ const PIECES_PER_THREAD: usize = 3;
 /// An instruction set and a pool of threads ([`HotPool`]): the calling thread takes a share
 /// of each parallel step, and the pool's helpers stay awake from one step to the next.
 ///
-/// Pools are shared by every `Kernels` of one thread count in the process: two host models
-/// of one thread count in one process take turns on the same threads, where two pools would
-/// each spin on the cores the other's pass needs.
+/// Pools are shared by every `Kernels` of one thread count in the process, where two pools
+/// would each spin on the cores the other's pass needs: a step of a second host model that
+/// finds the pool busy with the first's runs on its own thread alone.
 #[derive(Debug, Clone)]
 pub struct Kernels {
     isa: Isa,
@@ -170,7 +170,7 @@ impl Kernels {
 
     /// `f(i)` for `i < n`, in order, on the pool's threads when `parallel` (and the pool has
     /// more than one).
-    pub fn map<R: Send>(&self, n: usize, parallel: bool, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    pub fn map<R: Send>(&self, n: usize, parallel: bool, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
         match &self.pool {
             Some(pool) if parallel && n > 1 => {
                 let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();

@@ -106,8 +106,13 @@ impl Claim {
 impl HotPool {
     /// A pool of `threads` threads in all: the caller's and `threads - 1` helpers.
     pub(crate) fn new(threads: usize) -> Result<Self, KernelError> {
+        Self::numbered_from(threads, 0)
+    }
+
+    /// A pool whose last step was `number` (the tests start near the wrap).
+    fn numbered_from(threads: usize, number: u32) -> Result<Self, KernelError> {
         let shared = Arc::new(Shared {
-            claim: AtomicU64::new(0),
+            claim: AtomicU64::new(Claim { number, tasks: 0, next: 0 }.pack()),
             step: Mutex::new(None),
             unfinished: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
@@ -116,16 +121,18 @@ impl HotPool {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
         });
-        let mut helpers = Vec::new();
+        // Built up in place, so that if a helper cannot start, dropping the pool stops the
+        // ones that did.
+        let mut pool = Self { shared, helpers: Vec::new(), busy: Mutex::new(()) };
         for i in 1..threads.max(1) {
-            let shared = Arc::clone(&shared);
+            let shared = Arc::clone(&pool.shared);
             let helper = std::thread::Builder::new()
                 .name(format!("specd-host-{threads}.{i}"))
                 .spawn(move || shared.help())
                 .map_err(|e| KernelError::Threads { threads, reason: e.to_string() })?;
-            helpers.push(helper);
+            pool.helpers.push(helper);
         }
-        Ok(Self { shared, helpers, busy: Mutex::new(()) })
+        Ok(pool)
     }
 
     /// Runs `op`, a pass whose steps [`Self::run`] splits: the helpers are woken now, while
@@ -167,7 +174,9 @@ impl HotPool {
         // has claimed a task of this step, and a task is claimed only with a compare-and-swap
         // that sees this step's number. `unfinished` counts the tasks not yet finished, each
         // claimed task being finished (or caught panicking) before it is counted down; this
-        // function returns, or unwinds, only after it reached zero. So no call of `task`
+        // function returns, or unwinds, only after it reached zero. A helper claims its next
+        // task before it counts its last one down, so a claim it wins is always of the step
+        // whose closure it holds, even once the step numbers wrap. So no call of `task`
         // outlives this function's borrow of it. The step's slot is overwritten only by the
         // next step, which starts after this one has returned.
         #[allow(unsafe_code)]
@@ -186,12 +195,23 @@ impl HotPool {
         let mut first_panic = None;
         while let Some(i) = shared.claim_task(number) {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| task(i))) {
-                first_panic.get_or_insert(panic);
+                match first_panic {
+                    None => first_panic = Some(panic),
+                    Some(_) => drop_quietly(panic),
+                }
             }
             shared.unfinished.fetch_sub(1, Ordering::AcqRel);
         }
+        // A helper preempted in its task (on a host with fewer cores than threads) is let
+        // run rather than spun against.
+        let mut spins = 0u32;
         while shared.unfinished.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            spins = spins.saturating_add(1);
+            if spins > 4096 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         if let Some(panic) = first_panic {
             resume_unwind(panic);
@@ -228,18 +248,25 @@ impl Shared {
             seen = number;
             let Some(mut i) = self.claim_task(number) else { continue };
             // The step's slot is read only once a task of it is claimed: until then it may
-            // already hold a later step.
-            let Some(StepRef(task)) = *self.step.lock().unwrap_or_else(PoisonError::into_inner) else { continue };
+            // already hold a later step. `run` writes it before it publishes the step.
+            let step = *self.step.lock().unwrap_or_else(PoisonError::into_inner);
+            let StepRef(task) = step.expect("a published step has its closure");
             // SAFETY: a task of this step is claimed and not yet counted down, so the step
             // has not returned (see `HotPool::run`) and the closure it points to is alive.
             #[allow(unsafe_code)]
             let task = unsafe { &*task };
             loop {
-                if catch_unwind(AssertUnwindSafe(|| task(i))).is_err() {
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| task(i))) {
                     self.panicked.store(true, Ordering::Release);
+                    drop_quietly(panic);
                 }
+                // The next task is claimed before this one is counted down: while this one
+                // is outstanding the step cannot end, so no later step (one whose number
+                // wrapped round to this one's) can be the one claimed, and the closure
+                // above is still this step's.
+                let next = self.claim_task(number);
                 self.unfinished.fetch_sub(1, Ordering::AcqRel);
-                match self.claim_task(number) {
+                match next {
                     Some(next) => i = next,
                     None => break,
                 }
@@ -286,6 +313,12 @@ impl Shared {
         }
         *sleepers -= 1;
     }
+}
+
+/// Drops a caught panic's payload, whose own `drop` might panic: that must not end a helper
+/// with its task uncounted, nor unwind `run` before its step has finished.
+fn drop_quietly(payload: Box<dyn std::any::Any + Send>) {
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
 }
 
 impl Drop for HotPool {
@@ -364,25 +397,32 @@ mod tests {
     }
 
     /// A task that panics, on the caller's thread or on a helper's, makes the step panic
-    /// after the other tasks finished, and the pool runs the next step whole. Each task takes
-    /// a millisecond, so that both threads take some.
+    /// after the other tasks finished, and the pool runs the next step whole. The caller's
+    /// first task waits (up to a minute) until a helper has taken one, so both threads take
+    /// part whatever the host's load.
     #[test]
     fn a_panicking_task_fails_its_step_and_not_the_pool() {
         let pool = HotPool::new(2).unwrap();
         for on_helper in [false, true] {
-            let failed = AtomicBool::new(false);
-            let done = AtomicUsize::new(0);
+            let (failed, helped, done) = (AtomicBool::new(false), AtomicBool::new(false), AtomicUsize::new(0));
             let result = catch_unwind(AssertUnwindSafe(|| {
                 pool.run(12, &|i| {
-                    std::thread::sleep(Duration::from_millis(1));
                     let helper = std::thread::current().name().is_some_and(|n| n.starts_with("specd-host"));
+                    if helper {
+                        helped.store(true, Ordering::Release);
+                    } else {
+                        let started = Instant::now();
+                        while !helped.load(Ordering::Acquire) && started.elapsed() < Duration::from_secs(60) {
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
+                    }
                     if helper == on_helper && !failed.swap(true, Ordering::Relaxed) {
                         panic!("task {i} fails");
                     }
                     done.fetch_add(1, Ordering::Relaxed);
                 });
             }));
-            assert!(failed.load(Ordering::Relaxed), "a task ran on the helper: {on_helper}");
+            assert!(helped.load(Ordering::Relaxed), "a helper took part");
             assert!(result.is_err(), "on a helper: {on_helper}");
             assert_eq!(done.load(Ordering::Relaxed), 11, "on a helper: {on_helper}: the others ran");
             let after = AtomicUsize::new(0);
@@ -391,6 +431,25 @@ mod tests {
             });
             assert_eq!(after.load(Ordering::Relaxed), 12);
         }
+        // A pass that panics is no longer counted as running.
+        assert!(catch_unwind(AssertUnwindSafe(|| pool.pass(|| panic!("the pass fails")))).is_err());
+        assert_eq!(pool.shared.passes.load(Ordering::Relaxed), 0);
+    }
+
+    /// Steps whose numbers wrap round past the claim word's 24 bits run each task once.
+    #[test]
+    fn steps_run_whole_across_the_wrap_of_their_numbers() {
+        let pool = HotPool::numbered_from(3, NUMBER_MASK - 50).unwrap();
+        for step in 0..100usize {
+            let counts: Vec<AtomicUsize> = (0..7).map(|_| AtomicUsize::new(0)).collect();
+            pool.pass(|| {
+                pool.run(7, &|i| {
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                });
+            });
+            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1), "step {step}");
+        }
+        assert!(Claim::unpack(pool.shared.claim.load(Ordering::Relaxed)).number < 60, "the numbers wrapped");
     }
 
     #[test]
