@@ -401,14 +401,40 @@ mod tests {
                 let plain: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
                 assert!((f64::from(k.dot(&a, &b)) - plain).abs() < 1e-4, "{}: n = {n}", isa.name());
             }
-            // 3 rows of a 3 × 40 matrix at offset 2, 35 outputs: a whole block and a tail.
-            let m = wave(3 * 40, 0.2);
-            let weights = [0.5, -1.0, 2.0];
-            let mut out = vec![0f32; 35];
-            k.weighted_rows(&weights, &m, 40, 2, &mut out);
-            for (i, &o) in out.iter().enumerate() {
-                let want: f32 = (0..3).map(|r| weights[r] * m[r * 40 + 2 + i]).sum();
-                assert!((o - want).abs() < 1e-5, "{}: output {i}", isa.name());
+            // Rows of an 11 × 80 matrix at offset 2 (two groups of four sums and three
+            // more), 70 outputs (two whole blocks and a tail), for 1 to 10 weight rows at
+            // once (across the tiles of 4 and 8).
+            let m = wave(11 * 80, 0.2);
+            for n in 1..=10 {
+                let weights = wave(n * 11, 0.7);
+                let mut out = vec![0f32; n * 70];
+                k.weighted_rows_many(&weights, 11, &m, 80, 2, &mut out);
+                if n == 1 {
+                    let mut one = vec![0f32; 70];
+                    k.weighted_rows(&weights, &m, 80, 2, &mut one);
+                    assert_eq!(one, out, "{}", isa.name());
+                }
+                for (t, row) in out.chunks_exact(70).enumerate() {
+                    for (i, &o) in row.iter().enumerate() {
+                        let want: f32 = (0..11).map(|r| weights[t * 11 + r] * m[r * 80 + 2 + i]).sum();
+                        assert!((o - want).abs() < 1e-5, "{}: {n} rows, row {t}, output {i}", isa.name());
+                    }
+                }
+            }
+            // Panels laid out by the caller: 3 panels of k = 7 inputs, 5 rows.
+            let (k_in, rows) = (7, 5);
+            let (x, panels) = (wave(rows * k_in, 0.3), wave(3 * k_in * BLOCK, 0.05));
+            let mut sums = vec![[0f32; BLOCK]; 3 * rows];
+            k.panel_products(&x, rows, k_in, &panels, &mut sums);
+            for (p, t) in (0..3).flat_map(|p| (0..rows).map(move |t| (p, t))) {
+                for i in 0..BLOCK {
+                    let want: f32 = (0..k_in).map(|j| x[t * k_in + j] * panels[p * k_in * BLOCK + j * BLOCK + i]).sum();
+                    assert!((sums[p * rows + t][i] - want).abs() < 1e-5, "{}: panel {p}, row {t}", isa.name());
+                }
+            }
+            for parallel in [false, true] {
+                let squares = Kernels::with_isa(isa, 2).unwrap().map(9, parallel, |i| i * i);
+                assert_eq!(squares, (0..9).map(|i| i * i).collect::<Vec<_>>());
             }
             let mut pieces = vec![0usize; 10];
             for parallel in [false, true] {

@@ -189,10 +189,7 @@ pub(crate) fn weighted_rows<const FUSED: bool>(
         } else {
             let mut acc = [0f32; BLOCK];
             for (r, &w) in weights.iter().enumerate() {
-                let row = &m[r * stride + offset + start..][..width];
-                for (a, &x) in acc.iter_mut().zip(row) {
-                    *a = madd::<FUSED>(w, x, *a);
-                }
+                part_madd::<FUSED>(&mut acc, w, &m[r * stride + offset + start..][..width]);
             }
             out[start..start + width].copy_from_slice(&acc[..width]);
         }
@@ -263,9 +260,7 @@ fn many_tile<const FUSED: bool, const N: usize>(
             for r in 0..reach {
                 let row = &m[r * stride + offset + start..][..bw];
                 for t in 0..N {
-                    for (a, &x) in acc[t].iter_mut().zip(row) {
-                        *a = madd::<FUSED>(ws[t][r], x, *a);
-                    }
+                    part_madd::<FUSED>(&mut acc[t], ws[t][r], row);
                 }
             }
         }
@@ -273,6 +268,14 @@ fn many_tile<const FUSED: bool, const N: usize>(
             out[t * width + start..][..bw].copy_from_slice(&acc[t][..bw]);
         }
         start += bw;
+    }
+}
+
+/// `acc[i] += w · row[i]` for the `row.len()` (under [`BLOCK`]) sums of a block's last part.
+#[inline(always)]
+fn part_madd<const FUSED: bool>(acc: &mut [f32; BLOCK], w: f32, row: &[f32]) {
+    for (a, &x) in acc.iter_mut().zip(row) {
+        *a = madd::<FUSED>(w, x, *a);
     }
 }
 
