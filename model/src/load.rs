@@ -45,8 +45,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
 }
 
 /// Loads the checkpoint on each engine in turn, times the same passes on each, and keeps
-/// the faster. One model is held at a time: the host engine is timed and dropped, then
-/// libtorch, which is kept if it won; otherwise the host engine is loaded again.
+/// the faster. One model is held at a time: libtorch is timed and dropped, then the host
+/// engine, which is kept if it won; otherwise libtorch is loaded again.
 ///
 /// One measurement runs at a time in a process: `specd up` loads its draft and its target
 /// at once, and a pass timed while the other model's threads spin on the same cores would
@@ -54,14 +54,16 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
 fn load_the_faster(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
     static MEASURING: Mutex<()> = Mutex::new(());
     let _one_at_a_time = MEASURING.lock().unwrap_or_else(PoisonError::into_inner);
-    // A host engine that fails to load or to time (a context too short for the timed
-    // passes, say) leaves the choice to libtorch rather than failing the load, and a
-    // libtorch that fails to time leaves it to the host engine.
-    let host = HostLlama::load(path, opts).and_then(|mut host| time_passes(&mut host));
-    let mut libtorch = LlamaModel::load(path, opts)?;
-    let chosen = match (host, time_passes(&mut libtorch)) {
-        (Ok(host), Ok(torch)) => {
-            let times = PassTimes { host, libtorch: torch };
+    // libtorch goes first so that the host engine, which wins on most CPUs, is kept as
+    // timed instead of loaded a second time. A host
+    // engine that fails to load or to time (a context too short for the timed passes, say)
+    // leaves the choice to libtorch rather than failing the load, and a libtorch that fails
+    // to time leaves it to the host engine.
+    let torch_time = time_passes(&mut LlamaModel::load(path, opts)?);
+    let host = HostLlama::load(path, opts).and_then(|mut host| Ok((time_passes(&mut host)?, host)));
+    let chosen = match (&host, &torch_time) {
+        (Ok((host, _)), Ok(torch)) => {
+            let times = PassTimes { host: *host, libtorch: *torch };
             let chosen = times.faster();
             tracing::info!(
                 model = %path.display(),
@@ -80,12 +82,12 @@ fn load_the_faster(path: &Path, opts: &LoadOptions) -> Result<BoxedModel> {
             Engine::Host
         }
     };
-    match chosen {
-        Engine::Host => {
-            drop(libtorch);
-            Ok(Box::new(HostLlama::load(path, opts)?))
+    match (chosen, host) {
+        (Engine::Host, Ok((_, host))) => Ok(Box::new(host)),
+        (_, host) => {
+            drop(host);
+            Ok(Box::new(LlamaModel::load(path, opts)?))
         }
-        _ => Ok(Box::new(libtorch)),
     }
 }
 
