@@ -80,17 +80,25 @@ impl Kernels {
 
     /// `f(index, piece)` for each piece, across the pool when `parallel` (and there is one),
     /// else in order on the calling thread.
-    fn each_piece<T: Send>(&self, pieces: Vec<&mut [T]>, parallel: bool, f: impl Fn(usize, &mut [T]) + Sync) {
+    ///
+    /// Only the parallel path gathers the pieces: a layer run on the calling thread, as most
+    /// of a draft's are, allocates nothing.
+    fn each_piece<'a, T: Send + 'a>(
+        &self,
+        pieces: impl ExactSizeIterator<Item = &'a mut [T]>,
+        parallel: bool,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
         match &self.pool {
             Some(pool) if parallel && pieces.len() > 1 => {
                 // Each piece is taken by exactly one task; the lock only hands it over.
-                let pieces: Vec<Mutex<&mut [T]>> = pieces.into_iter().map(Mutex::new).collect();
+                let pieces: Vec<Mutex<&mut [T]>> = pieces.map(Mutex::new).collect();
                 pool.run(pieces.len(), &|i| {
                     let mut piece = pieces[i].lock().unwrap_or_else(PoisonError::into_inner);
                     f(i, &mut piece);
                 });
             }
-            _ => pieces.into_iter().enumerate().for_each(|(i, piece)| f(i, piece)),
+            _ => pieces.enumerate().for_each(|(i, piece)| f(i, piece)),
         }
     }
 
@@ -139,7 +147,7 @@ impl Kernels {
         };
         let parallel = self.pool.is_some() && rows * k * outputs >= PARALLEL_MIN_MADDS;
         let per = if parallel { blocks.div_ceil(self.threads * PIECES_PER_THREAD).max(1) } else { blocks };
-        self.each_piece(sums.chunks_mut(per * rows).collect(), parallel, |piece, s| run(piece * per, s));
+        self.each_piece(sums.chunks_mut(per * rows), parallel, |piece, s| run(piece * per, s));
         for (block, sums) in sums.chunks_exact(rows).enumerate() {
             let first = block * BLOCK;
             let width = BLOCK.min(outputs - first);
@@ -165,7 +173,7 @@ impl Kernels {
         parallel: bool,
         f: impl Fn(usize, &mut [T]) + Sync + Send,
     ) {
-        self.each_piece(data.chunks_mut(chunk.max(1)).collect(), parallel, f);
+        self.each_piece(data.chunks_mut(chunk.max(1)), parallel, f);
     }
 
     /// `f(i)` for `i < n`, in order, on the pool's threads when `parallel` (and the pool has

@@ -1,5 +1,5 @@
-//! Causal attention of a pass's queries over their sessions' caches, each query row and
-//! head an independent piece of work that the pool's threads share.
+//! Causal attention of a pass's queries over their sessions' caches, in pieces that the
+//! pool's threads share: each piece is one session's consecutive rows and one KV head.
 
 use specd_host_kernels::{BLOCK, Kernels};
 
