@@ -33,10 +33,13 @@ impl Weight for u16 {
 /// `out[t][i] = Σ_k x[t][k] · panel[k][i]` for the rows `t` of `x` (each `k` long) and the
 /// [`BLOCK`] outputs `i` of one panel. Rows go in tiles of `TILE`, and the rest in one tile
 /// of its exact size (7, left by a tile of 8, goes as 4 and 3), so the panel is read (and
-/// widened) once per tile: with AVX-512's tile of 8 a verify pass's five rows read each
-/// weight once, not twice (with a tile of 4, as 4 and 1). The tile's sums stay in registers meanwhile.
+/// widened) once per tile. A tile sums `WIDTH` outputs at a time, so that its sums stay in
+/// registers meanwhile (a tile whose sums spill stores and reloads them at every
+/// multiply-add): AVX-512 holds a tile of 8 rows at the panel's full width in 16 of its 32
+/// registers, AVX2 a tile of 6 rows at half the width in 12 of its 16 (for bf16 panels:
+/// [`crate::kernels`] says why f32's keep the full width).
 #[inline(always)]
-pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize>(
+pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const WIDTH: usize>(
     x: &[f32],
     k: usize,
     panel: &[W],
@@ -45,34 +48,44 @@ pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize>(
     let rows = out.len();
     let mut t = 0;
     while rows - t >= TILE {
-        tile::<W, FUSED, TILE, 1>(x, t, k, panel, &mut out[t..t + TILE]);
+        tile::<W, FUSED, TILE, 1, WIDTH>(x, t, k, panel, &mut out[t..t + TILE]);
         t += TILE;
     }
     // Fewer rows than a tile are fewer independent sums: each multiply-add would wait for
     // the one before it into the same register (4 cycles where 2 could issue each cycle),
-    // so the inputs are split across `S` sets of sums, added at the end.
+    // so the inputs are split across `S` sets of sums, added at the end. Up to three rows
+    // go at the panel's full width where their sums fit in 12 registers: each sweep of a
+    // panel then uses whole cache lines of it, which a decode pass streams from memory.
+    let registers_a_row = 2 * BLOCK / WIDTH;
     let rest = &mut out[t..];
-    match rest.len() {
-        0 => {}
-        1 => tile::<W, FUSED, 1, 4>(x, t, k, panel, rest),
-        2 => tile::<W, FUSED, 2, 2>(x, t, k, panel, rest),
-        3 => tile::<W, FUSED, 3, 2>(x, t, k, panel, rest),
-        4 => tile::<W, FUSED, 4, 1>(x, t, k, panel, rest),
-        5 => tile::<W, FUSED, 5, 1>(x, t, k, panel, rest),
-        6 => tile::<W, FUSED, 6, 1>(x, t, k, panel, rest),
+    match (rest.len(), registers_a_row) {
+        (0, _) => {}
+        (1, 2) => tile::<W, FUSED, 1, 4, BLOCK>(x, t, k, panel, rest),
+        (1, 4) => tile::<W, FUSED, 1, 2, BLOCK>(x, t, k, panel, rest),
+        (1, _) => tile::<W, FUSED, 1, 1, BLOCK>(x, t, k, panel, rest),
+        (2, 2) => tile::<W, FUSED, 2, 2, BLOCK>(x, t, k, panel, rest),
+        (2, 4) => tile::<W, FUSED, 2, 1, BLOCK>(x, t, k, panel, rest),
+        (2, _) => tile::<W, FUSED, 2, 2, WIDTH>(x, t, k, panel, rest),
+        (3, 2) => tile::<W, FUSED, 3, 2, BLOCK>(x, t, k, panel, rest),
+        (3, 4) => tile::<W, FUSED, 3, 1, BLOCK>(x, t, k, panel, rest),
+        (3, _) => tile::<W, FUSED, 3, 2, WIDTH>(x, t, k, panel, rest),
+        (4, _) => tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panel, rest),
+        (5, _) => tile::<W, FUSED, 5, 1, WIDTH>(x, t, k, panel, rest),
+        (6, _) => tile::<W, FUSED, 6, 1, WIDTH>(x, t, k, panel, rest),
         // Only a `TILE` of 8 leaves 7. (No call back into `panel_rows`: a recursive
         // function cannot be inlined into the kernel compiled for the CPU's features, and
         // out of line it would run with the baseline's, `mul_add` a libm call.)
         _ => {
-            tile::<W, FUSED, 4, 1>(x, t, k, panel, &mut rest[..4]);
-            tile::<W, FUSED, 3, 2>(x, t + 4, k, panel, &mut rest[4..]);
+            tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panel, &mut rest[..4]);
+            tile::<W, FUSED, 3, 2, WIDTH>(x, t + 4, k, panel, &mut rest[4..]);
         }
     }
 }
 
-/// `N` rows of one panel, the inputs taken `S` at a time into `S` sets of sums.
+/// `N` rows of one panel, `WIDTH` of its outputs at a time, the inputs taken `S` at a time
+/// into `S` sets of sums.
 #[inline(always)]
-fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize>(
+fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDTH: usize>(
     x: &[f32],
     first: usize,
     k: usize,
@@ -80,46 +93,50 @@ fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize>(
     out: &mut [[f32; BLOCK]],
 ) {
     let xs: [&[f32]; N] = std::array::from_fn(|r| &x[(first + r) * k..][..k]);
-    let mut acc = [[[0f32; BLOCK]; N]; S];
     let panel = &panel[..k * BLOCK];
-    let mut groups = panel.chunks_exact(BLOCK * S);
-    let mut kk = 0;
-    for group in &mut groups {
-        for s in 0..S {
-            let wk = &group[s * BLOCK..][..BLOCK];
-            let mut w = [0f32; BLOCK];
-            for i in 0..BLOCK {
+    for part in 0..BLOCK / WIDTH {
+        let at = part * WIDTH;
+        let mut acc = [[[0f32; WIDTH]; N]; S];
+        let mut groups = panel.chunks_exact(BLOCK * S);
+        let mut kk = 0;
+        for group in &mut groups {
+            for s in 0..S {
+                let wk = &group[s * BLOCK + at..][..WIDTH];
+                let mut w = [0f32; WIDTH];
+                for i in 0..WIDTH {
+                    w[i] = wk[i].widen();
+                }
+                for r in 0..N {
+                    let xv = xs[r][kk + s];
+                    for i in 0..WIDTH {
+                        acc[s][r][i] = madd::<FUSED>(xv, w[i], acc[s][r][i]);
+                    }
+                }
+            }
+            kk += S;
+        }
+        for wk in groups.remainder().chunks_exact(BLOCK) {
+            let wk = &wk[at..][..WIDTH];
+            let mut w = [0f32; WIDTH];
+            for i in 0..WIDTH {
                 w[i] = wk[i].widen();
             }
             for r in 0..N {
-                let xv = xs[r][kk + s];
-                for i in 0..BLOCK {
-                    acc[s][r][i] = madd::<FUSED>(xv, w[i], acc[s][r][i]);
+                let xv = xs[r][kk];
+                for i in 0..WIDTH {
+                    acc[0][r][i] = madd::<FUSED>(xv, w[i], acc[0][r][i]);
                 }
             }
-        }
-        kk += S;
-    }
-    for wk in groups.remainder().chunks_exact(BLOCK) {
-        let mut w = [0f32; BLOCK];
-        for i in 0..BLOCK {
-            w[i] = wk[i].widen();
+            kk += 1;
         }
         for r in 0..N {
-            let xv = xs[r][kk];
-            for i in 0..BLOCK {
-                acc[0][r][i] = madd::<FUSED>(xv, w[i], acc[0][r][i]);
+            for i in 0..WIDTH {
+                let mut sum = acc[0][r][i];
+                for set in &acc[1..] {
+                    sum += set[r][i];
+                }
+                out[r][at + i] = sum;
             }
-        }
-        kk += 1;
-    }
-    for r in 0..N {
-        for i in 0..BLOCK {
-            let mut sum = acc[0][r][i];
-            for set in &acc[1..] {
-                sum += set[r][i];
-            }
-            out[r][i] = sum;
         }
     }
 }
