@@ -47,11 +47,9 @@ impl Engine {
     }
 }
 
-/// Why the host engine cannot run `cfg` loaded with `opts`, if it cannot (for rules that
-/// place a model, such as where `specd up` puts a draft).
-pub fn host_engine_refuses(cfg: &LlamaConfig, opts: &LoadOptions) -> Option<String> {
-    host_refuses(cfg, opts)
-}
+/// Why the host engine cannot run a model, if it cannot (for rules that place a model, such
+/// as where `specd up` puts a draft).
+pub use crate::host::host_refuses as host_engine_refuses;
 
 /// The same run of passes timed on each engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -137,7 +137,7 @@ impl HostLlama {
 }
 
 /// Why the host engine cannot run `cfg` with `opts`, if it cannot.
-pub(crate) fn host_refuses(cfg: &LlamaConfig, opts: &LoadOptions) -> Option<String> {
+pub fn host_refuses(cfg: &LlamaConfig, opts: &LoadOptions) -> Option<String> {
     if opts.device != crate::device::DeviceSpec::Cpu {
         return Some(format!("it runs on the CPU, not {}", opts.device));
     }
