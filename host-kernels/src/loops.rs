@@ -36,8 +36,8 @@ impl Weight for u16 {
 /// widened) once per tile. A tile sums `WIDTH` outputs at a time, so that its sums stay in
 /// registers meanwhile (a tile whose sums spill stores and reloads them at every
 /// multiply-add): AVX-512 holds a tile of 8 rows at the panel's full width in 16 of its 32
-/// registers, AVX2 a tile of 6 rows at half the width in 12 of its 16 (for bf16 panels:
-/// [`crate::kernels`] says why f32's keep the full width).
+/// registers, AVX2 a tile of 6 rows at half the width in 12 of its 16 (bf16 panels, and
+/// f32's for a prompt's rows: [`crate::kernels`] says why).
 #[inline(always)]
 pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const WIDTH: usize>(
     x: &[f32],
@@ -53,22 +53,20 @@ pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const 
     }
     // Fewer rows than a tile are fewer independent sums: each multiply-add would wait for
     // the one before it into the same register (4 cycles where 2 could issue each cycle),
-    // so the inputs are split across `S` sets of sums, added at the end. Up to three rows
-    // go at the panel's full width where their sums fit in 12 registers: each sweep of a
-    // panel then uses whole cache lines of it, which a decode pass streams from memory.
-    let registers_a_row = 2 * BLOCK / WIDTH;
+    // so the inputs are split across `S` sets of sums, added at the end. Where the tiles
+    // sum half a panel's width at a time (AVX2's bf16), up to three rows still go at the
+    // full width, in 8-12 registers: each sweep of a panel then uses whole cache lines of
+    // it, which a decode pass streams from memory.
+    let halves = WIDTH < BLOCK;
     let rest = &mut out[t..];
-    match (rest.len(), registers_a_row) {
+    match (rest.len(), halves) {
         (0, _) => {}
-        (1, 2) => tile::<W, FUSED, 1, 4, BLOCK>(x, t, k, panel, rest),
-        (1, 4) => tile::<W, FUSED, 1, 2, BLOCK>(x, t, k, panel, rest),
-        (1, _) => tile::<W, FUSED, 1, 1, BLOCK>(x, t, k, panel, rest),
-        (2, 2) => tile::<W, FUSED, 2, 2, BLOCK>(x, t, k, panel, rest),
-        (2, 4) => tile::<W, FUSED, 2, 1, BLOCK>(x, t, k, panel, rest),
-        (2, _) => tile::<W, FUSED, 2, 2, WIDTH>(x, t, k, panel, rest),
-        (3, 2) => tile::<W, FUSED, 3, 2, BLOCK>(x, t, k, panel, rest),
-        (3, 4) => tile::<W, FUSED, 3, 1, BLOCK>(x, t, k, panel, rest),
-        (3, _) => tile::<W, FUSED, 3, 2, WIDTH>(x, t, k, panel, rest),
+        (1, false) => tile::<W, FUSED, 1, 4, BLOCK>(x, t, k, panel, rest),
+        (1, true) => tile::<W, FUSED, 1, 2, BLOCK>(x, t, k, panel, rest),
+        (2, false) => tile::<W, FUSED, 2, 2, BLOCK>(x, t, k, panel, rest),
+        (2, true) => tile::<W, FUSED, 2, 1, BLOCK>(x, t, k, panel, rest),
+        (3, false) => tile::<W, FUSED, 3, 2, BLOCK>(x, t, k, panel, rest),
+        (3, true) => tile::<W, FUSED, 3, 1, BLOCK>(x, t, k, panel, rest),
         (4, _) => tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panel, rest),
         (5, _) => tile::<W, FUSED, 5, 1, WIDTH>(x, t, k, panel, rest),
         (6, _) => tile::<W, FUSED, 6, 1, WIDTH>(x, t, k, panel, rest),
