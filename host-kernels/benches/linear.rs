@@ -1,6 +1,6 @@
 //! The demo target's linear layers (hidden 384, intermediate 1 024, vocabulary 4 096, six
 //! layers), one pass's worth, for each instruction set, weight format and thread count, at
-//! 1, 5 and 64 rows: the figures behind the host engine's choices.
+//! 1, 2, 3, 5 and 64 rows: the figures behind the host engine's choices.
 //!
 //! `cargo bench -p specd-host-kernels --bench linear [-- FILTER]`: with a filter, only the
 //! lines whose weight format and instruction set (`Bf16 avx2+fma`) contain it are measured.
