@@ -99,7 +99,7 @@ lint: torch
 	$(CARGO) check --release --locked -p specd
 	for src in */src; do python3 scripts/file_circles.py "$$src"; done
 
-# Release: the whole-system law tests draw 200 000 generations per check through gRPC.
+# Release: the whole-system law tests draw 50 000 generations per check through gRPC.
 # The fuzz crate is outside the workspace, so lint does not build it: its targets run first,
 # so a change that breaks them fails in minutes rather than after the long tests.
 test: lint pydeps

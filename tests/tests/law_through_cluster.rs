@@ -12,9 +12,9 @@
 //! across rounds. At γ = 2 a round commits at most three tokens, and most three-token
 //! continuations take two rounds or more, so those checks audit rounds that start after
 //! another round's stop.
-//! N is `SPECD_LAW_SAMPLES` (default 200 000); the checks that must reject a broken rule
-//! take N / 8, which their measured power allows by far ([`power_samples`]), and the device
-//! path's audits N / 4 ([`device_samples`]).
+//! N is `SPECD_LAW_SAMPLES` (default 50 000), sized to a stated power ([`samples`]); the
+//! checks that must reject a broken rule take N / 8, which their measured power allows by far
+//! ([`power_samples`]), and the device path's audits N / 4 ([`device_samples`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,14 +36,25 @@ pub(crate) const FALSE_FAILURE: f64 = 1e-3;
 const LENGTH: usize = 3;
 const CLIENTS: u64 = 8;
 
+/// N, the samples of a law audit. At N = 50 000 a check of 27 cells (26 degrees of freedom)
+/// rejects, with probability 0.99 at the false-failure probability 1e-3, any law whose χ²
+/// divergence Σ (observed − exact)² / exact from the target's is 1.3e-3 or more (the
+/// noncentrality 64.8 that power needs, over N). The subtlest wrong rule these audits have
+/// caught, a lookahead drawn with the acceptance uniforms (`optimistic`), sits at 3.9e-3 to
+/// 4.7e-3 (from its p-values at 25 000, 50 000 and 200 000 samples); every other one at
+/// 3e-2 or more. So N catches a bug a third the size of the subtlest one found. 200 000
+/// would catch one a twelfth its size at four times the cost: with it the whole-cluster
+/// binary took 37 minutes of a 2-core host's CI run (docs/testing.md).
 pub(crate) fn samples() -> u64 {
-    std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000)
+    std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(50_000)
 }
 
 /// The checks that must reject a rule broken on purpose need far fewer samples: χ² grows
-/// with N, and at N = 25 000 the three broken rules here gave p-values of 3e-157 (draws
-/// repeated across rounds) and 0 in f64 (resampling from p; penalties blind to the block)
-/// against the threshold 1e-3.
+/// with N, and at 25 000 samples the three broken rules here gave p-values of 3e-157 (draws
+/// repeated across rounds: a χ² divergence of 3.2e-2) and 0 in f64 (resampling from p;
+/// penalties blind to the block) against the threshold 1e-3. At N / 8 (6 250) the smallest of
+/// them leaves a noncentrality of 200, where 64.8 gives power 0.99; there the four wrong
+/// rules of this file gave p-values of 2e-36 (draws repeated) to 8e-188 (the naive rule).
 fn power_samples() -> u64 {
     samples() / 8
 }
@@ -51,8 +62,8 @@ fn power_samples() -> u64 {
 /// The device path's audits take a quarter of N. Its distributions and draws equal the host
 /// path's over every sampling setting (`device-sampling/tests/parity.rs`), so what these
 /// audits add is the wiring: which rows, which history, which q the draft drew from. The
-/// wiring bug they guard against, penalties blind to the block, is rejected at N / 8 with a
-/// p-value of 0 in f64. On CPU tensors each draw costs some forty libtorch calls, which made
+/// wiring bug they guard against, penalties blind to the block, gave p-values of 0 in f64 at
+/// 25 000 samples and 2e-113 at 6 250. On CPU tensors each draw costs some forty libtorch calls, which made
 /// these audits the binary's slowest at N (docs/testing.md).
 pub(crate) fn device_samples() -> u64 {
     samples() / 4

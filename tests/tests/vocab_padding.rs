@@ -16,9 +16,9 @@
 //! Each check draws N continuations of 3 tokens (seeds 0..N) and applies Pearson's χ² to the
 //! 64 cells against the exact target law (a correct system fails one check with probability
 //! 1e-3 over the seeds, which are fixed). The last check runs the naive rule (resample from
-//! p on rejection) on the same pair and asserts the check rejects it. N is
-//! `SPECD_LAW_SAMPLES` / 10 (default 20 000: each check takes a few seconds; with 10 000 the
-//! naive rule already gave p < 1e-300).
+//! p on rejection) on the same pair and asserts the check rejects it. N is half of
+//! `SPECD_LAW_SAMPLES` (default 25 000: each check takes a few seconds; with 10 000 the naive
+//! rule already gave p < 1e-300).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ const TARGET_VOCAB: usize = 4;
 const NAMES: [&str; 3] = ["A", "B", "C"];
 
 fn samples() -> u64 {
-    std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000) / 10
+    crate::law_through_cluster::samples() / 2
 }
 
 /// `law_tables`' pair with a padding row added to the target.
