@@ -42,9 +42,8 @@ const CLIENTS: u64 = 8;
 /// noncentrality 64.8 that power needs, over N). The subtlest wrong rule these audits have
 /// caught, a lookahead drawn with the acceptance uniforms (`optimistic`), sits at 3.9e-3 to
 /// 4.7e-3 (from its p-values at 25 000, 50 000 and 200 000 samples); every other one at
-/// 3e-2 or more. So N catches a bug a third the size of the subtlest one found. 200 000
-/// would catch one a twelfth its size at four times the cost: with it the whole-cluster
-/// binary took 37 minutes of a 2-core host's CI run (docs/testing.md).
+/// 3e-2 or more. So N catches a bug a third the size of the subtlest one found; a larger N
+/// buys sensitivity no known bug needs at a cost the whole suite pays (docs/testing.md).
 pub(crate) fn samples() -> u64 {
     std::env::var("SPECD_LAW_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(50_000)
 }
@@ -63,8 +62,8 @@ fn power_samples() -> u64 {
 /// path's over every sampling setting (`device-sampling/tests/parity.rs`), so what these
 /// audits add is the wiring: which rows, which history, which q the draft drew from. The
 /// wiring bug they guard against, penalties blind to the block, gave p-values of 0 in f64 at
-/// 25 000 samples and 2e-113 at 6 250. On CPU tensors each draw costs some forty libtorch calls, which made
-/// these audits the binary's slowest at N (docs/testing.md).
+/// 25 000 samples and 2e-113 at 6 250. On CPU tensors each draw costs some forty libtorch
+/// calls, which made these audits the binary's slowest at N (docs/testing.md).
 pub(crate) fn device_samples() -> u64 {
     samples() / 4
 }
