@@ -34,7 +34,7 @@ all: build
 
 help:
 	@echo "make demo         - all three roles on loopback with the shipped demo pair (models/demo): a streamed completion, the speedup, curl"
-	@echo "make test         - install what is missing, then lint and run every test (under an hour on 2 cores)"
+	@echo "make test         - install what is missing, then lint and run every test (40-60 minutes on 2 cores)"
 	@echo "make demo-rebuild - train a demo pair here (specd models demo, about 30-60 minutes on 2 cores) and run the demo with it"
 	@echo "make demo-ship    - train the shipped pair's recipe (hours on 2 cores; resumes where it stopped) and write it to models/demo"
 	@echo "make build        - build target/release/specd"
