@@ -2,7 +2,7 @@
 //! node at the position of its depth, attending to the cache and its ancestors only, within
 //! a sliding window where the family has one), and after `keep_tree_path` the session's
 //! cache is what a fresh pass over the kept tokens writes, on every fixture family and on
-//! both engines (the host engine by the trait's per-path default).
+//! both engines.
 
 mod common;
 
@@ -31,19 +31,36 @@ fn fresh_last_row(m: &mut dyn LanguageModel, tokens: &[u32]) -> Result<Vec<f32>>
     Ok(row)
 }
 
-fn check(name: &str, m: &mut dyn LanguageModel) -> Result<()> {
-    let tokens = reference(name)?.tokens;
-    let tree = tree(&tokens);
-    let prompt = &tokens[..PROMPT];
+/// A chain of six below a root (depths 0 to 5, deeper than the fixtures' sliding windows of
+/// 4 to 6 positions reach back: a node there sees only part of its own path) and a second
+/// child of that root.
+fn deep_tree(tokens: &[u32]) -> TokenTree {
+    let nodes = tokens[PROMPT..PROMPT + 7].to_vec();
+    TokenTree::new(nodes, vec![None, Some(0), Some(1), Some(2), Some(3), Some(4), Some(0)]).unwrap()
+}
+
+/// Scores `tree` after `prompt` in one pass, checks each row against its node's path alone,
+/// and returns the rows.
+fn rows_match_paths(name: &str, m: &mut dyn LanguageModel, prompt: &[u32], tree: &TokenTree) -> Result<Vec<Vec<f32>>> {
     let s = m.open_session(None)?;
     m.forward(s, prompt)?;
-    let rows = m.forward_tree(s, &tree)?.into_host()?.to_rows();
+    let rows = m.forward_tree(s, tree)?.into_host()?.to_rows();
+    m.release(s)?;
     assert_eq!(rows.len(), tree.len(), "{name}: a row per node");
     for (node, row) in rows.iter().enumerate() {
         let alone = fresh_last_row(m, &[prompt, &tree.path_tokens(&tree.path_to(node))].concat())?;
         let diff = max_abs_diff(std::slice::from_ref(row), &[alone]);
-        assert!(diff <= TOL, "{name}: node {node}, tree pass vs its path alone {diff}");
+        assert!(diff <= TOL, "{name}: node {node} of {tree:?}, tree pass vs its path alone {diff}");
     }
+    Ok(rows)
+}
+
+fn check(name: &str, m: &mut dyn LanguageModel) -> Result<()> {
+    let tokens = reference(name)?.tokens;
+    let tree = tree(&tokens);
+    let prompt = &tokens[..PROMPT];
+    let rows = rows_match_paths(name, m, prompt, &tree)?;
+    rows_match_paths(name, m, prompt, &deep_tree(&tokens))?;
     // Not vacuous: node 1, a root, differs from what it scores as the chain's second token
     // (after node 0), which an unmasked pass would give.
     let chain = fresh_last_row(m, &[prompt, &tree.tokens()[..2]].concat())?;
@@ -72,7 +89,6 @@ fn check(name: &str, m: &mut dyn LanguageModel) -> Result<()> {
     m.forward_tree(s3, &tree)?;
     assert!(m.keep_tree_path(s3, PROMPT, &tree, &[0, 5]).is_err(), "{name}: 5 is not a child of 0");
     m.release(s3)?;
-    m.release(s)?;
     Ok(())
 }
 
@@ -99,8 +115,8 @@ fn trees_hold_with_bucketed_keys_and_repeated_kv_heads() -> Result<()> {
 }
 
 #[test]
-fn the_host_engine_scores_trees_by_the_per_path_default() -> Result<()> {
-    for name in ["llama_tied", "mistral_window"] {
+fn the_host_engine_scores_a_tree_in_one_pass_and_keeps_one_path_exactly() -> Result<()> {
+    for name in FIXTURES {
         let mut m = load_model(&fixture(name), &LoadOptions { engine: Engine::Host, ..cpu_f32() })?;
         assert_eq!(m.info().engine, "host");
         check(name, &mut m)?;

@@ -1,5 +1,7 @@
 //! Causal attention of a pass's queries over their sessions' caches, in pieces that the
-//! pool's threads share: each piece is one session's consecutive rows and one KV head.
+//! pool's threads share: each piece is one session's consecutive rows and one KV head. A
+//! token tree's nodes ([`crate::TokenTree`]) sit one after another in the cache, whatever
+//! their depth, and each sees the session's tokens before the tree and its own path only.
 
 use specd_host_kernels::{BLOCK, Kernels};
 
@@ -17,12 +19,35 @@ pub(crate) struct AttentionShape {
     pub(crate) scale: f32,
 }
 
-/// Where one query row of the pass sits: which of the pass's caches it reads, and its
-/// position there.
+/// Where one query row of the pass sits: which of the pass's caches it reads, its position
+/// in its sequence, and the cache slot its key and value are written to.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueryRow {
     pub(crate) cache: usize,
+    /// What RoPE rotates it by and a sliding window is measured from.
     pub(crate) position: usize,
+    /// Its position, except in a tree, whose nodes take the slots after the session's
+    /// tokens in the order they come, while their positions follow their depths.
+    pub(crate) slot: usize,
+    /// `Some` for a tree's node: which of the tree's slots it sees.
+    pub(crate) tree: Option<TreeQuery>,
+}
+
+/// A tree node's view: the session's tokens before the tree (the slots below `base`), and
+/// the slots of its path from a root down to itself, `Queries::tree_paths[start..start +
+/// len]`, ascending (a node comes after its parent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TreeQuery {
+    pub(crate) base: usize,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+}
+
+/// A pass's query rows, and the slots its tree nodes' paths hold.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Queries<'a> {
+    pub(crate) rows: &'a [QueryRow],
+    pub(crate) tree_paths: &'a [usize],
 }
 
 /// Multiply-adds below which attention runs on the calling thread.
@@ -44,25 +69,27 @@ struct Piece {
 
 /// Attention of every row's queries (in `qkv`'s rows, `q` first) over layer `l` of its
 /// cache, which already holds the pass's own keys and values; writes `rows × heads ×
-/// head_dim` into `out`. A query at position i sees keys j ≤ i with i - j < `window`.
-/// A session's rows in the pass are consecutive, at consecutive positions.
+/// head_dim` into `out`. A query at position i sees keys j ≤ i with i - j < `window`; a
+/// tree node sees those of them that are before the tree or on its path. A session's rows
+/// in the pass are consecutive, in consecutive slots.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     kernels: &Kernels,
     shape: AttentionShape,
     qkv: &[f32],
     caches: &[&HostCache],
-    rows: &[QueryRow],
+    queries: Queries<'_>,
     l: usize,
     window: Option<usize>,
     out: &mut [f32],
 ) {
+    let rows = queries.rows;
     let hd = shape.head_dim;
     let (qd, kvd) = (shape.heads * hd, shape.kv_heads * hd);
     let stride = qd + 2 * kvd;
     let group = shape.heads / shape.kv_heads;
     let sees_from = |position: usize| window.map_or(0, |w| (position + 1).saturating_sub(w));
-    let work: usize = rows.iter().map(|r| r.position + 1 - sees_from(r.position)).sum::<usize>() * qd * 2;
+    let work: usize = rows.iter().map(|r| (r.slot + 1).saturating_sub(sees_from(r.position))).sum::<usize>() * qd * 2;
     let rows_per_piece = (QUERIES_PER_PIECE / group).max(1);
     let mut pieces = Vec::new();
     let mut start = 0;
@@ -79,24 +106,35 @@ pub(crate) fn attend(
         let Piece { first_row, rows: n, kv_head } = pieces[p];
         let mine = &rows[first_row..first_row + n];
         let cache = caches[mine[0].cache];
-        let queries: Vec<f32> = (first_row..first_row + n)
+        let piece_queries: Vec<f32> = (first_row..first_row + n)
             .flat_map(|t| &qkv[t * stride + kv_head * group * hd..][..group * hd])
             .copied()
             .collect();
-        let (lo, hi) = (sees_from(mine[0].position), mine[n - 1].position + 1);
-        let (start, mut scores) = scores(kernels, &queries, hd, cache, l, kv_head, lo, hi);
+        let lo = mine.iter().map(|r| sees_from(r.position)).min().unwrap_or(0);
+        let hi = mine.iter().map(|r| r.slot + 1).max().unwrap_or(0);
+        let (start, mut scores) = scores(kernels, &piece_queries, hd, cache, l, kv_head, lo, hi);
         let width = scores.len() / (n * group);
         let reach = hi - start;
         for (q, row_scores) in scores.chunks_exact_mut(width).enumerate() {
-            let position = mine[q / group].position;
-            let (seen_from, seen_to) = (sees_from(position) - start, position + 1 - start);
-            row_scores[..seen_from].fill(0.0);
-            row_scores[seen_to..].fill(0.0);
-            let seen = &mut row_scores[seen_from..seen_to];
-            for s in seen.iter_mut() {
-                *s *= shape.scale;
+            let row = mine[q / group];
+            let seen_from = sees_from(row.position) - start;
+            match row.tree {
+                None => {
+                    let seen_to = row.position + 1 - start;
+                    row_scores[..seen_from].fill(0.0);
+                    row_scores[seen_to..].fill(0.0);
+                    let seen = &mut row_scores[seen_from..seen_to];
+                    for s in seen.iter_mut() {
+                        *s *= shape.scale;
+                    }
+                    softmax(seen);
+                }
+                Some(tree) => {
+                    let path = &queries.tree_paths[tree.start..][..tree.len];
+                    mask_tree_row(row_scores, start, seen_from, tree.base, path, window, shape.scale);
+                    softmax(row_scores);
+                }
             }
-            softmax(seen);
         }
         // Whole panels may have scored positions past the last query's: drop their columns.
         if width > reach {
@@ -113,6 +151,36 @@ pub(crate) fn attend(
         for (r, heads) in attended.chunks_exact(group * hd).enumerate() {
             let t = piece.first_row + r;
             out[t * qd + piece.kv_head * group * hd..][..group * hd].copy_from_slice(heads);
+        }
+    }
+}
+
+/// Scales the scores a tree node sees and sets the others to −∞, so that a softmax over the
+/// whole row gives them no weight: the columns (slots from `start`) from `seen_from` up to
+/// `base` (the session's tokens before the tree, within the window), and its path's slots
+/// within `window` steps of its own depth (the path's last).
+fn mask_tree_row(
+    row: &mut [f32],
+    start: usize,
+    seen_from: usize,
+    base: usize,
+    path: &[usize],
+    window: Option<usize>,
+    scale: f32,
+) {
+    let before_tree = base.saturating_sub(start).min(row.len());
+    for (c, s) in row[..before_tree].iter_mut().enumerate() {
+        *s = if c >= seen_from { *s * scale } else { f32::NEG_INFINITY };
+    }
+    let depth = path.len() - 1;
+    let mut on_path = path.iter().enumerate().filter(|&(k, _)| window.is_none_or(|w| depth - k < w)).map(|(_, &s)| s);
+    let mut next = on_path.next();
+    for (c, s) in row.iter_mut().enumerate().skip(before_tree) {
+        if next == Some(start + c) {
+            *s *= scale;
+            next = on_path.next();
+        } else {
+            *s = f32::NEG_INFINITY;
         }
     }
 }

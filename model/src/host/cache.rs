@@ -117,6 +117,23 @@ impl HostCache {
         }
     }
 
+    /// Moves the keys and values of slots `base + path[k]` to `base + k`, for a tree's kept
+    /// path (ascending nodes, `path[k] ≥ k`: each slot is read before anything is written to it).
+    pub(crate) fn keep_path(&mut self, base: usize, path: &[usize]) {
+        let (hd, cap, layout) = (self.head_dim, self.capacity, self.key_layout());
+        for (keys, values) in self.keys.iter_mut().zip(&mut self.values) {
+            for (head_keys, head_values) in keys.chunks_exact_mut(cap * hd).zip(values.chunks_exact_mut(cap * hd)) {
+                for (k, &node) in path.iter().enumerate().filter(|&(k, &node)| node != k) {
+                    let (from, to) = (base + node, base + k);
+                    for d in 0..hd {
+                        head_keys[layout.at(to, d)] = head_keys[layout.at(from, d)];
+                    }
+                    head_values.copy_within(from * hd..(from + 1) * hd, to * hd);
+                }
+            }
+        }
+    }
+
     /// How layer keys are laid out in each head's region of [`Self::keys`].
     pub(crate) fn key_layout(&self) -> KeyLayout {
         KeyLayout { head_dim: self.head_dim, capacity: self.capacity }

@@ -6,11 +6,12 @@
 use specd_host_kernels::{Kernels, LinearScratch};
 
 use crate::config::Activation;
-use crate::host::attention::{AttentionShape, QueryRow, attend};
+use crate::host::attention::{AttentionShape, Queries, QueryRow, TreeQuery, attend};
 use crate::host::cache::HostCache;
 use crate::host::elementwise::{gated, soft_cap};
 use crate::host::weights::HostWeights;
 use crate::rope::Frequencies;
+use crate::token_tree::TokenTree;
 
 /// Activations below which the MLP's gate runs on the calling thread.
 const PARALLEL_MIN_ACTIVATIONS: usize = 64 * 1024;
@@ -43,13 +44,16 @@ pub(crate) struct Net {
 }
 
 /// One session's part of a pass: `tokens` appended to `cache` at positions `past..`, and
-/// the logits of the last `rows` of them returned.
+/// the logits of the last `rows` of them returned. With a `tree`, `tokens` are its nodes,
+/// written to the slots `past..` but each at the position its depth gives it, seeing its
+/// own path only.
 #[derive(Debug)]
 pub(crate) struct Run<'a> {
     pub(crate) cache: &'a mut HostCache,
     pub(crate) past: usize,
     pub(crate) tokens: &'a [u32],
     pub(crate) rows: usize,
+    pub(crate) tree: Option<&'a TokenTree>,
 }
 
 /// cos and sin of each query row's position, `head_dim` each.
@@ -73,6 +77,7 @@ pub(crate) struct Scratch {
     global: RotaryTables,
     local: RotaryTables,
     rows: Vec<QueryRow>,
+    tree_paths: Vec<usize>,
     linear: LinearScratch,
 }
 
@@ -93,8 +98,20 @@ impl Net {
         let (qd, kvd) = (a.heads * hd, a.kv_heads * hd);
         let n: usize = runs.iter().map(|r| r.tokens.len()).sum();
         s.rows.clear();
+        s.tree_paths.clear();
         for (cache, r) in runs.iter().enumerate() {
-            s.rows.extend((0..r.tokens.len()).map(|t| QueryRow { cache, position: r.past + t }));
+            let Some(tree) = r.tree else {
+                let at = |t| QueryRow { cache, position: r.past + t, slot: r.past + t, tree: None };
+                s.rows.extend((0..r.tokens.len()).map(at));
+                continue;
+            };
+            for node in 0..tree.len() {
+                let path = tree.path_to(node);
+                let query = TreeQuery { base: r.past, start: s.tree_paths.len(), len: path.len() };
+                s.tree_paths.extend(path.iter().map(|&n| r.past + n));
+                let (position, slot) = (r.past + tree.depth(node), r.past + node);
+                s.rows.push(QueryRow { cache, position, slot, tree: Some(query) });
+            }
         }
         let x = sized(&mut s.x, n * h);
         for (dst, &t) in x.chunks_exact_mut(h).zip(runs.iter().flat_map(|r| r.tokens)) {
@@ -127,11 +144,12 @@ impl Net {
                 for head in q.chunks_exact_mut(hd).chain(keys.chunks_exact_mut(hd)) {
                     rotate(head, cos, sin);
                 }
-                runs[at.cache].cache.write(l, at.position, keys, values);
+                runs[at.cache].cache.write(l, at.slot, keys, values);
             }
             let caches: Vec<&HostCache> = runs.iter().map(|r| &*r.cache).collect();
             let attn = sized(&mut s.attn, n * qd);
-            attend(k, a, &s.qkv, &caches, &s.rows, l, self.windows[l], attn);
+            let queries = Queries { rows: &s.rows, tree_paths: &s.tree_paths };
+            attend(k, a, &s.qkv, &caches, queries, l, self.windows[l], attn);
             let projected = sized(&mut s.projected, n * h);
             k.linear(attn, n, &layer.o, layer.o_bias.as_deref(), projected, &mut s.linear);
             if let Some(norm) = &layer.post_attn_norm {

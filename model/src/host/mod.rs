@@ -31,6 +31,7 @@ use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, Sessi
 use crate::options::LoadOptions;
 use crate::rope::Frequencies;
 use crate::sessions::{SessionTable, resolve_capacity};
+use crate::token_tree::TokenTree;
 use attention::AttentionShape;
 use cache::HostCache;
 use forward::{Dims, Net, Run, Scratch};
@@ -237,6 +238,7 @@ impl LanguageModel for HostLlama {
                     cache: &mut s.state,
                     tokens: item.tokens,
                     rows: rows_returned(item.rows, item.tokens.len()),
+                    tree: None,
                 })
             })
             .collect();
@@ -256,6 +258,37 @@ impl LanguageModel for HostLlama {
             ));
         }
         results.into_iter().map(|r| r.unwrap_or_else(|| Err(ModelError::InvalidInput("no pass".into())))).collect()
+    }
+
+    /// One pass over the whole tree: its nodes take the slots after the session's tokens,
+    /// each rotated to the position of its depth and seeing its own path only.
+    fn forward_tree(&mut self, session: SessionId, tree: &TokenTree) -> Result<Logits> {
+        check_tokens(tree.tokens(), self.cfg.vocab_size)?;
+        self.make_room(session, tree.len())?;
+        let Self { sessions, net, kernels, scratch, .. } = self;
+        let s = sessions.get_mut(session)?;
+        let mut runs =
+            [Run { past: s.len, cache: &mut s.state, tokens: tree.tokens(), rows: tree.len(), tree: Some(tree) }];
+        let logits = kernels.pass(|| net.pass(kernels, &mut runs, scratch));
+        s.len += tree.len();
+        let rows =
+            logits.into_iter().next().ok_or_else(|| ModelError::InvalidInput("a tree pass without logits".into()))?;
+        Logits::new(net.dims.vocab, rows)
+    }
+
+    fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
+        tree.check_path(path)?;
+        let s = self.sessions.get_mut(session)?;
+        if s.len != base + tree.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "session {session} holds {} tokens, not the {base} before a tree of {} nodes and the tree: \
+                 keep_tree_path follows forward_tree",
+                s.len,
+                tree.len()
+            )));
+        }
+        s.state.keep_path(base, path);
+        self.sessions.truncate(session, base + path.len())
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) -> Result<()> {
