@@ -1,6 +1,6 @@
 //! What a coordinator's sessions learn from each other: per key (sampling settings and load
-//! level), the latest costs, the population's α, and the choices of the load governor and of
-//! `model+ngram` copies.
+//! level), the latest costs, the population's α, the choices of the load governor and of
+//! `model+ngram` copies, and `--tree auto`'s measurements.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,6 +11,7 @@ use crate::policy::copies::CopyChoice;
 use crate::policy::governor::{LoadMode, LoadPeriods};
 use crate::policy::key::PolicyKey;
 use crate::policy::state::{ALPHA_PRIOR_WEIGHT, AdaptiveGamma, MS};
+use crate::policy::trees::TreeTrial;
 
 /// What finished rounds taught, shared by a coordinator's sessions: per key (the session
 /// picks it: sampling settings, on which acceptance depends, and the load, on which the
@@ -38,6 +39,8 @@ struct Memory {
     loaded: HashMap<PolicyKey, LoadPeriods>,
     /// Per key, where the last `model+ngram` session left its choice of copies.
     copies: HashMap<PolicyKey, CopyChoice>,
+    /// Per key, where the last `--tree auto` session left its measurements.
+    trees: HashMap<PolicyKey, TreeTrial>,
 }
 
 /// One key's latest cost estimates, the acceptance of all its sessions, and how many
@@ -149,6 +152,21 @@ impl PolicyMemory {
         let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         make_room(&mut memory.copies, key);
         memory.copies.insert(key, choice.clone());
+    }
+
+    /// Where the last `--tree auto` session with these settings left its measurements of
+    /// trees and chains (`policy/trees.rs`), for a new session to go on from: one session's
+    /// rounds are too few to tell kinds a few percent apart. Fresh for settings not seen yet.
+    pub fn tree_trial(&self, key: PolicyKey) -> TreeTrial {
+        let memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        memory.trees.get(&key).cloned().unwrap_or_default()
+    }
+
+    /// Keeps a session's measurements of trees and chains for the sessions that start after it.
+    pub fn remember_tree_trial(&self, key: PolicyKey, trial: &TreeTrial) {
+        let mut memory = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        make_room(&mut memory.trees, key);
+        memory.trees.insert(key, trial.clone());
     }
 
     /// What the sessions of a load level above one do now.
@@ -536,6 +554,25 @@ mod tests {
         // The memory keeps its own maximum per session.
         let mut capped = memory.start(greedy(), 0, 1);
         assert!(run(&mut capped, 20, 0.9, 1.0, 50.0, 0.0).iter().all(|g| *g == 0));
+    }
+
+    #[test]
+    fn a_session_starts_from_where_the_last_one_with_its_settings_left_its_tree_trial() {
+        let key = |temperature: f64| PolicyKey::of(&SamplingParams { temperature, ..SamplingParams::default() }, 1);
+        let memory = PolicyMemory::default();
+        let mut first = memory.tree_trial(key(0.8));
+        let rounds = crate::policy::trees::tests::measure(&mut first, 3, 14.0, 40);
+        assert_eq!(rounds, 40);
+        memory.remember_tree_trial(key(0.8), &first);
+        // The next session with these settings drafts chains from its first round (trees
+        // lost), where a fresh one alternates the two kinds first…
+        let mut next = memory.tree_trial(key(0.8));
+        assert!(!next.wants_tree());
+        crate::policy::trees::tests::measure(&mut next, 3, 14.0, 1);
+        assert!(!next.wants_tree());
+        // …and other settings learn for themselves.
+        let fresh = memory.tree_trial(key(0.0));
+        assert_eq!(fresh.drafted(), 0);
     }
 
     #[test]

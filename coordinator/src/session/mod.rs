@@ -224,7 +224,7 @@ impl SessionActor {
             .filter(|_| spec.detokenize)
             .map(|model| TextStream::new(Arc::clone(model.tokenizer()), &spec.prompt, spec.stop_strings.clone()));
         let output = Output::new(&spec.prompt, text, spec.constraint.as_ref().map(|c| c.state.clone()));
-        let trees = (spec.tree == TreeSetting::Auto).then(TreeTrial::default);
+        let trees = (spec.tree == TreeSetting::Auto).then(|| self.policy_memory.tree_trial(settings));
         let mut stats = Stats::new(spec.verification);
         stats.target_cached_tokens = target.cached_tokens;
         Ok(Generation { settings, adaptive, trees, target, draft, output, stats, round: 0 })
@@ -333,6 +333,7 @@ impl SessionActor {
         // A round that prefilled either node is no measure of what a tree or a chain costs.
         if let Some(trees) = generation.trees.as_mut().filter(|_| !refilled && !first_draft_pass) {
             trees.observe(report);
+            self.policy_memory.remember_tree_trial(generation.settings, trees);
         }
         // A tree round's costs are a tree's (more target positions, more draft passes): γ's
         // policy learns α from it but not what a chain of γ costs.
