@@ -21,8 +21,9 @@
 //! - [`prefix_cache_law`]: the law of a conversation's second turn with the prefix caches on,
 //!   and a store that keeps a rejected candidate's row caught.
 //!
-//! `service.rs`, `discovery.rs` and `metrics.rs` stay binaries of their own: they assert
-//! deadlines, which a law check running beside them could make them miss.
+//! `service.rs`, `discovery.rs` and `metrics.rs` are modules of another binary,
+//! `deadlines.rs`: they assert deadlines, which a law check running beside them could make
+//! them miss.
 //!
 //! Every test here runs its cluster on a current-thread runtime: the nodes' models have
 //! threads of their own, and a second runtime worker only added wake-ups between threads.

@@ -17,8 +17,7 @@ use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use tonic::{Request, Response, Status};
 
-mod common;
-use common::{Running, start};
+use crate::common::{Running, start};
 
 /// Every span received, with the service name of the process that sent it.
 #[derive(Default, Clone)]
@@ -68,6 +67,7 @@ fn int_attribute(span: &Span, key: &str) -> Option<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_generation_is_one_trace_across_three_processes() {
+    let _host = crate::alone().await;
     let receiver = Receiver::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let otlp = format!("http://{}", listener.local_addr().unwrap());

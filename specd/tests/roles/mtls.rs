@@ -14,8 +14,7 @@ use specd_proto::v1::target_service_client::TargetServiceClient;
 use specd_proto::v1::{FinishReason, GenerateRequest, InfoRequest, StoppingCriteria, TokenIds};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-mod common;
-use common::start;
+use crate::common::start;
 
 struct Ca(CertifiedIssuer<'static, KeyPair>);
 
@@ -65,6 +64,7 @@ async fn info(url: &str, ca: &Path, identity: Option<(&Path, &Path)>) -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_mutual_tls_let_in_only_certificates_of_their_ca() {
+    let _host = crate::alone().await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/mtls");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -124,6 +124,7 @@ async fn nodes_with_mutual_tls_let_in_only_certificates_of_their_ca() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_serves_its_grpc_api_over_tls_with_a_client_ca() {
+    let _host = crate::alone().await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/mtls-up");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

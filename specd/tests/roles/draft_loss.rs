@@ -11,13 +11,13 @@ use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 
-mod common;
-use common::start;
+use crate::common::start;
 
 const TOKENS: u32 = 600;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_draft_mid_generation_falls_back_and_recovers() {
+    let _host = crate::alone().await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/draft-loss");
     std::fs::create_dir_all(&dir).unwrap();
     let (target_model, draft_model) = (dir.join("target.json"), dir.join("draft.json"));

@@ -12,8 +12,7 @@ use specd_proto::v1::{GenerateRequest, InfoRequest, Speculation, StoppingCriteri
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-mod common;
-use common::start;
+use crate::common::start;
 
 fn request(tokens: u32, token: Option<&str>, timeout: Option<Duration>) -> Request<GenerateRequest> {
     let mut request = Request::new(GenerateRequest {
@@ -38,6 +37,7 @@ async fn target_sessions(url: &str) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_limit_and_deadline() {
+    let _host = crate::alone().await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/admission");
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("model.json");

@@ -13,13 +13,13 @@ use specd_proto::v1::{
     FinishReason, GenerateRequest, InfoRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds,
 };
 
-mod common;
-use common::start;
+use crate::common::start;
 
 const TOKENS: u32 = 300;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_the_generation_in_flight_finish_then_exits() {
+    let _host = crate::alone().await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/shutdown");
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("model.json");

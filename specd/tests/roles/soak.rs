@@ -12,8 +12,7 @@ use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, StoppingCriteria, TokenIds};
 
-mod common;
-use common::start;
+use crate::common::start;
 
 const STREAMS: usize = 32;
 
@@ -36,6 +35,7 @@ async fn scrape(address: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_streams_without_errors_or_leaks() {
+    let _host = crate::alone().await;
     let seconds: u64 = std::env::var("SPECD_SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     // SPECD_SOAK_MODELS=DIR soaks a real pair (DIR/target, DIR/draft: `specd models demo`);
     // by default two table models keep the CI version fast.

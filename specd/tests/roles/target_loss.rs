@@ -12,8 +12,7 @@ use specd_proto::v1::generation_client::GenerationClient;
 use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use tonic::Code;
 
-mod common;
-use common::{Running, start};
+use crate::common::{Running, start};
 
 const TOKENS: u32 = 300;
 
@@ -43,6 +42,7 @@ fn node(role: &str, model: &Path) -> (Running, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_target_moves_to_another_replica_or_ends_unavailable() {
+    let _host = crate::alone().await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/target-loss");
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("model.json");
