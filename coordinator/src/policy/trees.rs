@@ -75,7 +75,7 @@ impl Throughput {
     /// of 1/32 amounts to).
     fn relative_variance_of_mean(&self) -> f64 {
         let (Some(mean), Some(square)) = (self.tokens.get(), self.tokens_squared.get()) else { return f64::INFINITY };
-        let rounds = (self.rounds() as f64).min((2.0 - WEIGHT) / WEIGHT).max(1.0);
+        let rounds = (self.rounds() as f64).clamp(1.0, (2.0 - WEIGHT) / WEIGHT);
         (square - mean * mean).max(0.0) / (mean * mean).max(f64::MIN_POSITIVE) / rounds
     }
 }
