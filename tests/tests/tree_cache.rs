@@ -78,8 +78,9 @@ fn assert_close(a: &[f64], b: &[f64], tolerance: f64, what: &str) {
     assert!(worst < tolerance, "{what}: max |Δ| = {worst:e}");
 }
 
-/// Libtorch scores a tree in one pass with a tree mask and keeps rows by index; the host
-/// engine scores it path by path and re-feeds the kept path. Both must hold the same.
+/// Both engines score a tree in one pass with a tree mask and move the kept path's rows in
+/// place (libtorch's mask a tensor, the host engine's each query row's own path): both must
+/// hold what a fresh session computes.
 #[tokio::test(flavor = "current_thread")]
 async fn after_a_tree_round_both_nodes_compute_what_a_fresh_session_computes() {
     for (engine, dtype, tolerance) in [(Engine::Libtorch, DType::F64, 1e-9), (Engine::Host, DType::F32, 1e-5)] {
