@@ -17,6 +17,9 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
+mod common;
+use common::median;
+
 const HEADS: i64 = 32;
 const KV_HEADS: i64 = 8;
 const HEAD_DIM: i64 = 64;
@@ -140,11 +143,6 @@ fn padded_call_only(batch: &[Session]) -> impl FnMut() {
             let _ = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, None, true);
         }
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

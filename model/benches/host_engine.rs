@@ -11,10 +11,13 @@
 //! of five runs), for `scripts/llama_cpp_bench.sh`'s figures to compare with.
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use specd_model::{BoxedModel, DType, Engine, LanguageModel, LoadOptions, SessionId, load_model};
+
+mod common;
+use common::{BenchEnv, median};
 
 const CONTEXT: usize = 256;
 
@@ -58,25 +61,12 @@ fn llama_bench_shapes(m: &mut BoxedModel) -> (f64, f64) {
     (decode, prefill)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let dir = std::env::var_os("SPECD_BENCH_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo/draft"));
+    let BenchEnv { dir, samples, threads, dtype } = BenchEnv::read("draft", 300);
     if !dir.join("config.json").is_file() {
         eprintln!("host_engine: no checkpoint at {} (make demo builds models/demo); nothing measured", dir.display());
         return;
     }
-    let samples: usize = std::env::var("SPECD_BENCH_SAMPLES").ok().and_then(|n| n.parse().ok()).unwrap_or(300);
-    let threads = std::env::var("SPECD_BENCH_THREADS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let dtype: DType = std::env::var("SPECD_BENCH_DTYPE").ok().and_then(|d| d.parse().ok()).unwrap_or(DType::Auto);
     let (mut host, hs) = open(&dir, Engine::Host, threads, dtype);
     let (mut torch, ts) = open(&dir, Engine::Libtorch, threads, dtype);
     println!(

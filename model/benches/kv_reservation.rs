@@ -16,6 +16,9 @@ use std::time::Instant;
 
 use specd_model::{DType, DeviceSpec, KvBudget, LanguageModel, LlamaConfig, LlamaModel, LlamaShape, LoadOptions};
 
+mod common;
+use common::median;
+
 const PROMPT: usize = 19;
 const MAX_NEW: usize = 64;
 const GAMMA_MAX: usize = 8;
@@ -79,11 +82,6 @@ fn decode(m: &mut LlamaModel, reserve: usize, tokens: usize) -> f64 {
     let elapsed = started.elapsed().as_secs_f64();
     m.release(s).expect("release");
     elapsed
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn strategies(dtype: DType) {

@@ -38,6 +38,9 @@ use specd_model::{
     LlamaModel, LlamaShape, LoadOptions, SessionId,
 };
 
+mod common;
+use common::median;
+
 /// Llama-3.2-1B's sizes (its config.json), with random weights.
 const LLAMA_3_2_1B: LlamaShape = LlamaShape {
     vocab_size: 128_256,
@@ -83,11 +86,6 @@ where
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// A prompt of `n` ids spread over the vocabulary.

@@ -9,10 +9,12 @@
 //! `--dtype auto`, 100 passes of each kind: `SPECD_BENCH_SAMPLES`).
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use specd_model::{BoxedModel, DType, Engine, LanguageModel, LoadOptions, SessionId, TokenTree, load_model};
+use specd_model::{BoxedModel, Engine, LanguageModel, LoadOptions, SessionId, TokenTree, load_model};
+
+mod common;
+use common::{BenchEnv, median};
 
 const CONTEXT: usize = 256;
 
@@ -35,21 +37,8 @@ fn tree_of(widths: &[usize], vocab: u32) -> TokenTree {
     TokenTree::new(tokens, parents).expect("a tree")
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let dir = std::env::var_os("SPECD_BENCH_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo/target"));
-    let samples: usize = std::env::var("SPECD_BENCH_SAMPLES").ok().and_then(|n| n.parse().ok()).unwrap_or(100);
-    let threads = std::env::var("SPECD_BENCH_THREADS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let dtype: DType = std::env::var("SPECD_BENCH_DTYPE").ok().and_then(|d| d.parse().ok()).unwrap_or(DType::Auto);
+    let BenchEnv { dir, samples, threads, dtype } = BenchEnv::read("target", 100);
     for engine in [Engine::Host, Engine::Libtorch] {
         let opts = LoadOptions { dtype, threads: Some(threads), engine, ..LoadOptions::default() };
         let mut m: BoxedModel = load_model(&dir, &opts).expect("checkpoint");

@@ -438,6 +438,27 @@ pub(crate) fn check_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks what [`LanguageModel::keep_tree_path`] is given: `path` one of `tree`'s, and
+/// `session`, which holds `held` tokens, the `base` before the tree and the tree's nodes (a
+/// [`LanguageModel::forward_tree`] came before).
+pub(crate) fn check_tree_keep(
+    session: SessionId,
+    held: usize,
+    base: usize,
+    tree: &TokenTree,
+    path: &[usize],
+) -> Result<()> {
+    tree.check_path(path)?;
+    if held != base + tree.len() {
+        return Err(ModelError::InvalidInput(format!(
+            "session {session} holds {held} tokens, not the {base} before a tree of {} nodes and the tree: \
+             keep_tree_path follows forward_tree",
+            tree.len()
+        )));
+    }
+    Ok(())
+}
+
 impl<T: LanguageModel + ?Sized> LanguageModel for Box<T> {
     fn info(&self) -> &ModelInfo {
         (**self).info()

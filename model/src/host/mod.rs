@@ -27,7 +27,9 @@ use crate::checkpoint_text::CheckpointText;
 use crate::config::{Activation, LlamaConfig};
 use crate::device::DType;
 use crate::error::{ModelError, Result};
-use crate::language_model::{ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens, rows_returned};
+use crate::language_model::{
+    ForwardItem, LanguageModel, Logits, ModelInfo, SessionId, check_tokens, check_tree_keep, rows_returned,
+};
 use crate::options::LoadOptions;
 use crate::rope::Frequencies;
 use crate::sessions::{SessionTable, resolve_capacity};
@@ -277,16 +279,8 @@ impl LanguageModel for HostLlama {
     }
 
     fn keep_tree_path(&mut self, session: SessionId, base: usize, tree: &TokenTree, path: &[usize]) -> Result<()> {
-        tree.check_path(path)?;
         let s = self.sessions.get_mut(session)?;
-        if s.len != base + tree.len() {
-            return Err(ModelError::InvalidInput(format!(
-                "session {session} holds {} tokens, not the {base} before a tree of {} nodes and the tree: \
-                 keep_tree_path follows forward_tree",
-                s.len,
-                tree.len()
-            )));
-        }
+        check_tree_keep(session, s.len, base, tree, path)?;
         s.state.keep_path(base, path);
         self.sessions.truncate(session, base + path.len())
     }
