@@ -106,9 +106,15 @@ impl Net {
                 continue;
             };
             for node in 0..tree.len() {
-                let path = tree.path_to(node);
-                let query = TreeQuery { base: r.past, start: s.tree_paths.len(), len: path.len() };
-                s.tree_paths.extend(path.iter().map(|&n| r.past + n));
+                // The path's slots from the node up, then turned root first: no list a node.
+                let start = s.tree_paths.len();
+                let mut at = Some(node);
+                while let Some(n) = at {
+                    s.tree_paths.push(r.past + n);
+                    at = tree.parent(n);
+                }
+                s.tree_paths[start..].reverse();
+                let query = TreeQuery { base: r.past, start, len: s.tree_paths.len() - start };
                 let (position, slot) = (r.past + tree.depth(node), r.past + node);
                 s.rows.push(QueryRow { cache, position, slot, tree: Some(query) });
             }
