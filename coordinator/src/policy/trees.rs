@@ -142,14 +142,12 @@ pub(crate) mod tests {
     }
 
     /// Runs `rounds` rounds of `trial` in a world where a chain round commits 3 tokens in
-    /// 10 ms and a tree round `tree_tokens` in `tree_ms`; returns how many rounds it drafted.
-    pub(crate) fn measure(trial: &mut TreeTrial, tree_tokens: usize, tree_ms: f64, rounds: usize) -> u64 {
-        let before = trial.drafted();
+    /// 10 ms and a tree round `tree_tokens` in `tree_ms`.
+    pub(crate) fn measure(trial: &mut TreeTrial, tree_tokens: usize, tree_ms: f64, rounds: usize) {
         for _ in 0..rounds {
             let tree = trial.wants_tree();
             measure_one(trial, tree, tree_tokens, tree_ms);
         }
-        trial.drafted() - before
     }
 
     /// [`measure`] from a fresh trial; returns the share of tree rounds after the first
