@@ -177,7 +177,8 @@ impl Node {
             config.batch,
             config.pin_threads,
             config.prefix_cache,
-        )?;
+        )?
+        .filling_missing_rows(role == "draft" && config.prefix_cache.enabled);
         let info = model.handle().info();
         tracing::info!(engine = info.engine, dtype = %info.dtype, configured = %config.engine, "{} model loaded", info.name);
         let (_, budget) = model.handle().call_blocking(|m| Ok(m.memory_in_use()))?;

@@ -68,17 +68,29 @@ pub enum NodeSessionError {
 pub struct NodeModel<S> {
     model: ModelHandle,
     sessions: Arc<SessionRegistry<S>>,
+    /// What an ended session's cache is filed with ([`Retiring`]).
+    retiring: Retiring,
+}
+
+/// How [`retire`] files an ended session's rows in the prefix cache.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Retiring {
+    /// Run the committed tokens the session's cache lacks through the model first, so that
+    /// the whole committed sequence is filed: the tokens committed after its last pass (a
+    /// draft's, by target-only rounds and the last corrected token), or all of them for a
+    /// session opened only to file a conversation it never served
+    /// (`coordinator::session::draft_filing`). A draft's store then holds every turn, which the
+    /// next turn of the conversation would otherwise prefill on its critical path. A target's
+    /// cache lacks only the last token, and a pass for it would cost a busy node a pass per
+    /// request: targets do not.
+    pub fills_missing_rows: bool,
     /// A test's broken store ([`NodeFaults::prefix_cache_keeps_rejected_rows`]).
-    keeps_rejected_rows: bool,
+    pub keeps_rejected_rows: bool,
 }
 
 impl<S> Clone for NodeModel<S> {
     fn clone(&self) -> Self {
-        Self {
-            model: self.model.clone(),
-            sessions: Arc::clone(&self.sessions),
-            keeps_rejected_rows: self.keeps_rejected_rows,
-        }
+        Self { model: self.model.clone(), sessions: Arc::clone(&self.sessions), retiring: self.retiring }
     }
 }
 
@@ -126,7 +138,15 @@ impl<S: NodeSessionState> NodeModel<S> {
             };
             Ok(stand_in.wrap(model))
         })?;
-        Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)), keeps_rejected_rows })
+        let retiring = Retiring { fills_missing_rows: false, keeps_rejected_rows };
+        Ok(Self { model, sessions: Arc::new(SessionRegistry::new(max_sessions)), retiring })
+    }
+
+    /// Ended sessions' caches are completed before they are filed ([`Retiring`]); only where
+    /// the model has a prefix cache does it matter.
+    pub fn filling_missing_rows(mut self, fills: bool) -> Self {
+        self.retiring.fills_missing_rows = fills;
+        self
     }
 
     pub fn handle(&self) -> &ModelHandle {
@@ -226,10 +246,10 @@ impl<S: NodeSessionState> NodeModel<S> {
         let Some(session) = self.sessions.remove(id) else {
             return Ok(false);
         };
-        let (model, keeps_rejected_rows) = (self.model.clone(), self.keeps_rejected_rows);
+        let (model, retiring) = (self.model.clone(), self.retiring);
         tokio::spawn(async move {
             let state = session.lock().await.clone();
-            model.call_on_thread(move |m| retire(m, state, last, keeps_rejected_rows)).await
+            model.call_on_thread(move |m| retire(m, state, last, retiring)).await
         })
         .await
         .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("release task failed: {e}"))))??;
@@ -265,26 +285,34 @@ impl<S: NodeSessionState> NodeModel<S> {
 /// Ends `state`'s model session: its cache trimmed to the rows of committed tokens (as the
 /// next round would trim it, `last` being that round's rollback point and pending tokens),
 /// which the model's prefix cache keeps. A history that cannot follow `last` (it has not seen
-/// that far), or no `last`, keeps nothing. `keeps_rejected_rows` is a test's broken store:
-/// the cache is not trimmed, and its rows past the rollback point are filed under the
-/// committed tokens' ids.
+/// that far), or no `last`, keeps nothing. With `retiring.fills_missing_rows`, the committed
+/// tokens the cache lacks are run through the model first, and a pass that fails keeps
+/// nothing. `retiring.keeps_rejected_rows` is a test's broken store: the cache is not
+/// trimmed, and its rows past the rollback point are filed under the committed tokens' ids.
 fn retire<S: NodeSessionState>(
     model: &mut dyn LanguageModel,
     mut state: S,
     last: Option<(usize, Vec<u32>)>,
-    keeps_rejected_rows: bool,
+    retiring: Retiring,
 ) -> Result<(), ModelError> {
     let session = state.model_session();
     let Some((valid, pending)) = last else { return model.release(session) };
     let history = state.history_mut();
     let rows = history.cached();
     let Ok(catch_up) = history.catch_up(valid, &pending) else { return model.release(session) };
-    if keeps_rejected_rows {
+    if retiring.keeps_rejected_rows {
         let tokens = history.tokens()[..rows.min(history.tokens().len())].to_vec();
         return model.retire(session, state.cache_salt(), &tokens);
     }
     if catch_up.apply_to_cache(model, session).is_err() {
         return model.release(session);
+    }
+    if retiring.fills_missing_rows && !catch_up.feed.is_empty() {
+        // One row of logits is asked for, and dropped: only the cache's rows are wanted.
+        if model.forward_last(session, &catch_up.feed, 1).is_err() {
+            return model.release(session);
+        }
+        history.mark_cached();
     }
     let committed = history.tokens()[..history.cached()].to_vec();
     model.retire(session, state.cache_salt(), &committed)
@@ -319,8 +347,8 @@ mod tests {
 
     /// A table model under a prefix cache, with a session that scored a block of three
     /// candidates after a 40-token prompt, of which the first was accepted and the second
-    /// replaced by 1, ended by `retire` (`keeps_rejected_rows`: the broken store).
-    fn ended_after_a_rejection(keeps_rejected_rows: bool) -> (PrefixCache<TableModel>, Vec<u32>) {
+    /// replaced by 1, ended by `retire` as `retiring` says.
+    fn ended_after_a_rejection(retiring: Retiring) -> (PrefixCache<TableModel>, Vec<u32>) {
         let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8]});
         let mut model = PrefixCache::new(TableModel::from_json("t", table, None).unwrap(), 16);
         let prompt: Vec<u32> = (0..40).map(|i| i % 7).collect();
@@ -332,7 +360,7 @@ mod tests {
         model.forward(opened.session, &[5, 6, 7]).unwrap();
         history.push_forwarded(&[5, 6, 7]);
         let state = State { session: opened.session, history };
-        retire(&mut model, state, Some((prompt.len() + 1, vec![1])), keeps_rejected_rows).unwrap();
+        retire(&mut model, state, Some((prompt.len() + 1, vec![1])), retiring).unwrap();
         (model, prompt)
     }
 
@@ -341,7 +369,7 @@ mod tests {
     /// token's, which no pass has fed.
     #[test]
     fn an_ended_session_leaves_the_rows_of_its_committed_tokens_only() {
-        let (mut model, prompt) = ended_after_a_rejection(false);
+        let (mut model, prompt) = ended_after_a_rejection(Retiring::default());
         let stats = model.prefix_cache_stats().unwrap();
         assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 1), "{stats:?}");
 
@@ -352,17 +380,50 @@ mod tests {
         assert_eq!(opened.reused, prompt.len() + 1);
         // Without the final rollback point nothing is kept.
         let state = State { session: opened.session, history: SessionHistory::new(next).unwrap() };
-        retire(&mut model, state, None, false).unwrap();
+        retire(&mut model, state, None, Retiring::default()).unwrap();
         assert_eq!(model.prefix_cache_stats().unwrap().entries, 0);
 
         // The broken store files the rejected 6's row under the corrected 1: one token more,
         // which the next turn would reuse.
-        let (mut broken, _) = ended_after_a_rejection(true);
+        let broken_store = Retiring { keeps_rejected_rows: true, ..Retiring::default() };
+        let (mut broken, _) = ended_after_a_rejection(broken_store);
         let stats = broken.prefix_cache_stats().unwrap();
         assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 2), "{stats:?}");
         let mut next = prompt.clone();
         next.extend([5, 1, 2, 3]);
         let opened = broken.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
         assert_eq!(opened.reused, prompt.len() + 2);
+    }
+
+    /// A draft's store (`fills_missing_rows`) runs the corrected token through the model
+    /// after the rollback has dropped the rejected 6's row, and files it: the next turn
+    /// reuses the prompt, the accepted 5 and the corrected 1.
+    #[test]
+    fn a_filling_store_files_every_committed_token_and_no_rejected_one() {
+        let filling = Retiring { fills_missing_rows: true, ..Retiring::default() };
+        let (mut model, prompt) = ended_after_a_rejection(filling);
+        let stats = model.prefix_cache_stats().unwrap();
+        assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 2), "{stats:?}");
+        let mut next = prompt.clone();
+        next.extend([5, 1, 2, 3]);
+        let opened = model.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
+        assert_eq!(opened.reused, prompt.len() + 2);
+    }
+
+    /// A session opened only to file a conversation (no pass ran): filling files all of it,
+    /// and without filling nothing is kept.
+    #[test]
+    fn a_session_that_never_ran_is_filed_whole_only_by_a_filling_store() {
+        for (fills, kept) in [(true, 48), (false, 0)] {
+            let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8]});
+            let mut model = PrefixCache::new(TableModel::from_json("t", table, None).unwrap(), 16);
+            let conversation: Vec<u32> = (0..48).map(|i| i % 5).collect();
+            let request = PrefixRequest { tokens: &conversation, salt: "", capacity: Some(64) };
+            let opened = model.open_with_prefix(&request).unwrap();
+            let state = State { session: opened.session, history: SessionHistory::new(conversation.clone()).unwrap() };
+            let retiring = Retiring { fills_missing_rows: fills, ..Retiring::default() };
+            retire(&mut model, state, Some((conversation.len(), Vec::new())), retiring).unwrap();
+            assert_eq!(model.prefix_cache_stats().unwrap().tokens, kept, "fills_missing_rows {fills}");
+        }
     }
 }

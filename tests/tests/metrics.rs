@@ -1,10 +1,12 @@
 //! `GET /metrics` after a generation: the counters agree with the response's own stats, and
-//! the nodes' gauges return to zero.
+//! the nodes' gauges return to zero; the draft's prefix-cache gauges show a turn decoded
+//! target-only filed there.
 
 use std::time::{Duration, Instant};
 
 use specd_coordinator::GammaChoice;
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
+use specd_model::PrefixCacheOptions;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::{FinishReason, GenerateRequest, SamplingParams, Speculation, StoppingCriteria, TokenIds};
 use specd_telemetry::Metrics;
@@ -140,5 +142,72 @@ async fn metrics_agree_with_the_generation_stats() {
         assert!(finished.elapsed() < Duration::from_secs(2), "sessions still open {open:?}:\n{text}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    cluster.shutdown().await;
+}
+
+/// A turn that the adaptive policy decodes target-only opens no draft session, and is filed
+/// on the draft after its reply all the same: the conversation's next drafted turn finds the
+/// whole conversation in the draft's prefix cache, not only the turns the draft served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_decoded_target_only_is_filed_on_the_draft_for_the_next() {
+    let dir = scratch_dir("draft-filing");
+    let target = Table { vocab_size: 4, default: vec![0.7, 0.1, 0.1, 0.1], rules: vec![] };
+    let draft = Table { vocab_size: 4, default: vec![0.1, 0.1, 0.1, 0.7], rules: vec![] };
+    let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let options = ClusterOptions {
+        gamma: GammaChoice::Adaptive { max: 4 },
+        // A draft that agrees on 40 % and takes 20 ms a step, against a target pass of
+        // microseconds: once the first session has measured that, the policy decodes the
+        // sessions after it target-only (but for an explorer now and then).
+        forward_delays: (Duration::ZERO, Duration::from_millis(20)),
+        prefix_cache: PrefixCacheOptions { enabled: true, min_tokens: 8 },
+        metrics: Some(Metrics::new()),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&t, &d, &options).await.unwrap();
+    let url = cluster.metrics_url.clone().expect("metrics served");
+    let mut client = cluster.client().await.unwrap();
+    let turn = |conversation: &[u32], gamma: Option<u32>| GenerateRequest {
+        prompt: Some(Prompt::TokenIds(TokenIds { ids: conversation.to_vec() })),
+        sampling: Some(SamplingParams { temperature: Some(1.0), seed: Some(7), ..Default::default() }),
+        stopping: Some(StoppingCriteria { max_new_tokens: Some(6), ignore_eos: true, ..Default::default() }),
+        speculation: Some(Speculation { gamma, dense: false }),
+        ..Default::default()
+    };
+    let draft_bytes = || async { value(&get(&url).await, "specd_prefix_cache_bytes{role=\"draft\"}") };
+
+    let mut conversation: Vec<u32> = (0..20).map(|i| i % 4).collect();
+    let mut decoded_target_only = false;
+    for _ in 0..6 {
+        conversation.extend([1, 2, 3]);
+        // The turn before released its sessions before its reply came: this is what the
+        // draft's cache held after it.
+        let before = draft_bytes().await;
+        let reply = client.generate(turn(&conversation, None)).await.unwrap().into_inner();
+        conversation.extend(&reply.token_ids);
+        let stats = reply.stats.unwrap();
+        if stats.draft_forward_passes == 0 && stats.draft_cached_tokens == 0 {
+            decoded_target_only = true;
+            // Filed in the background: the draft's cache grows once the filing pass is over
+            // (a cache that went on without filing never would, and this times out).
+            let filed = Instant::now();
+            while draft_bytes().await <= before {
+                assert!(filed.elapsed() < Duration::from_secs(5), "the turn was never filed on the draft");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            break;
+        }
+    }
+    assert!(decoded_target_only, "the policy drafted every turn with a slow draft that disagrees");
+
+    // The next turn drafts (a fixed γ): its draft session starts from the whole conversation,
+    // the target-only turn's reply included.
+    let filed = conversation.len();
+    conversation.extend([2, 1]);
+    let reply = client.generate(turn(&conversation, Some(2))).await.unwrap().into_inner();
+    let stats = reply.stats.unwrap();
+    assert!(stats.draft_forward_passes > 0, "{stats:?}");
+    assert_eq!(stats.draft_cached_tokens as usize, filed, "{stats:?}");
+    assert_eq!(stats.target_cached_tokens as usize, filed - 1, "the target lacks its last token's row: {stats:?}");
     cluster.shutdown().await;
 }

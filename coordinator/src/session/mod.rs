@@ -10,6 +10,7 @@
 
 pub mod choose;
 pub mod commit;
+pub mod draft_filing;
 pub mod draft_link;
 pub mod draft_tree;
 pub mod failover;
@@ -50,11 +51,12 @@ use crate::policy::{AdaptiveGamma, PolicyMemory, SteadyCosts};
 use crate::request::{GammaChoice, GenerationSpec, TreeSetting};
 use crate::session::choose::{RoundPlan, round_gamma, wanted_gamma};
 use crate::session::commit::{Output, StopConditions};
+use crate::session::draft_filing::DraftFiling;
 use crate::session::draft_link::DraftLink;
 use crate::session::failover::{Recovery, after_round_error};
 use crate::session::finish::record_finished;
 use crate::session::open::{OpenRequests, draft_open_grace};
-use crate::session::release::PendingReleases;
+use crate::session::release::{DraftOwed, PendingReleases};
 use crate::session::round::{DraftStep, RoundInput, RoundReport, run_round};
 use crate::session::stats::Stats;
 use crate::session::stream::{last_message, round_message};
@@ -114,6 +116,8 @@ struct Generation<'a> {
     target: TargetSession<'a>,
     /// `None`: the generation does not draft.
     draft: Option<DraftLink>,
+    /// A generation that does not draft, with a draft to file its turn on.
+    filing: Option<DraftFiling>,
     output: Output,
     stats: Stats,
     /// The next round's index.
@@ -211,7 +215,14 @@ impl SessionActor {
         let will_draft = adaptive.as_ref().map_or(spec.gamma.max(), |policy| policy.max()) > 0;
         let requests = OpenRequests::of(spec, &self.session_id, self.vocab_size);
         let copies = self.policy_memory.copy_choice(settings);
-        let mut draft = self.draft.as_ref().filter(|_| will_draft).map(|d| DraftLink::start(d, requests.draft, copies));
+        // A generation the policy decodes target-only files its turn on the draft when it
+        // ends, for the turns after it that draft (crate::session::draft_filing); one that
+        // asked for γ = 0 asked for no draft at all.
+        let (mut draft, filing) = match &self.draft {
+            Some(choice) if will_draft => (Some(DraftLink::start(choice, requests.draft, copies)), None),
+            Some(choice) if adaptive.is_some() => (None, Some(DraftFiling::new(choice.client.clone(), requests.draft))),
+            Some(_) | None => (None, None),
+        };
         let target =
             TargetSession::open(&self.target, &self.spare_targets, &self.target_route, requests.target).await?;
         if let Some(link) = draft.as_mut() {
@@ -227,7 +238,7 @@ impl SessionActor {
         let trees = (spec.tree == TreeSetting::Auto).then(|| self.policy_memory.tree_trial(settings));
         let mut stats = Stats::new(spec.verification);
         stats.target_cached_tokens = target.cached_tokens;
-        Ok(Generation { settings, adaptive, trees, target, draft, output, stats, round: 0 })
+        Ok(Generation { settings, adaptive, trees, target, draft, filing, output, stats, round: 0 })
     }
 
     /// Plans the next round: its γ, the load level's mode, and whether the draft can take
@@ -385,6 +396,11 @@ impl SessionActor {
             last_message(&self.spec.request_id, finish, self.spec.prompt.len(), generated, generation.stats.to_wire());
         metrics::finished(self.metrics.as_ref(), Some(finish));
         let _ = self.out.send(Ok(last)).await;
-        PendingReleases::new(generation.target.into_release(), generation.draft)
+        let draft = match (generation.draft, generation.filing) {
+            (Some(link), _) => DraftOwed::Sessions(link),
+            (None, Some(filing)) => DraftOwed::Filing(filing, generation.output.committed().to_vec()),
+            (None, None) => DraftOwed::Nothing,
+        };
+        PendingReleases::new(generation.target.into_release(), draft)
     }
 }

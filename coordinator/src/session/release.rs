@@ -4,6 +4,7 @@
 use tracing::Instrument;
 
 use crate::nodes::TargetClient;
+use crate::session::draft_filing::DraftFiling;
 use crate::session::draft_link::DraftLink;
 use crate::session::round_report::Cursor;
 
@@ -83,18 +84,35 @@ impl Drop for ReleaseGuard {
 #[derive(Debug)]
 pub struct PendingReleases {
     target: ReleaseGuard,
-    draft: Option<DraftLink>,
+    draft: DraftOwed,
+}
+
+/// What a finished generation owes its draft.
+#[derive(Debug)]
+pub enum DraftOwed {
+    /// The draft sessions it opened, released with the last one's cursor.
+    Sessions(DraftLink),
+    /// It ran without the draft: its committed sequence (prompt and output), to be filed
+    /// there for the conversation's next turn. Filed in the background: nothing of the
+    /// generation is left on the draft to wait for, and a unary reply must not wait for the
+    /// draft's pass over the turn.
+    Filing(DraftFiling, Vec<u32>),
+    Nothing,
 }
 
 impl PendingReleases {
-    pub fn new(target: ReleaseGuard, draft: Option<DraftLink>) -> Self {
+    pub fn new(target: ReleaseGuard, draft: DraftOwed) -> Self {
         Self { target, draft }
     }
 
     pub async fn release(self) {
         let draft = async {
-            if let Some(link) = self.draft {
-                link.close().await;
+            match self.draft {
+                DraftOwed::Sessions(link) => link.close().await,
+                DraftOwed::Filing(filing, committed) => {
+                    tokio::spawn(filing.file(committed).instrument(tracing::Span::current()));
+                }
+                DraftOwed::Nothing => {}
             }
         };
         tokio::join!(self.target.release_now(), draft);
