@@ -206,7 +206,28 @@ fn report(args: &BenchArgs, endpoint: &str, system: &SystemPrompt, modes: &[Mode
             field("target-only, cache reused", "total_s"),
             field("speculative, cache reused", "total_s"),
         ),
+        "conversations_as_target_only_without_reuse": same_conversations(modes, REFERENCE_MODE),
     })
+}
+
+/// The mode the others' transcripts are compared with: the target alone, every prompt
+/// prefilled whole.
+const REFERENCE_MODE: &str = "target-only, no reuse";
+
+/// For each mode, how many of its conversations read exactly as `reference`'s. Greedy
+/// (T = 0), all of them in every mode: the cache changes no output, and neither does
+/// speculation. Seeded at T > 0, the target-only modes still agree with each other (their
+/// draws are keyed alike), up to a draw within rounding of an edge.
+fn same_conversations(modes: &[Mode], reference: &str) -> serde_json::Value {
+    let Some(reference) = modes.iter().find(|m| m.name == reference) else { return serde_json::Value::Null };
+    let counts: serde_json::Map<String, serde_json::Value> = modes
+        .iter()
+        .map(|m| {
+            let same = m.transcripts.iter().zip(&reference.transcripts).filter(|(a, b)| a == b).count();
+            (m.name.to_owned(), json!(same))
+        })
+        .collect();
+    serde_json::Value::Object(counts)
 }
 
 /// The report as a table, for a terminal.
@@ -259,5 +280,39 @@ pub(super) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         out,
         "speculative against target-only, both with the cache: {:.2}×",
         report["speculative_speedup_with_cache"].as_f64().unwrap_or(f64::NAN)
-    )
+    )?;
+    if let Some(same) = report["conversations_as_target_only_without_reuse"].as_object() {
+        let counts: Vec<String> = same.iter().map(|(mode, n)| format!("{mode} {n}")).collect();
+        writeln!(
+            out,
+            "conversations that read as target-only without reuse (of {}): {}",
+            report["conversations"],
+            counts.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(name: &'static str, transcripts: &[&str]) -> Mode {
+        let transcripts = transcripts.iter().map(|t| (*t).to_owned()).collect();
+        Mode { name, gamma: None, salt: None, transcripts, turns: Vec::new() }
+    }
+
+    #[test]
+    fn each_mode_s_conversations_are_compared_with_the_reference_s_one_by_one() {
+        let modes = [
+            mode("speculative, cache reused", &["a b", "c d", "e f"]),
+            mode(REFERENCE_MODE, &["a b", "c x", "e f"]),
+            mode("target-only, cache reused", &["a b", "c x", "f e"]),
+        ];
+        let same = same_conversations(&modes, REFERENCE_MODE);
+        assert_eq!(same["speculative, cache reused"], 2);
+        assert_eq!(same[REFERENCE_MODE], 3);
+        assert_eq!(same["target-only, cache reused"], 2);
+        assert!(same_conversations(&modes, "no such mode").is_null());
+    }
 }
