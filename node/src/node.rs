@@ -119,6 +119,10 @@ impl NodeSessionState for SessionState {
         self.model_session
     }
 
+    fn history(&self) -> &SessionHistory {
+        &self.history
+    }
+
     fn history_mut(&mut self) -> &mut SessionHistory {
         &mut self.history
     }

@@ -44,6 +44,7 @@ impl StandIn {
 /// A role's per-session state.
 pub trait NodeSessionState: Clone + Send + 'static {
     fn model_session(&self) -> SessionId;
+    fn history(&self) -> &SessionHistory;
     fn history_mut(&mut self) -> &mut SessionHistory;
     /// What the prefix cache files the session's KV under.
     fn cache_salt(&self) -> &str;
@@ -301,8 +302,8 @@ fn retire<S: NodeSessionState>(
     let rows = history.cached();
     let Ok(catch_up) = history.catch_up(valid, &pending) else { return model.release(session) };
     if retiring.keeps_rejected_rows {
-        let tokens = history.tokens()[..rows.min(history.tokens().len())].to_vec();
-        return model.retire(session, state.cache_salt(), &tokens);
+        let filed = rows.min(history.tokens().len());
+        return model.retire(session, state.cache_salt(), &state.history().tokens()[..filed]);
     }
     if catch_up.apply_to_cache(model, session).is_err() {
         return model.release(session);
@@ -314,8 +315,8 @@ fn retire<S: NodeSessionState>(
         }
         history.mark_cached();
     }
-    let committed = history.tokens()[..history.cached()].to_vec();
-    model.retire(session, state.cache_salt(), &committed)
+    let committed = history.cached();
+    model.retire(session, state.cache_salt(), &state.history().tokens()[..committed])
 }
 
 #[cfg(test)]
@@ -333,6 +334,9 @@ mod tests {
     impl NodeSessionState for State {
         fn model_session(&self) -> SessionId {
             self.session
+        }
+        fn history(&self) -> &SessionHistory {
+            &self.history
         }
         fn history_mut(&mut self) -> &mut SessionHistory {
             &mut self.history
