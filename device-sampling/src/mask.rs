@@ -11,8 +11,9 @@ use crate::error::Result;
 
 /// `logits` (`[n, V]`) with row `r` masked by `masks[r]`; a row whose mask is `None` is left
 /// as it is (a row no rule reads: see `specd_node::FollowedConstraint`). A mask that allows
-/// nothing is the host's error.
-pub fn masked_rows(logits: &Tensor, masks: &[Option<TokenMask>]) -> Result<Tensor> {
+/// nothing is the host's error. The masks are borrowed: a draft masks every step's row with
+/// its session's mask, 16 KB at a vocabulary of 128 256.
+pub fn masked_rows(logits: &Tensor, masks: &[Option<&TokenMask>]) -> Result<Tensor> {
     let (rows, vocab) = rows_and_vocab(logits)?;
     if masks.len() != rows {
         return Err(SamplingError::ShapeMismatch(format!("{} masks for {rows} rows of logits", masks.len())).into());
@@ -55,16 +56,17 @@ mod tests {
     fn the_device_masks_as_the_host_does() {
         let vocab = 70;
         let host: Vec<f32> = (0..2 * vocab).map(|i| (i as f32 * 0.37).sin()).collect();
-        let masks = [Some(TokenMask::allow_only(66, &[0, 3, 31, 32, 33, 63, 64, 65]).unwrap()), None];
+        let mask = TokenMask::allow_only(66, &[0, 3, 31, 32, 33, 63, 64, 65]).unwrap();
+        let masks = [Some(&mask), None];
         let logits = Tensor::from_slice(&host).view([2, vocab as i64]);
         let masked = masked_rows(&logits, &masks).unwrap();
         let device: Vec<f32> = Vec::try_from(masked.flatten(0, 1)).unwrap();
         let mut expected = host;
-        masks[0].as_ref().unwrap().apply_to_logits(&mut expected[..vocab]).unwrap();
+        mask.apply_to_logits(&mut expected[..vocab]).unwrap();
         assert_eq!(device, expected);
         assert!(device[66..vocab].iter().all(|l| *l == f32::NEG_INFINITY));
-        let empty = [Some(TokenMask::allow_only(vocab, &[]).unwrap()), None];
-        assert!(masked_rows(&logits, &empty).is_err());
+        let nothing = TokenMask::allow_only(vocab, &[]).unwrap();
+        assert!(masked_rows(&logits, &[Some(&nothing), None]).is_err());
         assert!(masked_rows(&logits, &masks[..1]).is_err());
     }
 }

@@ -293,7 +293,7 @@ pub(crate) fn last_row(next: &NextRow, state: &SessionState) -> Result<tch::Tens
     let row = row.f_narrow(0, logits.rows() as i64 - 1, 1).and_then(|row| row.f_narrow(1, 0, vocab as i64));
     let row = row.map_err(ModelError::from)?;
     Ok(match &next.mask {
-        Some(mask) => masked_rows(&row, &[Some(mask.clone())])?,
+        Some(mask) => masked_rows(&row, &[Some(mask)])?,
         None => row,
     })
 }
@@ -325,9 +325,7 @@ pub(crate) fn effective_q(
     };
     let masked;
     if let Some(mask) = mask {
-        let mut copy = row.to_vec();
-        mask.apply_to_logits(&mut copy)?;
-        masked = copy;
+        masked = mask.masked(row)?;
         row = &masked;
     }
     let history = &state.history;

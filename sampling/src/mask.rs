@@ -96,6 +96,14 @@ impl TokenMask {
         }
         Ok(())
     }
+
+    /// A copy of `logits` with [`Self::apply_to_logits`] applied: for a row the caller only
+    /// borrows (a node's host logits).
+    pub fn masked(&self, logits: &[f32]) -> Result<Vec<f32>> {
+        let mut row = logits.to_vec();
+        self.apply_to_logits(&mut row)?;
+        Ok(row)
+    }
 }
 
 #[cfg(test)]
@@ -124,8 +132,10 @@ mod tests {
     fn the_masked_law_is_p_restricted_and_renormalised() {
         let logits = [2.0f32, 1.0, 0.5, -1.0, 3.0, 0.0];
         let mask = TokenMask::allow_only(6, &[1, 2, 3]).unwrap();
-        let mut masked = logits;
-        mask.apply_to_logits(&mut masked).unwrap();
+        let masked = mask.masked(&logits).unwrap();
+        let mut in_place = logits;
+        mask.apply_to_logits(&mut in_place).unwrap();
+        assert_eq!(masked, in_place);
         let params = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
         let p = effective_distribution(&logits, &params, TokenHistory::default()).unwrap();
         let pm = effective_distribution(&masked, &params, TokenHistory::default()).unwrap();

@@ -109,7 +109,7 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     {
         let rows = logits.tensor()?.f_narrow(0, first_row as i64, gamma as i64 + 1).map_err(ModelError::from)?;
         let rows = match &masks {
-            Some(masks) => masked_rows(&rows, masks)?,
+            Some(masks) => masked_rows(&rows, &masks.iter().map(Option::as_ref).collect::<Vec<_>>())?,
             None => rows,
         };
         let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
@@ -167,15 +167,7 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
 fn masked_copies(rows: &[&[f32]], masks: &[Option<TokenMask>]) -> Result<Vec<Option<Vec<f32>>>, NodeError> {
     rows.iter()
         .zip(masks)
-        .map(|(row, mask)| {
-            mask.as_ref()
-                .map(|mask| {
-                    let mut row = row.to_vec();
-                    mask.apply_to_logits(&mut row)?;
-                    Ok::<_, NodeError>(row)
-                })
-                .transpose()
-        })
+        .map(|(row, mask)| mask.as_ref().map(|mask| mask.masked(row).map_err(NodeError::from)).transpose())
         .collect()
 }
 
