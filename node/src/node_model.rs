@@ -351,9 +351,13 @@ mod tests {
 
     /// A table model under a prefix cache, with a session that scored a block of three
     /// candidates after a 40-token prompt, of which the first was accepted and the second
-    /// replaced by 1, ended by `retire` as `retiring` says.
+    /// replaced by 1, ended by `retire` as `retiring` says. The table scores a 2 after the
+    /// rejected 6 apart from a 2 after anything else, so the next turn can tell which row
+    /// was filed.
     fn ended_after_a_rejection(retiring: Retiring) -> (PrefixCache<TableModel>, Vec<u32>) {
-        let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8]});
+        let after_6_2 = [0.65, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05];
+        let rules = serde_json::json!([{"suffix": [6, 2], "probs": after_6_2}]);
+        let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8], "rules": rules});
         let mut model = PrefixCache::new(TableModel::from_json("t", table, None).unwrap(), 16);
         let prompt: Vec<u32> = (0..40).map(|i| i % 7).collect();
         let opened = model.open_with_prefix(&PrefixRequest { tokens: &prompt, salt: "", capacity: Some(64) }).unwrap();
@@ -368,50 +372,54 @@ mod tests {
         (model, prompt)
     }
 
+    /// What the next turn (the prompt, the accepted 5, the corrected 1, then 2, 3) finds
+    /// after [`ended_after_a_rejection`]: the tokens filed, the tokens it reuses, and whether
+    /// the 2 it scores reads the corrected 1 before it (a row filed from the rejected 6 reads
+    /// as a 6).
+    fn next_turn(model: &mut PrefixCache<TableModel>, prompt: &[u32]) -> (usize, usize, bool) {
+        let stats = model.prefix_cache_stats().unwrap();
+        assert_eq!(stats.entries, 1, "{stats:?}");
+        let mut next = prompt.to_vec();
+        next.extend([5, 1, 2, 3]);
+        let opened = model.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
+        let logits = model.forward(opened.session, &next[opened.reused..]).unwrap();
+        let two = next.len() - 2 - opened.reused;
+        let reads_the_1 = logits.row(two).unwrap().windows(2).all(|w| w[0] == w[1]);
+        model.release(opened.session).unwrap();
+        (stats.tokens, opened.reused, reads_the_1)
+    }
+
     /// The cache keeps the prompt and the accepted candidate, and neither the rejected
     /// candidate's row (which the corrected token would be filed over) nor the corrected
-    /// token's, which no pass has fed.
+    /// token's, which no pass has fed. The broken store files the rejected 6's row under the
+    /// corrected 1: one token more, which the next turn reuses and reads as a 6.
     #[test]
     fn an_ended_session_leaves_the_rows_of_its_committed_tokens_only() {
         let (mut model, prompt) = ended_after_a_rejection(Retiring::default());
-        let stats = model.prefix_cache_stats().unwrap();
-        assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 1), "{stats:?}");
+        assert_eq!(next_turn(&mut model, &prompt), (prompt.len() + 1, prompt.len() + 1, true));
 
-        // The next turn: the prompt, the accepted 5, the corrected 1, then more.
+        // Without the final rollback point nothing is kept.
+        let (mut model, prompt) = ended_after_a_rejection(Retiring::default());
         let mut next = prompt.clone();
         next.extend([5, 1, 2, 3]);
         let opened = model.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
-        assert_eq!(opened.reused, prompt.len() + 1);
-        // Without the final rollback point nothing is kept.
         let state = State { session: opened.session, history: SessionHistory::new(next).unwrap() };
         retire(&mut model, state, None, Retiring::default()).unwrap();
         assert_eq!(model.prefix_cache_stats().unwrap().entries, 0);
 
-        // The broken store files the rejected 6's row under the corrected 1: one token more,
-        // which the next turn would reuse.
         let broken_store = Retiring { keeps_rejected_rows: true, ..Retiring::default() };
         let (mut broken, _) = ended_after_a_rejection(broken_store);
-        let stats = broken.prefix_cache_stats().unwrap();
-        assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 2), "{stats:?}");
-        let mut next = prompt.clone();
-        next.extend([5, 1, 2, 3]);
-        let opened = broken.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
-        assert_eq!(opened.reused, prompt.len() + 2);
+        assert_eq!(next_turn(&mut broken, &prompt), (prompt.len() + 2, prompt.len() + 2, false));
     }
 
     /// A draft's store (`fills_missing_rows`) runs the corrected token through the model
     /// after the rollback has dropped the rejected 6's row, and files it: the next turn
-    /// reuses the prompt, the accepted 5 and the corrected 1.
+    /// reuses the prompt, the accepted 5 and the corrected 1, read as a 1.
     #[test]
     fn a_filling_store_files_every_committed_token_and_no_rejected_one() {
         let filling = Retiring { fills_missing_rows: true, ..Retiring::default() };
         let (mut model, prompt) = ended_after_a_rejection(filling);
-        let stats = model.prefix_cache_stats().unwrap();
-        assert_eq!((stats.entries, stats.tokens), (1, prompt.len() + 2), "{stats:?}");
-        let mut next = prompt.clone();
-        next.extend([5, 1, 2, 3]);
-        let opened = model.open_with_prefix(&PrefixRequest { tokens: &next, salt: "", capacity: Some(64) }).unwrap();
-        assert_eq!(opened.reused, prompt.len() + 2);
+        assert_eq!(next_turn(&mut model, &prompt), (prompt.len() + 2, prompt.len() + 2, true));
     }
 
     /// A session opened only to file a conversation (no pass ran): filling files all of it,
