@@ -97,4 +97,4 @@ pub use slowed::Slowed;
 pub use table::TableModel;
 pub use token_tree::TokenTree;
 pub use tokenizer::TextTokenizer;
-pub use worker::{ModelHandle, ModelWorker};
+pub use worker::{ModelHandle, ModelWorker, QueuedJob};

@@ -100,9 +100,28 @@ impl ModelHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
     {
+        self.queue(wrap, f).await?.result().await
+    }
+
+    async fn queue<R, F>(&self, wrap: fn(Job) -> Message, f: F) -> Result<QueuedJob<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    {
         let (job, rx) = job(f);
         self.tx.send(wrap(job)).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| failed())?
+        Ok(QueuedJob(rx))
+    }
+
+    /// Queues `f` on the worker thread itself, like [`Self::call_on_thread`], and returns as
+    /// soon as it is queued. The thread takes its messages in order, so whatever is sent to
+    /// it afterwards runs after `f`: a caller can go on without waiting for `f` to finish.
+    pub async fn queue_on_thread<R, F>(&self, f: F) -> Result<QueuedJob<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
+    {
+        self.queue(Message::Job, f).await
     }
 
     /// Runs `f` against the model and awaits its result: on the worker thread, or, when the
@@ -230,5 +249,16 @@ impl ModelHandle {
     /// Blocking [`Self::encode`].
     pub fn encode_blocking(&self, text: String) -> Result<Vec<u32>> {
         self.call_blocking(move |m| m.encode(&text))
+    }
+}
+
+/// A job queued on the model thread ([`ModelHandle::queue_on_thread`]), its result to come.
+#[derive(Debug)]
+pub struct QueuedJob<R>(tokio::sync::oneshot::Receiver<Result<R>>);
+
+impl<R> QueuedJob<R> {
+    /// What the job returned, once it has run.
+    pub async fn result(self) -> Result<R> {
+        self.0.await.map_err(|_| failed())?
     }
 }

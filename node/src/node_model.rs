@@ -243,17 +243,33 @@ impl<S: NodeSessionState> NodeModel<S> {
     /// those go to the prefix cache (where the model has one), the rest are dropped. Without
     /// them nothing is kept. Runs as its own task, so that a caller that goes away cannot
     /// leave a session unregistered but still holding its cache.
+    ///
+    /// Returns once [`retire`] is queued on the model thread, not once it has run: the
+    /// thread runs its jobs in order, so the next session opened here (a conversation's next
+    /// turn) finds what it files, and no caller waits for a draft's fill pass
+    /// ([`Retiring::fills_missing_rows`]). A retire that fails is logged.
     pub async fn release(&self, id: &str, last: Option<(usize, Vec<u32>)>) -> Result<bool, NodeSessionError> {
         let Some(session) = self.sessions.remove(id) else {
             return Ok(false);
         };
-        let (model, retiring) = (self.model.clone(), self.retiring);
+        let (model, retiring, id) = (self.model.clone(), self.retiring, id.to_owned());
+        let (queued, is_queued) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let state = session.lock().await.clone();
-            model.call_on_thread(move |m| retire(m, state, last, retiring)).await
-        })
-        .await
-        .map_err(|e| NodeSessionError::Model(ModelError::WorkerGone(format!("release task failed: {e}"))))??;
+            let job = match model.queue_on_thread(move |m| retire(m, state, last, retiring)).await {
+                Ok(job) => job,
+                Err(err) => {
+                    let _ = queued.send(Err(err));
+                    return;
+                }
+            };
+            let _ = queued.send(Ok(()));
+            if let Err(err) = job.result().await {
+                tracing::warn!(session = %id, %err, "ending a released session failed");
+            }
+        });
+        let gone = || ModelError::WorkerGone("the release task ended before queuing its job".into());
+        is_queued.await.map_err(|_| gone())??;
         Ok(true)
     }
 
@@ -283,6 +299,12 @@ impl<S: NodeSessionState> NodeModel<S> {
     }
 }
 
+/// The most committed tokens a draft runs through its model when a session ends
+/// ([`Retiring::fills_missing_rows`]): a turn's user message and reply, not a long prompt
+/// no pass has seen. At the host engine's prefill of a 0.6 B-shaped model on 2 CPU cores
+/// (about 200 tokens/s, BENCHMARKS.md), 512 tokens hold the model thread for 2.5 s.
+const MAX_FILL_TOKENS: usize = 512;
+
 /// Ends `state`'s model session: its cache trimmed to the rows of committed tokens (as the
 /// next round would trim it, `last` being that round's rollback point and pending tokens),
 /// which the model's prefix cache keeps. A history that cannot follow `last` (it has not seen
@@ -308,7 +330,15 @@ fn retire<S: NodeSessionState>(
     if catch_up.apply_to_cache(model, session).is_err() {
         return model.release(session);
     }
-    if retiring.fills_missing_rows && !catch_up.feed.is_empty() {
+    // A fill longer than MAX_FILL_TOKENS would hold the model thread, and every live
+    // session's next pass, for a long prefill: such a session keeps what it has, and its
+    // conversation's next turn prefills the rest, as without filling. One at the context's
+    // end is not filed either way (its entry would need a row past the context).
+    let fills = retiring.fills_missing_rows
+        && !catch_up.feed.is_empty()
+        && catch_up.feed.len() <= MAX_FILL_TOKENS
+        && history.len() < model.info().context_length;
+    if fills {
         // One row of logits is asked for, and dropped: only the cache's rows are wanted.
         if model.forward_last(session, &catch_up.feed, 1).is_err() {
             return model.release(session);
@@ -423,19 +453,20 @@ mod tests {
     }
 
     /// A session opened only to file a conversation (no pass ran): filling files all of it,
-    /// and without filling nothing is kept.
+    /// without filling nothing is kept, and nor is it where the fill would pass
+    /// MAX_FILL_TOKENS.
     #[test]
     fn a_session_that_never_ran_is_filed_whole_only_by_a_filling_store() {
-        for (fills, kept) in [(true, 48), (false, 0)] {
+        for (fills, len, kept) in [(true, 48, 48), (false, 48, 0), (true, MAX_FILL_TOKENS + 1, 0)] {
             let table = serde_json::json!({"vocab_size": 8, "default": vec![0.125; 8]});
             let mut model = PrefixCache::new(TableModel::from_json("t", table, None).unwrap(), 16);
-            let conversation: Vec<u32> = (0..48).map(|i| i % 5).collect();
-            let request = PrefixRequest { tokens: &conversation, salt: "", capacity: Some(64) };
+            let conversation: Vec<u32> = (0..len).map(|i| (i % 5) as u32).collect();
+            let request = PrefixRequest { tokens: &conversation, salt: "", capacity: Some(len + 1) };
             let opened = model.open_with_prefix(&request).unwrap();
             let state = State { session: opened.session, history: SessionHistory::new(conversation.clone()).unwrap() };
             let retiring = Retiring { fills_missing_rows: fills, ..Retiring::default() };
             retire(&mut model, state, Some((conversation.len(), Vec::new())), retiring).unwrap();
-            assert_eq!(model.prefix_cache_stats().unwrap().tokens, kept, "fills_missing_rows {fills}");
+            assert_eq!(model.prefix_cache_stats().unwrap().tokens, kept, "fills_missing_rows {fills}, {len} tokens");
         }
     }
 }

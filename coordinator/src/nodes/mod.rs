@@ -274,8 +274,9 @@ pub struct Picked {
 
 /// The draft replica a new session would draft on. It counts there, and is recorded as
 /// holding the prompt, only once the session opens there ([`DraftChoice::engage`]): a
-/// generation whose adaptive policy starts it without drafting touches neither, so the
-/// draft replicas' loads and routes say where draft sessions are.
+/// generation whose adaptive policy starts it without drafting touches neither until it
+/// files its turn there at its end (`crate::session::draft_filing`), so the draft replicas'
+/// loads and routes say where draft sessions and filed turns are.
 #[derive(Debug, Clone)]
 pub struct DraftChoice {
     pub client: DraftClient,

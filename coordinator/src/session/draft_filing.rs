@@ -8,32 +8,41 @@
 use specd_proto::v1::OpenSessionRequest;
 use tracing::Instrument;
 
-use crate::nodes::DraftClient;
+use crate::nodes::DraftChoice;
 
 /// What filing a generation's committed sequence on its draft needs.
 #[derive(Debug)]
 pub struct DraftFiling {
-    client: DraftClient,
+    /// The replica the generation's prompt routed to.
+    choice: DraftChoice,
     /// The draft session the generation would have opened: its id, salt and prompt.
     template: OpenSessionRequest,
 }
 
 impl DraftFiling {
-    pub fn new(client: DraftClient, template: OpenSessionRequest) -> Self {
-        Self { client, template }
+    pub fn new(choice: &DraftChoice, template: OpenSessionRequest) -> Self {
+        Self { choice: choice.clone(), template }
     }
 
     /// Opens a session holding `committed` on the draft and releases it at once with the
-    /// whole sequence committed. A draft with a prefix cache runs the tokens its cache lacks
-    /// and files them (`specd_node::node_model::Retiring`); any other lets it go. A draft
-    /// that refuses or fails only costs the next turn its prefill, so that is only logged.
+    /// whole sequence committed: a draft with a prefix cache runs the tokens its cache lacks
+    /// and files them (`specd_node::node_model::Retiring`). The release returns once the
+    /// node has queued that, before the pass, and the next turn's open queues after it. An
+    /// open that failed is released all the same (the node may have opened it as the call
+    /// failed). A draft that refuses or fails only costs the next turn its prefill, so that
+    /// is only logged.
     pub async fn file(self, committed: Vec<u32>) {
+        // Counted on its replica while it files, and recorded there as holding the prompt, so
+        // that the conversation's next turn drafts where this one is filed.
+        let (client, _lease) = (&self.choice.client, self.choice.engage());
         let len = committed.len();
         let request = filing_request(&self.template, committed);
         let session_id = request.session_id.clone();
         let filed = async {
-            self.client.open_session(request).await?;
-            self.client.release(session_id.clone(), Some((len, &[]))).await
+            let opened = client.open_session(request).await;
+            let last = opened.is_ok().then_some((len, &[][..]));
+            let released = client.release(session_id.clone(), last).await;
+            opened.and(released)
         };
         if let Err(err) = filed.instrument(tracing::debug_span!("file_on_draft", tokens = len)).await {
             tracing::debug!(session = %session_id, %err, "filing the turn on the draft failed");

@@ -93,9 +93,8 @@ pub enum DraftOwed {
     /// The draft sessions it opened, released with the last one's cursor.
     Sessions(DraftLink),
     /// It ran without the draft: its committed sequence (prompt and output), to be filed
-    /// there for the conversation's next turn. Filed in the background: nothing of the
-    /// generation is left on the draft to wait for, and a unary reply must not wait for the
-    /// draft's pass over the turn.
+    /// there for the conversation's next turn. Like a release, two calls to the draft and
+    /// not its pass over the turn, which the node runs after answering.
     Filing(DraftFiling, Vec<u32>),
     Nothing,
 }
@@ -109,9 +108,7 @@ impl PendingReleases {
         let draft = async {
             match self.draft {
                 DraftOwed::Sessions(link) => link.close().await,
-                DraftOwed::Filing(filing, committed) => {
-                    tokio::spawn(filing.file(committed).instrument(tracing::Span::current()));
-                }
+                DraftOwed::Filing(filing, committed) => filing.file(committed).await,
                 DraftOwed::Nothing => {}
             }
         };
