@@ -720,7 +720,11 @@ def stage_roles(run):
         ], check=False)
         if code not in (0, 1):
             raise StageError(f"specd audit exited with {code}: {tail(err)}")
-        chat = prefix_cache_conversations(run, url)
+        # Its failure fails the stage's verdict, and keeps the greedy and audit results.
+        try:
+            chat = prefix_cache_conversations(run, url)
+        except (StageError, KeyError, TypeError, ValueError) as err:
+            chat = {"error": str(err), "pass": False}
     finally:
         run.stop(proc)
     agreement = greedy["greedy_agreement"]
