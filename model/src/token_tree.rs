@@ -70,29 +70,22 @@ impl TokenTree {
         self.depths[node]
     }
 
+    /// `node`, then its parent, and so on up to its root.
+    pub fn ancestors(&self, node: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(Some(node), |&n| self.parents[n])
+    }
+
     /// The nodes from a root down to `node`, both included.
     pub fn path_to(&self, node: usize) -> Vec<usize> {
-        let mut path = vec![node];
-        while let Some(parent) = self.parents[*path.last().unwrap_or(&node)] {
-            path.push(parent);
-        }
+        let mut path: Vec<usize> = self.ancestors(node).collect();
         path.reverse();
         path
     }
 
-    /// Whether `ancestor` is `node` or lies on its path from a root.
+    /// Whether `ancestor` is `node` or lies on its path from a root. A parent's index is
+    /// below its child's, so the walk stops once it has passed `ancestor`.
     pub fn is_ancestor_or_self(&self, ancestor: usize, node: usize) -> bool {
-        let mut at = Some(node);
-        while let Some(n) = at {
-            if n == ancestor {
-                return true;
-            }
-            if n < ancestor {
-                return false;
-            }
-            at = self.parents[n];
-        }
-        false
+        self.ancestors(node).take_while(|&n| n >= ancestor).any(|n| n == ancestor)
     }
 
     /// Checks that `path` starts at a root and that each node is the child of the one

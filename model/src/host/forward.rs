@@ -108,11 +108,7 @@ impl Net {
             for node in 0..tree.len() {
                 // The path's slots from the node up, then turned root first: no list a node.
                 let start = s.tree_paths.len();
-                let mut at = Some(node);
-                while let Some(n) = at {
-                    s.tree_paths.push(r.past + n);
-                    at = tree.parent(n);
-                }
+                s.tree_paths.extend(tree.ancestors(node).map(|n| r.past + n));
                 s.tree_paths[start..].reverse();
                 let query = TreeQuery { base: r.past, start, len: s.tree_paths.len() - start };
                 let (position, slot) = (r.past + tree.depth(node), r.past + node);
