@@ -3,6 +3,8 @@
 //! masks cross as their bit words (V / 32 numbers a row) and are expanded where the logits
 //! are, so a constrained block copies 1/32 of a row of flags per position, not a row.
 
+use std::borrow::Borrow;
+
 use specd_sampling::{SamplingError, TokenMask};
 use tch::{Kind, Tensor};
 
@@ -11,9 +13,9 @@ use crate::error::Result;
 
 /// `logits` (`[n, V]`) with row `r` masked by `masks[r]`; a row whose mask is `None` is left
 /// as it is (a row no rule reads: see `specd_node::FollowedConstraint`). A mask that allows
-/// nothing is the host's error. The masks are borrowed: a draft masks every step's row with
-/// its session's mask, 16 KB at a vocabulary of 128 256.
-pub fn masked_rows(logits: &Tensor, masks: &[Option<&TokenMask>]) -> Result<Tensor> {
+/// nothing is the host's error. Owned or borrowed masks: a draft masks every step's row with
+/// its session's mask (16 KB at a vocabulary of 128 256), which it need not copy.
+pub fn masked_rows<M: Borrow<TokenMask>>(logits: &Tensor, masks: &[Option<M>]) -> Result<Tensor> {
     let (rows, vocab) = rows_and_vocab(logits)?;
     if masks.len() != rows {
         return Err(SamplingError::ShapeMismatch(format!("{} masks for {rows} rows of logits", masks.len())).into());
@@ -24,7 +26,7 @@ pub fn masked_rows(logits: &Tensor, masks: &[Option<&TokenMask>]) -> Result<Tens
     let width = vocab.div_ceil(32);
     let mut words = Vec::with_capacity(rows * width);
     for mask in masks {
-        match mask {
+        match mask.as_ref().map(Borrow::borrow) {
             Some(mask) => {
                 if mask.count() == 0 {
                     return Err(SamplingError::EmptyDistribution.into());

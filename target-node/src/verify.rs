@@ -109,7 +109,7 @@ pub fn verify(model: &mut dyn LanguageModel, state: &mut SessionState, job: &Ver
     {
         let rows = logits.tensor()?.f_narrow(0, first_row as i64, gamma as i64 + 1).map_err(ModelError::from)?;
         let rows = match &masks {
-            Some(masks) => masked_rows(&rows, &masks.iter().map(Option::as_ref).collect::<Vec<_>>())?,
+            Some(masks) => masked_rows(&rows, masks)?,
             None => rows,
         };
         let supports: Vec<&[u32]> = supports.iter().map(Vec::as_slice).collect();
