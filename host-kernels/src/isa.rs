@@ -63,6 +63,25 @@ impl Isa {
     }
 }
 
+/// Asks the CPU to start bringing the cache line that holds `data[at]` into its caches, so
+/// that a later read of it does not wait on memory; nothing when `at` is out of `data`.
+/// A prefetch reads nothing the program sees and cannot fault.
+#[inline(always)]
+pub(crate) fn prefetch<T>(data: &[T], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(item) = data.get(at) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: `_mm_prefetch` is SSE, which every x86-64 CPU has (the build's baseline),
+        // and it only hints the caches: the address is a valid element of `data` anyway.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>((item as *const T).cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, at);
+}
+
 /// A kernel compiled three times (AVX-512, AVX2 with FMA, baseline) and called for the
 /// [`Isa`] it is given. Each arm is the same generic loop with its own constants.
 macro_rules! dispatched {

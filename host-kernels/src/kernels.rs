@@ -260,8 +260,8 @@ fn each_panel<W: loops::Weight, const FUSED: bool, const TILE: usize, const WIDT
     panels: &[W],
     sums: &mut [[f32; BLOCK]],
 ) {
-    for (panel, out) in panels.chunks_exact(BLOCK * k).zip(sums.chunks_exact_mut(rows)) {
-        loops::panel_rows::<W, FUSED, TILE, WIDTH>(x, k, panel, out);
+    for (p, out) in sums.chunks_exact_mut(rows).enumerate() {
+        loops::panel_rows::<W, FUSED, TILE, WIDTH>(x, k, &panels[p * BLOCK * k..], out);
     }
 }
 

@@ -7,7 +7,7 @@
 //! - [`isa`]: the instruction sets a kernel is compiled for (AVX-512, AVX2 with FMA, or the
 //!   build's baseline) and the one this CPU runs, read at run time. It is the only module
 //!   with `unsafe` besides `pool`: calling a function compiled for a feature after checking
-//!   the feature.
+//!   the feature, and the cache prefetch hint the loops give ahead of their weights.
 //! - [`packed`]: [`PackedMatrix`], a linear layer's weight cut into panels of [`BLOCK`]
 //!   outputs, stored as `f32` or as `bf16` (half the bytes; exact for a bf16 checkpoint).
 //! - `loops` (private): the loops themselves, written once and compiled per instruction set.

@@ -3,6 +3,7 @@
 //! [`crate::kernels`]. `FUSED` selects `mul_add`, which is one instruction where the set
 //! has FMA and a libm call where it does not.
 
+use crate::isa::prefetch;
 use crate::packed::BLOCK;
 
 #[inline(always)]
@@ -31,9 +32,9 @@ impl Weight for u16 {
 }
 
 /// `out[t][i] = Σ_k x[t][k] · panel[k][i]` for the rows `t` of `x` (each `k` long) and the
-/// [`BLOCK`] outputs `i` of one panel. Rows go in tiles of `TILE`, and the rest in one tile
-/// of its exact size (7, left by a tile of 8, goes as 4 and 3), so the panel is read (and
-/// widened) once per tile. A tile sums `WIDTH` outputs at a time, so that its sums stay in
+/// [`BLOCK`] outputs `i` of one panel, the first of `panels`. Rows go in tiles of `TILE`,
+/// and the rest in one tile of its exact size (7, left by a tile of 8, goes as 4 and 3), so
+/// the panel is read (and widened) once per tile. A tile sums `WIDTH` outputs at a time, so that its sums stay in
 /// registers meanwhile (a tile whose sums spill stores and reloads them at every
 /// multiply-add): AVX-512 holds a tile of 8 rows at the panel's full width in 16 of its 32
 /// registers, AVX2 a tile of 6 rows at half the width in 12 of its 16 (bf16 panels, and
@@ -42,13 +43,17 @@ impl Weight for u16 {
 pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const WIDTH: usize>(
     x: &[f32],
     k: usize,
-    panel: &[W],
+    panels: &[W],
     out: &mut [[f32; BLOCK]],
 ) {
     let rows = out.len();
     let mut t = 0;
+    if rows >= TILE {
+        tile::<W, FUSED, true, TILE, 1, WIDTH>(x, 0, k, panels, &mut out[..TILE]);
+        t = TILE;
+    }
     while rows - t >= TILE {
-        tile::<W, FUSED, TILE, 1, WIDTH>(x, t, k, panel, &mut out[t..t + TILE]);
+        tile::<W, FUSED, false, TILE, 1, WIDTH>(x, t, k, panels, &mut out[t..t + TILE]);
         t += TILE;
     }
     // Fewer rows than a tile are fewer independent sums: each multiply-add would wait for
@@ -61,37 +66,79 @@ pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const 
     let rest = &mut out[t..];
     match (rest.len(), halves) {
         (0, _) => {}
-        (1, false) => tile::<W, FUSED, 1, 4, BLOCK>(x, t, k, panel, rest),
-        (1, true) => tile::<W, FUSED, 1, 2, BLOCK>(x, t, k, panel, rest),
-        (2, false) => tile::<W, FUSED, 2, 2, BLOCK>(x, t, k, panel, rest),
-        (2, true) => tile::<W, FUSED, 2, 1, BLOCK>(x, t, k, panel, rest),
-        (3, false) => tile::<W, FUSED, 3, 2, BLOCK>(x, t, k, panel, rest),
-        (3, true) => tile::<W, FUSED, 3, 1, BLOCK>(x, t, k, panel, rest),
-        (4, _) => tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panel, rest),
-        (5, _) => tile::<W, FUSED, 5, 1, WIDTH>(x, t, k, panel, rest),
-        (6, _) => tile::<W, FUSED, 6, 1, WIDTH>(x, t, k, panel, rest),
+        (1, false) => rest_tile::<W, FUSED, 1, 4, BLOCK>(x, t, k, panels, rest),
+        (1, true) => rest_tile::<W, FUSED, 1, 2, BLOCK>(x, t, k, panels, rest),
+        (2, false) => rest_tile::<W, FUSED, 2, 2, BLOCK>(x, t, k, panels, rest),
+        (2, true) => rest_tile::<W, FUSED, 2, 1, BLOCK>(x, t, k, panels, rest),
+        (3, false) => rest_tile::<W, FUSED, 3, 2, BLOCK>(x, t, k, panels, rest),
+        (3, true) => rest_tile::<W, FUSED, 3, 1, BLOCK>(x, t, k, panels, rest),
+        (4, _) => rest_tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panels, rest),
+        (5, _) => rest_tile::<W, FUSED, 5, 1, WIDTH>(x, t, k, panels, rest),
+        (6, _) => rest_tile::<W, FUSED, 6, 1, WIDTH>(x, t, k, panels, rest),
         // Only a `TILE` of 8 leaves 7. (No call back into `panel_rows`: a recursive
         // function cannot be inlined into the kernel compiled for the CPU's features, and
         // out of line it would run with the baseline's, `mul_add` a libm call.)
         _ => {
-            tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panel, &mut rest[..4]);
-            tile::<W, FUSED, 3, 2, WIDTH>(x, t + 4, k, panel, &mut rest[4..]);
+            rest_tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panels, &mut rest[..4]);
+            tile::<W, FUSED, false, 3, 2, WIDTH>(x, t + 4, k, panels, &mut rest[4..]);
         }
     }
 }
 
-/// `N` rows of one panel, `WIDTH` of its outputs at a time, the inputs taken `S` at a time
-/// into `S` sets of sums.
+/// The tile after the whole ones: the panel's first (which prefetches) when there were none.
 #[inline(always)]
-fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDTH: usize>(
+fn rest_tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDTH: usize>(
     x: &[f32],
     first: usize,
     k: usize,
-    panel: &[W],
+    panels: &[W],
+    out: &mut [[f32; BLOCK]],
+) {
+    if first == 0 {
+        tile::<W, FUSED, true, N, S, WIDTH>(x, first, k, panels, out);
+    } else {
+        tile::<W, FUSED, false, N, S, WIDTH>(x, first, k, panels, out);
+    }
+}
+
+/// How many of a panel's rows ahead of the one being read the first sweep asks the CPU to
+/// fetch. A decode pass reads each weight once, so every panel comes from memory, and with
+/// the hardware prefetcher alone the sweeps wait on it; far enough ahead to cover that wait,
+/// near enough that the rows are still cached when the sweep reaches them (BENCHMARKS.md has
+/// the distances measured).
+const DISTANCE: usize = 16;
+
+/// Bytes in a cache line of every x86-64 CPU the kernels run on.
+const CACHE_LINE: usize = 64;
+
+/// Prefetches row `row` of `panels` (a panel's rows are [`BLOCK`] weights, one or two cache
+/// lines), counting on past the current panel into the next: the panels of a piece of work
+/// lie one after another, so the stream runs on across panel boundaries.
+#[inline(always)]
+fn fetch_row<W>(panels: &[W], row: usize) {
+    let per_line = CACHE_LINE / size_of::<W>();
+    let mut at = row * BLOCK;
+    while at < (row + 1) * BLOCK {
+        prefetch(panels, at);
+        at += per_line;
+    }
+}
+
+/// `N` rows of one panel (the first [`BLOCK`]` · k` weights of `panels`, followed by the
+/// next panels of the piece), `WIDTH` of its outputs at a time, the inputs taken `S` at a
+/// time into `S` sets of sums. With `FETCH` (the panel's first tile, which is the one that
+/// reads it from memory), its first sweep prefetches [`DISTANCE`] rows ahead; later tiles
+/// and sweeps find the panel in the cache.
+#[inline(always)]
+fn tile<W: Weight, const FUSED: bool, const FETCH: bool, const N: usize, const S: usize, const WIDTH: usize>(
+    x: &[f32],
+    first: usize,
+    k: usize,
+    panels: &[W],
     out: &mut [[f32; BLOCK]],
 ) {
     let xs: [&[f32]; N] = std::array::from_fn(|r| &x[(first + r) * k..][..k]);
-    let panel = &panel[..k * BLOCK];
+    let panel = &panels[..k * BLOCK];
     for part in 0..BLOCK / WIDTH {
         let at = part * WIDTH;
         let mut acc = [[[0f32; WIDTH]; N]; S];
@@ -99,6 +146,9 @@ fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDT
         let mut kk = 0;
         for group in &mut groups {
             for s in 0..S {
+                if FETCH && part == 0 {
+                    fetch_row(panels, kk + s + DISTANCE);
+                }
                 let wk = &group[s * BLOCK + at..][..WIDTH];
                 let mut w = [0f32; WIDTH];
                 for i in 0..WIDTH {
@@ -114,6 +164,9 @@ fn tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDT
             kk += S;
         }
         for wk in groups.remainder().chunks_exact(BLOCK) {
+            if FETCH && part == 0 {
+                fetch_row(panels, kk + DISTANCE);
+            }
             let wk = &wk[at..][..WIDTH];
             let mut w = [0f32; WIDTH];
             for i in 0..WIDTH {
