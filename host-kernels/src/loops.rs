@@ -34,11 +34,11 @@ impl Weight for u16 {
 /// `out[t][i] = Σ_k x[t][k] · panel[k][i]` for the rows `t` of `x` (each `k` long) and the
 /// [`BLOCK`] outputs `i` of one panel, the first of `panels`. Rows go in tiles of `TILE`,
 /// and the rest in one tile of its exact size (7, left by a tile of 8, goes as 4 and 3), so
-/// the panel is read (and widened) once per tile. A tile sums `WIDTH` outputs at a time, so that its sums stay in
-/// registers meanwhile (a tile whose sums spill stores and reloads them at every
-/// multiply-add): AVX-512 holds a tile of 8 rows at the panel's full width in 16 of its 32
-/// registers, AVX2 a tile of 6 rows at half the width in 12 of its 16 (bf16 panels, and
-/// f32's for a prompt's rows: [`crate::kernels`] says why).
+/// the panel is read (and widened) once per tile. A tile sums `WIDTH` outputs at a time, so
+/// that its sums stay in registers meanwhile (a tile whose sums spill stores and reloads them
+/// at every multiply-add): AVX-512 holds a tile of 8 rows at the panel's full width in 16 of
+/// its 32 registers, AVX2 a tile of 6 rows at half the width in 12 of its 16 (bf16 panels,
+/// and f32's for a prompt's rows: [`crate::kernels`] says why).
 #[inline(always)]
 pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const WIDTH: usize>(
     x: &[f32],
