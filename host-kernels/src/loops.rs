@@ -4,7 +4,7 @@
 //! has FMA and a libm call where it does not.
 
 use crate::isa::prefetch;
-use crate::packed::BLOCK;
+use crate::packed::{BLOCK, LINE};
 
 #[inline(always)]
 fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -108,15 +108,13 @@ fn rest_tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const
 /// the distances measured).
 const DISTANCE: usize = 16;
 
-/// Bytes in a cache line of every x86-64 CPU the kernels run on.
-const CACHE_LINE: usize = 64;
-
 /// Prefetches row `row` of `panels` (a panel's rows are [`BLOCK`] weights, one or two cache
-/// lines), counting on past the current panel into the next: the panels of a piece of work
-/// lie one after another, so the stream runs on across panel boundaries.
+/// lines), counting on past the current panel into the next one of the same piece of work,
+/// which follows it in memory; past the piece's slice no hint is given.
 #[inline(always)]
-fn fetch_row<W>(panels: &[W], row: usize) {
-    let per_line = CACHE_LINE / size_of::<W>();
+fn fetch_row<W: Weight>(panels: &[W], row: usize) {
+    const { assert!(size_of::<W>() > 0 && size_of::<W>() <= LINE, "a weight fits a cache line") };
+    let per_line = LINE / size_of::<W>();
     let mut at = row * BLOCK;
     while at < (row + 1) * BLOCK {
         prefetch(panels, at);
@@ -128,7 +126,7 @@ fn fetch_row<W>(panels: &[W], row: usize) {
 /// next panels of the piece), `WIDTH` of its outputs at a time, the inputs taken `S` at a
 /// time into `S` sets of sums. With `FETCH` (the panel's first tile, which is the one that
 /// reads it from memory), its first sweep prefetches [`DISTANCE`] rows ahead; later tiles
-/// and sweeps find the panel in the cache.
+/// and sweeps find the panel in L2 or L3 where it fits.
 #[inline(always)]
 fn tile<W: Weight, const FUSED: bool, const FETCH: bool, const N: usize, const S: usize, const WIDTH: usize>(
     x: &[f32],

@@ -25,7 +25,7 @@ impl WeightFormat {
 
 /// A cache line: panels start on one, so that no 64-byte load of a panel straddles two
 /// lines (each such load would cost two).
-const LINE: usize = 64;
+pub(crate) const LINE: usize = 64;
 
 /// `len` values starting on a cache line, inside a vector allocated a line longer. The
 /// vector is never resized, so its buffer, and the alignment, stay put.
