@@ -25,7 +25,7 @@ pub mod server;
 pub use error::TelemetryError;
 pub use logs::{TelemetryGuard, TelemetryOptions, init};
 pub use metrics::{
-    CoordinatorMetrics, FinishReason, Metrics, NodeGauges, PrefixCacheSample, PrefixCacheSeries, RequestMetrics,
-    RoundSample,
+    CoordinatorMetrics, DraftFilings, FinishReason, Metrics, NodeGauges, PrefixCacheSample, PrefixCacheSeries,
+    RequestMetrics, RoundSample,
 };
 pub use server::serve_metrics;

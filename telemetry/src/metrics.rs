@@ -36,6 +36,11 @@ struct ProposerLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilingLabel {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FinishLabel {
     finish_reason: &'static str,
 }
@@ -332,6 +337,7 @@ pub struct CoordinatorMetrics {
     empty_proposals: Counter,
     emitted_tokens: Counter,
     requests: Family<FinishLabel, Counter>,
+    draft_filings: Family<FilingLabel, Counter>,
     round_draft: Histogram,
     round_verify: Histogram,
     round_network: Histogram,
@@ -361,6 +367,7 @@ impl CoordinatorMetrics {
             empty_proposals: Counter::default(),
             emitted_tokens: Counter::default(),
             requests: Family::default(),
+            draft_filings: Family::default(),
             round_draft: phase(),
             round_verify: phase(),
             round_network: phase(),
@@ -413,6 +420,11 @@ impl CoordinatorMetrics {
             this.emitted_tokens.clone(),
         );
         registry.register("specd_requests", "Generations ended, by finish reason", this.requests.clone());
+        registry.register(
+            "specd_draft_filings",
+            "Generations decoded without the draft, then filed in its prefix cache, by outcome (filed, failed)",
+            this.draft_filings.clone(),
+        );
         registry.register("specd_round_draft_seconds", "Draft phase of a round", this.round_draft.clone());
         registry.register("specd_round_verify_seconds", "Target verify pass of a round", this.round_verify.clone());
         registry.register(
@@ -433,6 +445,9 @@ impl CoordinatorMetrics {
         );
         for reason in FinishReason::ALL {
             let _ = this.requests.get_or_create(&FinishLabel { finish_reason: reason.as_str() });
+        }
+        for outcome in [DraftFilings::FILED, DraftFilings::FAILED] {
+            let _ = this.draft_filings.get_or_create(&FilingLabel { outcome });
         }
         this
     }
@@ -507,6 +522,28 @@ impl RequestMetrics {
             self.metrics.requests.get_or_create(&FinishLabel { finish_reason: reason.as_str() }).inc();
         }
     }
+
+    /// What counts this generation's filing on the draft, which runs after the generation
+    /// has ended and this recorder may be gone.
+    pub fn draft_filings(&self) -> DraftFilings {
+        DraftFilings(self.metrics.draft_filings.clone())
+    }
+}
+
+/// Counts a generation's turn filed on the draft after the generation, in
+/// `specd_draft_filings_total` by outcome.
+#[derive(Debug, Clone)]
+pub struct DraftFilings(Family<FilingLabel, Counter>);
+
+impl DraftFilings {
+    const FILED: &'static str = "filed";
+    const FAILED: &'static str = "failed";
+
+    /// One filing ended: the draft took it (`filed`), or a call failed.
+    pub fn record(&self, filed: bool) {
+        let outcome = if filed { Self::FILED } else { Self::FAILED };
+        self.0.get_or_create(&FilingLabel { outcome }).inc();
+    }
 }
 
 impl Drop for RequestMetrics {
@@ -554,7 +591,10 @@ mod tests {
         assert_eq!(value(&text, "specd_active_sessions{role=\"coordinator\"}"), Some(1.0), "{text}");
         request.finish(FinishReason::Length);
         request.finish(FinishReason::Error);
+        let filings = request.draft_filings();
         drop(request);
+        filings.record(true);
+        filings.record(true);
         let text = metrics.encode().await.unwrap();
         for (series, want) in [
             ("specd_rounds_total", 2.0),
@@ -571,6 +611,8 @@ mod tests {
             ("specd_emitted_tokens_total", 4.0),
             ("specd_requests_total{finish_reason=\"length\"}", 1.0),
             ("specd_requests_total{finish_reason=\"error\"}", 0.0),
+            ("specd_draft_filings_total{outcome=\"filed\"}", 2.0),
+            ("specd_draft_filings_total{outcome=\"failed\"}", 0.0),
             ("specd_round_seconds_count", 2.0),
             ("specd_round_network_seconds_sum", 0.002),
             ("specd_time_to_first_token_seconds_count", 1.0),

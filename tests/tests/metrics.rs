@@ -195,6 +195,18 @@ async fn a_turn_decoded_target_only_is_filed_on_the_draft_for_the_next() {
                 assert!(filed.elapsed() < Duration::from_secs(5), "the turn was never filed on the draft");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            // The coordinator counts the filing once the draft has answered its release,
+            // which races the node's cache growing: wait for the count as well.
+            let filings = |outcome: &'static str| {
+                let url = url.clone();
+                async move { value(&get(&url).await, &format!("specd_draft_filings_total{{outcome=\"{outcome}\"}}")) }
+            };
+            while filings("filed").await < 1.0 {
+                assert!(filed.elapsed() < Duration::from_secs(5), "the filing was never counted");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(filings("filed").await, 1.0, "one turn decoded target-only, one filing");
+            assert_eq!(filings("failed").await, 0.0);
             break;
         }
     }

@@ -6,6 +6,7 @@
 //! path.
 
 use specd_proto::v1::OpenSessionRequest;
+use specd_telemetry::DraftFilings;
 use tracing::Instrument;
 
 use crate::nodes::DraftChoice;
@@ -17,11 +18,13 @@ pub struct DraftFiling {
     choice: DraftChoice,
     /// The draft session the generation would have opened: its id, salt and prompt.
     template: OpenSessionRequest,
+    /// Where the outcome is counted, when the coordinator keeps metrics.
+    counted: Option<DraftFilings>,
 }
 
 impl DraftFiling {
-    pub fn new(choice: &DraftChoice, template: OpenSessionRequest) -> Self {
-        Self { choice: choice.clone(), template }
+    pub fn new(choice: &DraftChoice, template: OpenSessionRequest, counted: Option<DraftFilings>) -> Self {
+        Self { choice: choice.clone(), template, counted }
     }
 
     /// Opens a session holding `committed` on the draft and releases it at once with the
@@ -30,7 +33,7 @@ impl DraftFiling {
     /// node has queued that, before the pass, and the next turn's open queues after it. An
     /// open that failed is released all the same (the node may have opened it as the call
     /// failed). A draft that refuses or fails only costs the next turn its prefill, so that
-    /// is only logged.
+    /// is only logged at debug level, and counted.
     pub async fn file(self, committed: Vec<u32>) {
         // Counted on its replica while it files, and recorded there as holding the prompt, so
         // that the conversation's next turn drafts where this one is filed.
@@ -44,7 +47,11 @@ impl DraftFiling {
             let released = client.release(session_id.clone(), last).await;
             opened.and(released)
         };
-        if let Err(err) = filed.instrument(tracing::debug_span!("file_on_draft", tokens = len)).await {
+        let outcome = filed.instrument(tracing::debug_span!("file_on_draft", tokens = len)).await;
+        if let Some(counted) = &self.counted {
+            counted.record(outcome.is_ok());
+        }
+        if let Err(err) = outcome {
             tracing::debug!(session = %session_id, %err, "filing the turn on the draft failed");
         }
     }

@@ -220,7 +220,10 @@ impl SessionActor {
         // asked for γ = 0 asked for no draft at all.
         let (mut draft, filing) = match &self.draft {
             Some(choice) if will_draft => (Some(DraftLink::start(choice, requests.draft, copies)), None),
-            Some(choice) if adaptive.is_some() => (None, Some(DraftFiling::new(choice, requests.draft))),
+            Some(choice) if adaptive.is_some() => {
+                let counted = self.metrics.as_ref().map(RequestMetrics::draft_filings);
+                (None, Some(DraftFiling::new(choice, requests.draft, counted)))
+            }
             Some(_) | None => (None, None),
         };
         let target =
