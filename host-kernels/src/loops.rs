@@ -48,12 +48,8 @@ pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const 
 ) {
     let rows = out.len();
     let mut t = 0;
-    if rows >= TILE {
-        tile::<W, FUSED, true, TILE, 1, WIDTH>(x, 0, k, panels, &mut out[..TILE]);
-        t = TILE;
-    }
     while rows - t >= TILE {
-        tile::<W, FUSED, false, TILE, 1, WIDTH>(x, t, k, panels, &mut out[t..t + TILE]);
+        tile_at::<W, FUSED, TILE, 1, WIDTH>(x, t, k, panels, &mut out[t..t + TILE]);
         t += TILE;
     }
     // Fewer rows than a tile are fewer independent sums: each multiply-add would wait for
@@ -66,28 +62,29 @@ pub(crate) fn panel_rows<W: Weight, const FUSED: bool, const TILE: usize, const 
     let rest = &mut out[t..];
     match (rest.len(), halves) {
         (0, _) => {}
-        (1, false) => rest_tile::<W, FUSED, 1, 4, BLOCK>(x, t, k, panels, rest),
-        (1, true) => rest_tile::<W, FUSED, 1, 2, BLOCK>(x, t, k, panels, rest),
-        (2, false) => rest_tile::<W, FUSED, 2, 2, BLOCK>(x, t, k, panels, rest),
-        (2, true) => rest_tile::<W, FUSED, 2, 1, BLOCK>(x, t, k, panels, rest),
-        (3, false) => rest_tile::<W, FUSED, 3, 2, BLOCK>(x, t, k, panels, rest),
-        (3, true) => rest_tile::<W, FUSED, 3, 1, BLOCK>(x, t, k, panels, rest),
-        (4, _) => rest_tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panels, rest),
-        (5, _) => rest_tile::<W, FUSED, 5, 1, WIDTH>(x, t, k, panels, rest),
-        (6, _) => rest_tile::<W, FUSED, 6, 1, WIDTH>(x, t, k, panels, rest),
+        (1, false) => tile_at::<W, FUSED, 1, 4, BLOCK>(x, t, k, panels, rest),
+        (1, true) => tile_at::<W, FUSED, 1, 2, BLOCK>(x, t, k, panels, rest),
+        (2, false) => tile_at::<W, FUSED, 2, 2, BLOCK>(x, t, k, panels, rest),
+        (2, true) => tile_at::<W, FUSED, 2, 1, BLOCK>(x, t, k, panels, rest),
+        (3, false) => tile_at::<W, FUSED, 3, 2, BLOCK>(x, t, k, panels, rest),
+        (3, true) => tile_at::<W, FUSED, 3, 1, BLOCK>(x, t, k, panels, rest),
+        (4, _) => tile_at::<W, FUSED, 4, 1, WIDTH>(x, t, k, panels, rest),
+        (5, _) => tile_at::<W, FUSED, 5, 1, WIDTH>(x, t, k, panels, rest),
+        (6, _) => tile_at::<W, FUSED, 6, 1, WIDTH>(x, t, k, panels, rest),
         // Only a `TILE` of 8 leaves 7. (No call back into `panel_rows`: a recursive
         // function cannot be inlined into the kernel compiled for the CPU's features, and
         // out of line it would run with the baseline's, `mul_add` a libm call.)
         _ => {
-            rest_tile::<W, FUSED, 4, 1, WIDTH>(x, t, k, panels, &mut rest[..4]);
-            tile::<W, FUSED, false, 3, 2, WIDTH>(x, t + 4, k, panels, &mut rest[4..]);
+            tile_at::<W, FUSED, 4, 1, WIDTH>(x, t, k, panels, &mut rest[..4]);
+            tile_at::<W, FUSED, 3, 2, WIDTH>(x, t + 4, k, panels, &mut rest[4..]);
         }
     }
 }
 
-/// The tile after the whole ones: the panel's first (which prefetches) when there were none.
+/// The tile of rows from `first` on: the panel's first tile, which prefetches, when `first`
+/// is 0.
 #[inline(always)]
-fn rest_tile<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDTH: usize>(
+fn tile_at<W: Weight, const FUSED: bool, const N: usize, const S: usize, const WIDTH: usize>(
     x: &[f32],
     first: usize,
     k: usize,
