@@ -66,6 +66,15 @@ fn assert_parses(text: &str) {
 }
 
 /// The value of one series (`name{labels}` exactly as exposed).
+/// Checks `holds` every 20 ms until it does; fails with `never` after 5 s.
+async fn wait_until<F: Future<Output = bool>>(never: &str, mut holds: impl FnMut() -> F) {
+    let start = Instant::now();
+    while !holds().await {
+        assert!(start.elapsed() < Duration::from_secs(5), "{never}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -190,21 +199,14 @@ async fn a_turn_decoded_target_only_is_filed_on_the_draft_for_the_next() {
             decoded_target_only = true;
             // Filed in the background: the draft's cache grows once the filing pass is over
             // (a cache that went on without filing never would, and this times out).
-            let filed = Instant::now();
-            while draft_bytes().await <= before {
-                assert!(filed.elapsed() < Duration::from_secs(5), "the turn was never filed on the draft");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_until("the turn was never filed on the draft", || async { draft_bytes().await > before }).await;
             // The coordinator counts the filing once the draft has answered its release,
             // which races the node's cache growing: wait for the count as well.
             let filings = |outcome: &'static str| {
                 let url = url.clone();
                 async move { value(&get(&url).await, &format!("specd_draft_filings_total{{outcome=\"{outcome}\"}}")) }
             };
-            while filings("filed").await < 1.0 {
-                assert!(filed.elapsed() < Duration::from_secs(5), "the filing was never counted");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_until("the filing was never counted", || async { filings("filed").await >= 1.0 }).await;
             assert_eq!(filings("filed").await, 1.0, "one turn decoded target-only, one filing");
             assert_eq!(filings("failed").await, 0.0);
             break;
