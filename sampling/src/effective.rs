@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::dist::{DenseDist, check_token};
 use crate::error::{Result, SamplingError};
-use crate::kernels::{exp_nonpositive, lane_sum};
+use crate::kernels::{exp_nonpositive, lane_max, lane_sum};
 use crate::params::SamplingParams;
 use crate::rows::map_positions;
 
@@ -148,14 +148,17 @@ fn apply_penalties(scores: &mut [f64], params: &SamplingParams, history: TokenHi
 /// Index of the largest score, ties to the lowest id; None when all are -inf. Scores are
 /// never NaN: the logits are checked, and validated penalties keep them numbers.
 fn argmax<S: Copy + Into<f64>>(scores: &[S]) -> Option<u32> {
-    // The maximum in one pass the compiler can vectorise, then its first position.
-    let max = scores.iter().fold(f64::NEG_INFINITY, |max, &s| max.max(s.into()));
+    let max = lane_max(scores);
     if max == f64::NEG_INFINITY {
         return None;
     }
-    scores.iter().position(|&s| s.into() == max).map(|i| i as u32)
+    // Its first position: blocks are tested whole (a test the compiler can vectorise), and
+    // only the block that holds it is walked.
+    const BLOCK: usize = 64;
+    let block = scores.chunks(BLOCK).position(|block| block.iter().fold(false, |any, &s| any | (s.into() == max)))?;
+    let within = scores[block * BLOCK..].iter().position(|&s| s.into() == max)?;
+    Some((block * BLOCK + within) as u32)
 }
-
 fn by_prob_desc_then_id(probs: &[f64]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
     move |a, b| probs[*b as usize].total_cmp(&probs[*a as usize]).then(a.cmp(b))
 }
@@ -215,6 +218,24 @@ mod tests {
     #[test]
     fn greedy_is_one_hot_on_the_lowest_argmax() {
         assert_eq!(dist(&[1.0, 3.0, 3.0, 2.0], SamplingParams::greedy()), vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn argmax_is_the_first_maximum_across_blocks_and_lanes() {
+        // Rows longer than the blocks and lanes the search splits them into, the maximum at
+        // a block's edges, in a lane's tail, twice, or -0.0 beside 0.0.
+        for (n, at) in [(200, vec![64, 130]), (200, vec![63, 64]), (131, vec![130]), (9, vec![8, 3]), (70, vec![0])] {
+            let mut row = vec![-1.0f32; n];
+            for &i in &at {
+                row[i] = 2.5;
+            }
+            assert_eq!(argmax(&row), at.iter().min().map(|&i| i as u32), "{n} values, maximum at {at:?}");
+        }
+        let mut row = vec![f32::NEG_INFINITY; 100];
+        assert_eq!(argmax(&row), None);
+        row[99] = -0.0;
+        row[77] = 0.0;
+        assert_eq!(argmax(&row), Some(77));
     }
 
     #[test]
