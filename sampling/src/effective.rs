@@ -159,6 +159,7 @@ fn argmax<S: Copy + Into<f64>>(scores: &[S]) -> Option<u32> {
     let within = scores[block * BLOCK..].iter().position(|&s| s.into() == max)?;
     Some((block * BLOCK + within) as u32)
 }
+
 fn by_prob_desc_then_id(probs: &[f64]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
     move |a, b| probs[*b as usize].total_cmp(&probs[*a as usize]).then(a.cmp(b))
 }
