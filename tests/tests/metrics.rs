@@ -65,7 +65,6 @@ fn assert_parses(text: &str) {
     }
 }
 
-/// The value of one series (`name{labels}` exactly as exposed).
 /// Checks `holds` every 20 ms until it does; fails with `never` after 5 s.
 async fn wait_until<F: Future<Output = bool>>(never: &str, mut holds: impl FnMut() -> F) {
     let start = Instant::now();
@@ -75,6 +74,7 @@ async fn wait_until<F: Future<Output = bool>>(never: &str, mut holds: impl FnMut
     }
 }
 
+/// The value of one series (`name{labels}` exactly as exposed).
 fn value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
