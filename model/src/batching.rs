@@ -1,7 +1,8 @@
 //! Batching across sessions on one model thread (issue #10).
 //!
-//! With batching on, a node's jobs (a Verify, a Propose, drafting ahead) no longer run on the
-//! model thread: each runs on a blocking thread of its own against a [`RemoteModel`], whose
+//! With batching on, and another session open to share a pass with, a node's jobs (a Verify,
+//! a Propose, drafting ahead) no longer run on the model thread: each runs on a blocking
+//! thread of its own against a [`RemoteModel`], whose
 //! forward passes are messages to the model thread. The model thread takes the first forward
 //! it finds, gathers every other forward already waiting (and, with a window, those arriving
 //! within it) up to a token budget, and runs them as one ragged forward pass
@@ -14,7 +15,7 @@
 //! forward does not push that forward out of the batch.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -47,9 +48,10 @@ pub struct BatchPolicy {
     /// gathered than sessions are open, and never more than a tenth of a recent forward pass;
     /// zero takes only what is already waiting. A lone session never waits.
     pub window: Duration,
-    /// Jobs are batched only while a forward pass takes at least this long: below it the
-    /// hand-offs between threads (tens of µs per operation) cost more than sharing a pass
-    /// saves, and jobs run on the model thread as without batching.
+    /// Jobs are batched only while a forward pass takes at least this long (and another
+    /// session is open): below it the hand-offs between threads (tens of µs per operation)
+    /// cost more than sharing a pass saves, and jobs run on the model thread as without
+    /// batching.
     pub min_pass: Duration,
 }
 
@@ -79,6 +81,8 @@ pub struct BatchCounters {
     /// Running average of a forward pass (a batch's, or a whole job's when unbatched), in
     /// ns; 0 before the first.
     pass_ns: AtomicU64,
+    /// Sessions open on the model after the last message the model thread handled.
+    open_sessions: AtomicUsize,
 }
 
 /// A snapshot of [`BatchCounters`].
@@ -120,6 +124,15 @@ impl BatchCounters {
         Duration::from_nanos(self.pass_ns.load(Ordering::Relaxed))
     }
 
+    /// Sessions open on the model, as the model thread last counted them.
+    pub fn open_sessions(&self) -> usize {
+        self.open_sessions.load(Ordering::Relaxed)
+    }
+
+    fn count_open(&self, model: &dyn LanguageModel) {
+        self.open_sessions.store(model.open_sessions(), Ordering::Relaxed);
+    }
+
     /// The totals so far.
     pub fn totals(&self) -> BatchTotals {
         BatchTotals {
@@ -130,7 +143,9 @@ impl BatchCounters {
     }
 }
 
-pub(crate) type Job = Box<dyn FnOnce(&mut dyn LanguageModel) + Send>;
+/// Work for the model thread. It counts the sessions open before it replies, so that a caller
+/// who has just opened or released one sees the count it left.
+pub(crate) type Job = Box<dyn FnOnce(&mut dyn LanguageModel, &BatchCounters) + Send>;
 
 /// One session's forward pass, waiting to share a batch. The reply carries the batch size.
 pub(crate) struct ForwardRequest {
@@ -167,12 +182,12 @@ pub(crate) fn serve(
             Some(forward) => forward,
             None => match rx.blocking_recv() {
                 Some(Message::Job(job)) => {
-                    run_job(model, job);
+                    run_job(model, job, counters);
                     continue;
                 }
                 Some(Message::Call(job)) => {
                     let started = Instant::now();
-                    run_job(model, job);
+                    run_job(model, job, counters);
                     counters.time_pass(started.elapsed());
                     continue;
                 }
@@ -181,7 +196,7 @@ pub(crate) fn serve(
             },
         };
         let window = policy.window.min(counters.pass_time().mul_f64(WINDOW_SHARE));
-        let (batch, left_over) = gather(model, rx, first, policy.max_sequences, policy.max_tokens, window);
+        let (batch, left_over) = gather(model, rx, first, &policy, window, counters);
         let started = Instant::now();
         run_batch(model, batch, counters);
         counters.time_pass(started.elapsed());
@@ -189,9 +204,11 @@ pub(crate) fn serve(
     }
 }
 
-fn run_job(model: &mut dyn LanguageModel, job: Job) {
+fn run_job(model: &mut dyn LanguageModel, job: Job, counters: &BatchCounters) {
     // The reply sender lives in the job: a panic drops it, which the caller sees as an error.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(model)));
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(model, counters))).is_err() {
+        counters.count_open(model);
+    }
 }
 
 /// The wait for more forwards is at most this share of a recent forward pass: a fast model
@@ -206,10 +223,11 @@ fn gather(
     model: &mut dyn LanguageModel,
     rx: &mut mpsc::Receiver<Message>,
     first: ForwardRequest,
-    max_sequences: usize,
-    max_tokens: usize,
+    policy: &BatchPolicy,
     window: Duration,
+    counters: &BatchCounters,
 ) -> (Vec<ForwardRequest>, Option<ForwardRequest>) {
+    let (max_sequences, max_tokens) = (policy.max_sequences, policy.max_tokens);
     let started = Instant::now();
     let mut tokens = first.tokens.len();
     let mut batch = vec![first];
@@ -217,7 +235,7 @@ fn gather(
     let open = if window.is_zero() { 0 } else { model.open_sessions() };
     while batch.len() < max_sequences && tokens < max_tokens {
         match rx.try_recv() {
-            Ok(Message::Job(job) | Message::Call(job)) => run_job(model, job),
+            Ok(Message::Job(job) | Message::Call(job)) => run_job(model, job, counters),
             Ok(Message::Forward(next)) => {
                 let fits = tokens + next.tokens.len() <= max_tokens;
                 let distinct = batch.iter().all(|f| f.session != next.session);
@@ -280,8 +298,10 @@ where
     F: FnOnce(&mut dyn LanguageModel) -> Result<R> + Send + 'static,
 {
     let (reply, rx) = oneshot::channel();
-    let job: Job = Box::new(move |m| {
-        let _ = reply.send(f(m));
+    let job: Job = Box::new(move |m, counters| {
+        let result = f(m);
+        counters.count_open(m);
+        let _ = reply.send(result);
     });
     (job, rx)
 }

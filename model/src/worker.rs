@@ -139,13 +139,17 @@ impl ModelHandle {
         self.on_thread(Message::Call, f).await
     }
 
-    /// Whether jobs go through batching now: the policy batches and passes are slow enough
-    /// ([`BatchPolicy::min_pass`]; with a minimum, the first job, not yet timed, runs
-    /// unbatched).
+    /// Whether jobs go through batching now: the policy batches, another session is open to
+    /// share a pass with, and passes are slow enough ([`BatchPolicy::min_pass`]; with a
+    /// minimum, the first job, not yet timed, runs unbatched). A lone session's job runs on
+    /// the model thread: its forwards could only ever make batches of one, and each would
+    /// still pay the hand-offs between threads.
     fn batching_pays(&self) -> bool {
         let min = self.policy.min_pass;
         let pass = self.counters.pass_time();
-        self.policy.batched() && (min.is_zero() || (!pass.is_zero() && pass >= min))
+        self.policy.batched()
+            && self.counters.open_sessions() >= 2
+            && (min.is_zero() || (!pass.is_zero() && pass >= min))
     }
 
     /// Runs `f` on the worker thread itself (small operations, never batched).

@@ -200,17 +200,40 @@ fn batched_jobs_match_unbatched_jobs_on_a_llama() -> Result<()> {
 
 /// With the default minimum pass time, a model whose jobs take microseconds is not batched
 /// (the hand-offs would cost more than they save); one whose passes take 5 ms is, after its
-/// first job has been timed.
+/// first job has been timed. A second session is open throughout, so that only the pass
+/// time decides.
 #[test]
 fn batching_starts_only_when_passes_are_slow_enough() -> Result<()> {
     for (delay, batched) in [(Duration::ZERO, false), (Duration::from_millis(5), true)] {
         let handle = ModelWorker::spawn_batched("min-pass", 64, BatchPolicy::default(), slow_table(delay))?;
         let s = handle.open_session_blocking(Some(16))?;
+        handle.open_session_blocking(Some(16))?;
         for _ in 0..3 {
             handle.call_blocking(move |m| m.forward(s, &[0]).map(|_| ()))?;
         }
         let passes = handle.batch_totals().passes;
         assert_eq!(passes > 0, batched, "delay {delay:?}: {passes} batched passes");
     }
+    Ok(())
+}
+
+/// A lone session has no one to share a pass with: its jobs run on the model thread however
+/// slow its passes are, and go through batching only while a second session is open.
+#[test]
+fn a_lone_session_is_not_batched() -> Result<()> {
+    let policy = BatchPolicy { min_pass: Duration::ZERO, ..BatchPolicy::default() };
+    let handle = ModelWorker::spawn_batched("lone", 64, policy, slow_table(Duration::from_millis(5)))?;
+    let forward = |s: SessionId| handle.call_blocking(move |m| m.forward(s, &[0]).map(|_| ()));
+    let s = handle.open_session_blocking(Some(16))?;
+    for _ in 0..3 {
+        forward(s)?;
+    }
+    assert_eq!(handle.batch_totals().passes, 0, "a lone session's forwards went through batching");
+    let other = handle.open_session_blocking(Some(16))?;
+    forward(s)?;
+    assert_eq!(handle.batch_totals().passes, 1, "with two sessions open, a forward is batched");
+    handle.release_blocking(other)?;
+    forward(s)?;
+    assert_eq!(handle.batch_totals().passes, 1, "alone again, a forward went through batching");
     Ok(())
 }
