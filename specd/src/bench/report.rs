@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::args::BenchArgs;
 use super::statistics::{median, spread};
-use super::totals::{Measurement, PassRates};
+use super::totals::{Measurement, PassRates, Totals};
 use crate::serve::GammaFlag;
 
 /// (1 − α^(γ+1)) / ((1 − α)(γc + 1)), Leviathan et al. (2023) Theorem 3.8, for a real γ
@@ -54,6 +54,10 @@ pub(super) fn single_client(
     let tokens_per_round = spec_decode.per_round(spec_decode.tokens as f64);
     let round_ms = mean_gamma * draft_step_ms + verify_pass_ms;
     let bound_measured_verify = if round_ms > 0.0 { tokens_per_round * target_pass_ms / round_ms } else { 0.0 };
+    // What a round costs beyond the nodes' own model time: the RPCs, the hand-offs between
+    // threads on both sides, and the rule.
+    let overhead_ms =
+        |t: &Totals| t.per_round(t.round_wall_ns.saturating_sub(t.draft_ns).saturating_sub(t.verify_ns) as f64) / 1e6;
     let runs: Vec<serde_json::Value> = measurement.passes.iter().map(pass_report).collect();
     json!({
         "endpoint": endpoint,
@@ -78,6 +82,7 @@ pub(super) fn single_client(
         "draft_step_ms": draft_step_ms,
         "verify_pass_ms": verify_pass_ms,
         "target_only_pass_ms": target_pass_ms,
+        "round_overhead_ms": { "target_only": overhead_ms(base_decode), "speculative": overhead_ms(spec_decode) },
         "c": c,
         "bound": bound,
         "efficiency": if bound > 0.0 { speedup_median / bound } else { 0.0 },

@@ -26,6 +26,12 @@ pub(super) fn print_table(report: &serde_json::Value) -> std::io::Result<()> {
         f("verify_pass_ms"),
         f("draft_step_ms")
     );
+    let overhead = &report["round_overhead_ms"];
+    outln!(
+        "per round     {:.3} ms target-only, {:.3} ms speculative outside the models (RPCs, hand-offs, the rule)",
+        overhead["target_only"].as_f64().unwrap_or(f64::NAN),
+        overhead["speculative"].as_f64().unwrap_or(f64::NAN)
+    );
     outln!("speedup       {:.2}× median ({:.2}–{:.2})", g("median"), g("min"), g("max"));
     let d = &report["decode_speedup"];
     let first = &report["first_round_ms"];

@@ -47,6 +47,8 @@ pub(super) struct Totals {
     pub(super) draft_tokens: u64,
     pub(super) draft_ns: u64,
     pub(super) verify_ns: u64,
+    /// The rounds' wall time as the coordinator saw it.
+    pub(super) round_wall_ns: u64,
     pub(super) acceptance_sum: f64,
     pub(super) evaluated: u64,
     pub(super) wire_bytes: u64,
@@ -75,6 +77,7 @@ impl Totals {
         self.draft_tokens += s.stats.draft_tokens;
         self.draft_ns += s.stats.draft_ns;
         self.verify_ns += s.stats.verify_ns;
+        self.round_wall_ns += s.stats.round_wall_ns;
         self.acceptance_sum += s.stats.acceptance_sum;
         self.evaluated += s.stats.evaluated_positions;
         self.wire_bytes += s.stats.wire_bytes_sent + s.stats.wire_bytes_received;
