@@ -742,7 +742,8 @@ def stage_roles(run):
         "wire_bytes_per_round_by_role": greedy["wire_bytes_per_round_by_role"],
         "greedy_bench": {k: greedy[k] for k in (
             "target_only_tokens_per_s", "speculative_tokens_per_s", "speedup", "alpha",
-            "mean_tokens_per_round", "verify_pass_ms", "target_only_pass_ms", "draft_step_ms")},
+            "mean_tokens_per_round", "verify_pass_ms", "target_only_pass_ms", "draft_step_ms",
+            "round_overhead_ms")},
     }
     result["prefix_cache"] = chat
     ok = result["greedy_identity"]["pass"] and audit.get("verdict") == "pass" and chat["pass"]

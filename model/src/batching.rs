@@ -2,10 +2,10 @@
 //!
 //! With batching on, and another session open to share a pass with, a node's jobs (a Verify,
 //! a Propose, drafting ahead) no longer run on the model thread: each runs on a blocking
-//! thread of its own against a [`RemoteModel`], whose
-//! forward passes are messages to the model thread. The model thread takes the first forward
-//! it finds, gathers every other forward already waiting (and, with a window, those arriving
-//! within it) up to a token budget, and runs them as one ragged forward pass
+//! thread of its own against a [`RemoteModel`], whose forward passes are messages to the
+//! model thread. The model thread takes the first forward it finds, gathers every other
+//! forward already waiting (and, with a window, those arriving within it) up to a token
+//! budget, and runs them as one ragged forward pass
 //! ([`LanguageModel::forward_batch`]). So the jobs keep their plain, sequential code, and
 //! concurrent sessions share the weights' pass: on a CPU a pass over 8 sessions' tokens costs
 //! far less than 8 passes, and on a GPU nearly the same as one.
