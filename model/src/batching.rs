@@ -205,7 +205,8 @@ pub(crate) fn serve(
 }
 
 fn run_job(model: &mut dyn LanguageModel, job: Job, counters: &BatchCounters) {
-    // The reply sender lives in the job: a panic drops it, which the caller sees as an error.
+    // The reply sender lives in the job: a panic drops it, which the caller sees as an error,
+    // and the sessions are counted after it instead.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(model, counters))).is_err() {
         counters.count_open(model);
     }

@@ -54,6 +54,9 @@ impl LanguageModel for RowsSpy {
     fn memory_in_use(&self) -> (u64, Option<u64>) {
         self.table.memory_in_use()
     }
+    fn open_sessions(&self) -> usize {
+        self.table.open_sessions()
+    }
 }
 
 /// Asks `model` for the last 2 rows of a 5-token run, then the last row of a 1-token run.
@@ -76,10 +79,15 @@ fn box_and_slowed_pass_the_rows_on() -> Result<()> {
 #[test]
 fn the_batching_worker_passes_the_rows_to_the_model_thread() -> Result<()> {
     let (spy, asked) = RowsSpy::new()?;
-    // Batching from the first job on: forwards go to the model thread as ForwardRequests.
+    // Batching from the first job on, with other sessions open (a lone one is not batched):
+    // the job's forwards go to the model thread as ForwardRequests, one pass each.
     let policy = BatchPolicy { max_sequences: 4, max_tokens: 64, window: Duration::ZERO, min_pass: Duration::ZERO };
     let handle = ModelWorker::spawn_batched("rows", 8, policy, move || Ok(spy))?;
+    for _ in 0..2 {
+        handle.open_session_blocking(Some(16))?;
+    }
     assert_eq!(handle.call_blocking(ask)?, [2, 1]);
     assert_eq!(*asked.lock().expect("lock"), [2, 1]);
+    assert_eq!(handle.batch_totals().passes, 2, "the forwards did not go through batching");
     Ok(())
 }
