@@ -232,8 +232,8 @@ fn gather(
     let started = Instant::now();
     let mut tokens = first.tokens.len();
     let mut batch = vec![first];
-    // Others can only join while other sessions are open.
-    let open = if window.is_zero() { 0 } else { model.open_sessions() };
+    // Others can only join while other sessions are open (as the jobs last counted them).
+    let open = counters.open_sessions();
     while batch.len() < max_sequences && tokens < max_tokens {
         match rx.try_recv() {
             Ok(Message::Job(job) | Message::Call(job)) => run_job(model, job, counters),
