@@ -15,7 +15,7 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     // cargo passes `--bench` to a harness-less bench; the first other argument is a filter.
     let filter = std::env::args().skip(1).find(|a| !a.starts_with("--")).unwrap_or_default();
-    for format in [WeightFormat::F32, WeightFormat::Bf16] {
+    for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Bf16Pairs] {
         let mut layers: Vec<PackedMatrix> = Vec::new();
         for _ in 0..6 {
             for &(o, i) in &shapes {

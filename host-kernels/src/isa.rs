@@ -1,7 +1,9 @@
 //! Which instruction set the kernels run with. The build targets the baseline x86-64 (SSE2),
 //! so loops compiled only for it use 4 lanes and no fused multiply-add; each kernel is also
 //! compiled for AVX2 with FMA and for AVX-512, and the widest set the CPU reports is chosen
-//! when [`Isa::detect`] runs.
+//! when [`Isa::detect`] runs. AVX-512 with its bf16 instructions (`avx512_bf16`) is a level
+//! of its own: the same loops as AVX-512, and pair-interleaved bf16 panels multiplied two
+//! products an instruction (`crate::bf16_pairs`).
 
 /// An instruction set the kernels can run with on this CPU. Only [`Isa::detect`] and
 /// [`Isa::available`] make one above the baseline, and only after the CPU reported its
@@ -11,6 +13,8 @@ pub struct Isa(pub(crate) Level);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Level {
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16,
     #[cfg(target_arch = "x86_64")]
     Avx512,
     #[cfg(target_arch = "x86_64")]
@@ -41,6 +45,9 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl")
             {
+                if std::arch::is_x86_feature_detected!("avx512bf16") {
+                    sets.push(Self(Level::Avx512Bf16));
+                }
                 sets.push(Self(Level::Avx512));
             }
             if avx2 {
@@ -55,11 +62,23 @@ impl Isa {
     pub fn name(self) -> &'static str {
         match self.0 {
             #[cfg(target_arch = "x86_64")]
+            Level::Avx512Bf16 => "avx512+bf16",
+            #[cfg(target_arch = "x86_64")]
             Level::Avx512 => "avx512",
             #[cfg(target_arch = "x86_64")]
             Level::Avx2Fma => "avx2+fma",
             Level::Baseline => "baseline",
         }
+    }
+
+    /// Whether it multiplies pairs of bf16 values in one instruction (`vdpbf16ps`): where it
+    /// does, bf16 weights are best packed as [`crate::WeightFormat::Bf16Pairs`].
+    pub fn multiplies_bf16_pairs(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.0 == Level::Avx512Bf16 {
+            return true;
+        }
+        false
     }
 }
 
@@ -83,7 +102,8 @@ pub(crate) fn prefetch<T>(data: &[T], at: usize) {
 }
 
 /// A kernel compiled three times (AVX-512, AVX2 with FMA, baseline) and called for the
-/// [`Isa`] it is given. Each arm is the same generic loop with its own constants.
+/// [`Isa`] it is given. Each arm is the same generic loop with its own constants; AVX-512
+/// with bf16 instructions runs the AVX-512 arm, which needs none of them.
 macro_rules! dispatched {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? {
         avx512 => $avx512:expr,
@@ -94,7 +114,7 @@ macro_rules! dispatched {
         $vis fn $name(isa: $crate::isa::Isa, $($arg: $ty),*) $(-> $ret)? {
             match isa.0 {
                 #[cfg(target_arch = "x86_64")]
-                $crate::isa::Level::Avx512 => {
+                $crate::isa::Level::Avx512 | $crate::isa::Level::Avx512Bf16 => {
                     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
                     fn avx512($($arg: $ty),*) $(-> $ret)? { $avx512 }
                     // SAFETY: an `Isa` at this level exists only after `is_x86_feature_detected!`

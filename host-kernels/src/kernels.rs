@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use crate::bf16_pairs;
 use crate::error::KernelError;
 use crate::isa::{Isa, dispatched};
 use crate::loops;
@@ -43,10 +44,13 @@ fn shared_pool(threads: usize) -> Result<Arc<HotPool>, KernelError> {
     Ok(pool)
 }
 
-/// Partial sums of a linear layer, panel-major, kept between calls so that a pass allocates
-/// nothing.
+/// A linear layer's partial sums (panel-major) and, for bf16 pair panels, its inputs
+/// rounded to bf16 pairs: kept between calls so that a pass allocates nothing.
 #[derive(Debug, Default)]
-pub struct LinearScratch(Vec<[f32; BLOCK]>);
+pub struct LinearScratch {
+    sums: Vec<[f32; BLOCK]>,
+    pairs: Vec<u32>,
+}
 
 impl Kernels {
     /// The CPU's widest instruction set and `threads` threads (at least one: the caller's).
@@ -134,15 +138,19 @@ impl Kernels {
             }
             return;
         }
-        let sums = &mut scratch.0;
+        let LinearScratch { sums, pairs } = scratch;
         sums.resize(blocks * rows, [0.0; BLOCK]);
-        let isa = self.isa;
+        if let Panels::Bf16Pairs(_) = w.panels {
+            bf16_pairs::round_pairs(x, rows, k, pairs);
+        }
+        let (isa, pairs, panel_len) = (self.isa, &*pairs, w.panel_len());
         let run = |first_block: usize, sums: &mut [[f32; BLOCK]]| {
             let count = sums.len() / rows;
-            let at = first_block * BLOCK * k..(first_block + count) * BLOCK * k;
+            let at = first_block * panel_len..(first_block + count) * panel_len;
             match &w.panels {
                 Panels::F32(p) => panels_f32(isa, x, k, rows, &p.as_slice()[at], sums),
                 Panels::Bf16(p) => panels_bf16(isa, x, k, rows, &p.as_slice()[at], sums),
+                Panels::Bf16Pairs(p) => bf16_pairs::panels(isa, pairs, k.div_ceil(2), rows, &p.as_slice()[at], sums),
             }
         };
         let parallel = self.pool.is_some() && rows * k * outputs >= PARALLEL_MIN_MADDS;
@@ -330,6 +338,10 @@ mod tests {
     use super::*;
     use crate::packed::WeightFormat;
 
+    fn rounded(v: f32) -> f32 {
+        f32::from_bits(u32::from(crate::to_bf16(v)) << 16)
+    }
+
     fn wave(n: usize, step: f32) -> Vec<f32> {
         (0..n).map(|i| (i as f32 * step).sin()).collect()
     }
@@ -358,21 +370,20 @@ mod tests {
         for isa in Isa::available() {
             for threads in [1, 2, 3] {
                 let kernels = Kernels::with_isa(isa, threads).unwrap();
-                for format in [WeightFormat::F32, WeightFormat::Bf16] {
+                for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Bf16Pairs] {
                     let packed = PackedMatrix::new(&w, outputs, k, format);
-                    // bf16 weights are compared with their own rounded values.
-                    let wr: Vec<f32> = match format {
-                        WeightFormat::F32 => w.clone(),
-                        WeightFormat::Bf16 => {
-                            w.iter().map(|&v| f32::from_bits(u32::from(crate::to_bf16(v)) << 16)).collect()
-                        }
-                    };
+                    // bf16 weights are compared with their own rounded values, and pair
+                    // panels' products with the rounded inputs too.
+                    let wr: Vec<f32> =
+                        if format.is_bf16() { w.iter().map(|&v| rounded(v)).collect() } else { w.clone() };
                     let mut scratch = LinearScratch::default();
                     for rows in (1..=13).chain([17, 20]) {
                         let x = wave(rows * k, 0.13);
                         let mut out = vec![f32::NAN; rows * outputs];
                         kernels.linear(&x, rows, &packed, Some(&bias), &mut out, &mut scratch);
-                        let want = reference(&x, rows, &wr, outputs, &bias);
+                        let xr: Vec<f32> =
+                            if format == WeightFormat::Bf16Pairs { x.iter().map(|&v| rounded(v)).collect() } else { x };
+                        let want = reference(&xr, rows, &wr, outputs, &bias);
                         for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
                             assert!(
                                 (f64::from(got) - want).abs() < 1e-4,
@@ -414,6 +425,35 @@ mod tests {
         };
         // Each output is summed by one thread in one order, so the split changes nothing.
         assert_eq!(run(1), run(3));
+    }
+
+    #[test]
+    fn pair_panels_give_what_their_widened_products_give_on_every_set() {
+        // The bf16 instruction (where the CPU has it) against the widened loop every other
+        // set runs: the same exact products, summed in another order, so within f32
+        // rounding of the sums; and both far from the sums of the unrounded inputs, which
+        // shows the inputs are rounded (a kernel that skipped it would fail the first check).
+        let (k, outputs, rows) = (301, 3 * BLOCK, 19);
+        let w = wave(outputs * k, 0.031);
+        let packed = PackedMatrix::new(&w, outputs, k, WeightFormat::Bf16Pairs);
+        let x = wave(rows * k, 0.29);
+        let run = |isa| {
+            let mut out = vec![f32::NAN; rows * outputs];
+            Kernels::with_isa(isa, 1).unwrap().linear(&x, rows, &packed, None, &mut out, &mut LinearScratch::default());
+            out
+        };
+        let baseline = run(Isa::baseline());
+        let unrounded = {
+            let wr: Vec<f32> = w.iter().map(|&v| rounded(v)).collect();
+            reference(&x, rows, &wr, outputs, &vec![0.0; outputs])
+        };
+        let far = baseline.iter().zip(&unrounded).map(|(&a, &b)| (f64::from(a) - b).abs()).fold(0.0, f64::max);
+        assert!(far > 1e-3, "rounding the inputs moves some sum by more than 1e-3 (it moved {far})");
+        for isa in Isa::available() {
+            for (i, (&got, &want)) in run(isa).iter().zip(&baseline).enumerate() {
+                assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{}: value {i}: {got} ≠ {want}", isa.name());
+            }
+        }
     }
 
     #[test]

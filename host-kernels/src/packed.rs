@@ -4,13 +4,24 @@
 /// four AVX2 ones) while the input is walked once, so no sum is reduced across lanes.
 pub const BLOCK: usize = 32;
 
-/// How a matrix's weights are stored. The arithmetic is `f32` either way: bf16 weights are
-/// widened as they are read, so a bf16 checkpoint computes exactly as its `f32` upcast does,
-/// in half the bytes a pass reads.
+/// How a matrix's weights are stored, and so how a linear layer multiplies by them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
+    /// `f32` weights, `f32` arithmetic.
     F32,
+    /// bf16 weights widened to `f32` as they are read: a bf16 checkpoint computes exactly as
+    /// its `f32` upcast does, in half the bytes a pass reads.
     Bf16,
+    /// bf16 weights, each panel row holding the weights of two inputs side by side, and each
+    /// layer's inputs rounded to bf16 (nearest, ties to even) before they are multiplied; the
+    /// products are exact and summed in `f32`. A CPU with bf16 instructions
+    /// ([`crate::Isa::multiplies_bf16_pairs`]) does two products and their sum per lane in one
+    /// instruction, twice the products of [`Self::Bf16`]'s multiply-adds, which is what a
+    /// prompt's pass is bound by; other CPUs compute the same products widened. This is what
+    /// torch's and llama.cpp's bf16 matrix products do with their inputs. The price: each
+    /// input moves by up to 2⁻⁹ of itself, so a layer's sums are no longer those of the `f32`
+    /// upcast.
+    Bf16Pairs,
 }
 
 impl WeightFormat {
@@ -18,8 +29,13 @@ impl WeightFormat {
     pub fn bytes(self) -> usize {
         match self {
             Self::F32 => 4,
-            Self::Bf16 => 2,
+            Self::Bf16 | Self::Bf16Pairs => 2,
         }
+    }
+
+    /// Whether the weights are stored as bf16.
+    pub fn is_bf16(self) -> bool {
+        self.bytes() == 2
     }
 }
 
@@ -58,11 +74,16 @@ impl<T: Copy + Default> Aligned<T> {
 pub(crate) enum Panels {
     F32(Aligned<f32>),
     Bf16(Aligned<u16>),
+    /// Each panel `⌈inputs / 2⌉ × BLOCK × 2`: row `j` holds, for each output, its weights of
+    /// inputs `2j` and `2j + 1` (zero past the last input), the 32-bit lane a bf16 pair
+    /// instruction multiplies.
+    Bf16Pairs(Aligned<u16>),
 }
 
 /// The checkpoint's `outputs × inputs` matrix cut into panels of [`BLOCK`] outputs, each
-/// stored input-major (`inputs × BLOCK`, the last padded with zero rows), so that a pass
-/// reads the whole weight front to back and each panel is the unit one thread computes.
+/// stored input-major (`inputs × BLOCK`, the last padded with zero rows; input pairs for
+/// [`WeightFormat::Bf16Pairs`]), so that a pass reads the whole weight front to back and each
+/// panel is the unit one thread computes.
 /// (Not `Clone`: a copied vector would not keep the alignment.)
 #[derive(Debug, PartialEq)]
 pub struct PackedMatrix {
@@ -102,6 +123,18 @@ impl PackedMatrix {
                 }
                 Panels::Bf16(aligned)
             }
+            WeightFormat::Bf16Pairs => {
+                let pairs = inputs.div_ceil(2);
+                let mut aligned = Aligned::zeroed(outputs.div_ceil(BLOCK) * BLOCK * pairs * 2);
+                let p = aligned.as_mut_slice();
+                for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
+                    let panel = (o / BLOCK) * BLOCK * pairs * 2;
+                    for (k, &v) in row.iter().enumerate() {
+                        p[panel + (k / 2) * BLOCK * 2 + (o % BLOCK) * 2 + k % 2] = to_bf16(v);
+                    }
+                }
+                Panels::Bf16Pairs(aligned)
+            }
         };
         Self { inputs, outputs, panels }
     }
@@ -118,6 +151,7 @@ impl PackedMatrix {
         match self.panels {
             Panels::F32(_) => WeightFormat::F32,
             Panels::Bf16(_) => WeightFormat::Bf16,
+            Panels::Bf16Pairs(_) => WeightFormat::Bf16Pairs,
         }
     }
 
@@ -125,7 +159,15 @@ impl PackedMatrix {
     pub fn bytes(&self) -> usize {
         match &self.panels {
             Panels::F32(p) => p.len * 4,
-            Panels::Bf16(p) => p.len * 2,
+            Panels::Bf16(p) | Panels::Bf16Pairs(p) => p.len * 2,
+        }
+    }
+
+    /// The weights (padding included) one panel holds.
+    pub(crate) fn panel_len(&self) -> usize {
+        match self.panels {
+            Panels::F32(_) | Panels::Bf16(_) => BLOCK * self.inputs,
+            Panels::Bf16Pairs(_) => BLOCK * self.inputs.div_ceil(2) * 2,
         }
     }
 
@@ -180,5 +222,21 @@ mod tests {
         assert!(p[3..BLOCK].iter().all(|&v| v == 0.0));
         assert_eq!(m.bytes(), 2 * BLOCK * 4);
         assert_eq!(PackedMatrix::new(&[1.0; 6], 3, 2, WeightFormat::Bf16).bytes(), 2 * BLOCK * 2);
+    }
+
+    #[test]
+    fn a_pair_panel_holds_each_outputs_two_inputs_side_by_side_and_pads_an_odd_input() {
+        // 2 outputs × 3 inputs: pair rows (0, 1) and (2, padding).
+        let w = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let m = PackedMatrix::new(&w, 2, 3, WeightFormat::Bf16Pairs);
+        let Panels::Bf16Pairs(p) = &m.panels else { panic!("pairs") };
+        let p = p.as_slice();
+        assert_eq!(p.as_ptr() as usize % LINE, 0, "panels start on a cache line");
+        assert_eq!((p.len(), m.panel_len(), m.bytes()), (2 * BLOCK * 2, 2 * BLOCK * 2, 2 * BLOCK * 2 * 2));
+        let bf = |v: f32| to_bf16(v);
+        assert_eq!(&p[..4], &[bf(1.0), bf(2.0), bf(4.0), bf(5.0)]);
+        assert_eq!(&p[2 * BLOCK..2 * BLOCK + 4], &[bf(3.0), 0, bf(6.0), 0]);
+        assert!(p[4..2 * BLOCK].iter().chain(&p[2 * BLOCK + 4..]).all(|&v| v == 0));
+        assert!(WeightFormat::Bf16Pairs.is_bf16() && !WeightFormat::F32.is_bf16());
     }
 }
