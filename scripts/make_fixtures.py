@@ -10,7 +10,8 @@ Every fixture is made here from random weights with a fixed seed: nothing is dow
 Each checkpoint directory holds what a real one does (config.json, model.safetensors or a
 sharded model.safetensors.index.json, tokenizer.json, generation_config.json) plus
 `reference.json`: fixed token ids and the float32 logits transformers computes for them,
-and a tokenizer round trip (text -> ids) for the Rust `tokenizers` crate to reproduce.
+the logits of the model cast to bfloat16 (weights and every activation in bf16, as
+transformers runs a bf16 checkpoint), and a tokenizer round trip (text -> ids) for the Rust `tokenizers` crate to reproduce.
 
 Everything goes to a per-process OUT_DIR.tmpPID first and is renamed at the end, so an
 interrupted run never leaves a half-made cache behind and concurrent test binaries do not
@@ -102,9 +103,11 @@ def write_fixture(root, name, config, eos, shard=False, tok=None, tok_file="toke
     ids = torch.tensor([TOKEN_IDS])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].to(torch.float32)
+        bf16_logits = model.to(torch.bfloat16)(input_ids=ids).logits[0].to(torch.float32)
     ref = {
         "tokens": TOKEN_IDS,
         "logits": logits.tolist(),
+        "bf16_logits": bf16_logits.tolist(),
         "text": TEXT,
         "text_ids": tok.encode(TEXT).ids,
         "eos": eos if isinstance(eos, list) else [eos],

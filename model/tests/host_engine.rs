@@ -186,11 +186,15 @@ fn rounded_copy(name: &str) -> Result<tempfile::TempDir> {
 }
 
 #[test]
-fn bf16_weights_compute_exactly_what_f32_computes_on_the_rounded_weights() -> Result<()> {
-    // `--dtype bf16` rounds each weight once and computes in f32, so it must equal the f32
-    // engine (checked against transformers above) on a checkpoint of the rounded weights;
-    // and `auto` on that checkpoint, whose weights are bf16 values, stores them in bf16 and
-    // loses nothing.
+fn bf16_weights_compute_what_f32_computes_on_the_rounded_weights_or_nearer_it_than_transformers_bf16() -> Result<()> {
+    // `--dtype bf16` rounds each weight once. Where the CPU has no bf16 instructions it
+    // computes in f32, so it must equal the f32 engine (checked against transformers above)
+    // on a checkpoint of the rounded weights. Where it has them, each linear layer rounds its
+    // inputs to bf16 too, as torch's bf16 products do: then it must stay nearer that f32
+    // computation than transformers' own bf16 forward of the checkpoint is (the stated
+    // bound), and differ from it (the rounding is there). Either way `auto` on that checkpoint,
+    // whose weights are bf16 values, stores them in bf16 and computes the same.
+    let pairs = specd_host_kernels::Isa::detect().multiplies_bf16_pairs();
     for name in ["llama_gqa_untied", "qwen3_tied_yarn", "gemma3"] {
         let r = reference(name)?;
         let rounded = rounded_copy(name)?;
@@ -211,7 +215,20 @@ fn bf16_weights_compute_exactly_what_f32_computes_on_the_rounded_weights() -> Re
         let (f32_on_rounded, stored) = logits(rounded.path(), DType::F32)?;
         assert_eq!(stored, DType::F32, "{name}");
         let diff = max_abs_diff(&bf16, &f32_on_rounded);
-        assert!(diff <= 1e-5, "{name}: bf16 weights against f32 on the rounded copy, max |Δlogit| = {diff}");
+        let transformers_bf16 = max_abs_diff(&r.bf16_logits, &f32_on_rounded);
+        eprintln!(
+            "{name}: from f32 on the rounded weights, max |Δlogit|: bf16 weights {diff:e} (inputs rounded: \
+             {pairs}), transformers in bf16 {transformers_bf16:e}"
+        );
+        if pairs {
+            assert!(
+                diff > 1e-5 && diff < transformers_bf16,
+                "{name}: bf16 products against f32 on the rounded copy, max |Δlogit| = {diff}, not in (1e-5, \
+                 {transformers_bf16}) (transformers' bf16 forward)"
+            );
+        } else {
+            assert!(diff <= 1e-5, "{name}: bf16 weights against f32 on the rounded copy, max |Δlogit| = {diff}");
+        }
         let (auto_on_rounded, stored) = logits(rounded.path(), DType::Auto)?;
         assert_eq!(stored, DType::Bf16, "{name}: a checkpoint of bf16 values is stored in bf16 by auto");
         assert_eq!(auto_on_rounded, bf16, "{name}");

@@ -368,7 +368,7 @@ pub fn hf_fixture(name: &str) -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = root.join("target/fixtures/model-v4");
+        let out = root.join("target/fixtures/model-v5");
         if !out.join("VERSION").is_file() {
             std::fs::create_dir_all(out.parent().expect("parent")).expect("fixture parent");
             let python = std::env::var_os("SPECD_PYTHON").map_or_else(|| root.join(".venv/bin/python"), PathBuf::from);

@@ -69,7 +69,8 @@ impl HostLlama {
     /// Loads a Hugging Face checkpoint directory as [`crate::LlamaModel::load`] does, onto
     /// the host: `opts.device` must be the CPU; `opts.dtype` f32, bf16 (weights stored in
     /// bf16) or auto (bf16 where the checkpoint's weights are bf16 values, f32 otherwise);
-    /// `opts.threads` threads (default: one per core).
+    /// `opts.threads` threads (default: one per core). On a CPU with bf16 instructions, bf16
+    /// matrices multiply inputs rounded to bf16 ([`WeightFormat::Bf16Pairs`]).
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let cfg = LlamaConfig::from_dir(dir)?;
         if let Some(why) = host_refuses(&cfg, opts) {
@@ -78,8 +79,14 @@ impl HostLlama {
         let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let kernels = Kernels::new(threads).map_err(|e| ModelError::Device(e.to_string()))?;
         let text = CheckpointText::read(dir)?;
-        let weights = HostWeights::load(dir, &cfg, WeightPolicy::from_dtype(opts.dtype), opts.allow_unused_weights)?;
-        let bf16 = weights.matrices().all(|m| m.format() == WeightFormat::Bf16);
+        let weights = HostWeights::load(
+            dir,
+            &cfg,
+            WeightPolicy::from_dtype(opts.dtype, kernels.isa()),
+            opts.allow_unused_weights,
+        )?;
+        let bf16 = weights.matrices().all(|m| m.format().is_bf16());
+        let pairs = weights.matrices().all(|m| m.format() == WeightFormat::Bf16Pairs);
         let dtype = if bf16 { DType::Bf16 } else { DType::F32 };
         // The keys and values are f32 whatever the weights are: the budget counts those bytes.
         let mut info = text.info(&cfg, DType::F32, crate::engine::Engine::Host.name());
@@ -112,7 +119,13 @@ impl HostLlama {
             model = %info.name,
             instructions = kernels.isa().name(),
             threads = kernels.threads(),
-            weights = if bf16 { "bf16" } else { "f32" },
+            weights = if pairs {
+                "bf16, inputs rounded to bf16"
+            } else if bf16 {
+                "bf16"
+            } else {
+                "f32"
+            },
             "host engine loaded"
         );
         Ok(Self {

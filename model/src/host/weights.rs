@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use specd_host_kernels::{PackedMatrix, WeightFormat, bf16_exact, to_bf16};
+use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, to_bf16};
 use tch::{Device, Kind, Tensor};
 
 use crate::config::LlamaConfig;
@@ -15,23 +15,30 @@ use crate::host::elementwise::Norm;
 use crate::libtorch::open_checkpoint;
 use crate::weights::WeightStore;
 
-/// How the matrices are stored, from `--dtype`.
+/// How the matrices are stored, from `--dtype` and what the CPU multiplies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WeightPolicy {
     /// `f32`: as read.
     F32,
-    /// `bf16`: every weight rounded to bf16 (matrices stored in it; embeddings, norms and
-    /// biases rounded too, so the model is exactly the checkpoint's bf16 copy).
-    Bf16,
-    /// `auto`: bf16 where that loses nothing (a bf16 checkpoint), `f32` otherwise.
-    Lossless,
+    /// `bf16`: every weight rounded to bf16 (matrices stored in the format given, the
+    /// CPU's best for bf16; embeddings, norms and biases rounded too, so the weights are
+    /// exactly the checkpoint's bf16 copy).
+    Bf16(WeightFormat),
+    /// `auto`: bf16 in the format given where storing the weights so loses nothing (a bf16
+    /// checkpoint), `f32` otherwise.
+    Lossless(WeightFormat),
 }
 
 impl WeightPolicy {
-    pub(crate) fn from_dtype(dtype: DType) -> Self {
+    /// The policy for `dtype`, storing bf16 matrices as pairs where the CPU multiplies bf16
+    /// pairs in one instruction (`isa`): a bf16 checkpoint is then multiplied as torch and
+    /// llama.cpp multiply it, inputs rounded to bf16, in about half the time a prompt's
+    /// products take widened to f32 (BENCHMARKS.md).
+    pub(crate) fn from_dtype(dtype: DType, isa: Isa) -> Self {
+        let bf16 = if isa.multiplies_bf16_pairs() { WeightFormat::Bf16Pairs } else { WeightFormat::Bf16 };
         match dtype {
-            DType::Bf16 => Self::Bf16,
-            DType::Auto => Self::Lossless,
+            DType::Bf16 => Self::Bf16(bf16),
+            DType::Auto => Self::Lossless(bf16),
             _ => Self::F32,
         }
     }
@@ -39,7 +46,7 @@ impl WeightPolicy {
     /// `tensor`'s values as f32, rounded to bf16 values under [`Self::Bf16`].
     fn read(self, tensor: &Tensor) -> Result<Vec<f32>> {
         let mut values = floats(tensor)?;
-        if self == Self::Bf16 {
+        if let Self::Bf16(_) = self {
             for v in &mut values {
                 *v = f32::from_bits(u32::from(to_bf16(*v)) << 16);
             }
@@ -50,9 +57,9 @@ impl WeightPolicy {
     fn pack(self, w: &[f32], outputs: usize, inputs: usize) -> PackedMatrix {
         let format = match self {
             Self::F32 => WeightFormat::F32,
-            Self::Bf16 => WeightFormat::Bf16,
-            Self::Lossless if bf16_exact(w) => WeightFormat::Bf16,
-            Self::Lossless => WeightFormat::F32,
+            Self::Bf16(bf16) => bf16,
+            Self::Lossless(bf16) if bf16_exact(w) => bf16,
+            Self::Lossless(_) => WeightFormat::F32,
         };
         PackedMatrix::new(w, outputs, inputs, format)
     }

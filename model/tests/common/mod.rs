@@ -10,7 +10,7 @@ use serde::Deserialize;
 use specd_model::{DType, DeviceSpec, LlamaModel, LoadOptions, Logits};
 
 /// Bump when `scripts/make_fixtures.py` changes what it writes.
-const FIXTURE_VERSION: &str = "model-v4";
+const FIXTURE_VERSION: &str = "model-v5";
 
 pub const FIXTURES: [&str; 9] = [
     "llama_gqa_untied",
@@ -28,7 +28,7 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("model/ has a parent").to_path_buf()
 }
 
-/// `target/fixtures/model-v4`, made by `scripts/make_fixtures.py` on first use (PyPI
+/// `target/fixtures/model-v5`, made by `scripts/make_fixtures.py` on first use (PyPI
 /// `transformers` + torch, random weights, nothing downloaded).
 pub fn fixtures_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -62,6 +62,8 @@ pub fn fixture(name: &str) -> PathBuf {
 pub struct Reference {
     pub tokens: Vec<u32>,
     pub logits: Vec<Vec<f32>>,
+    /// transformers' logits for the model cast to bf16.
+    pub bf16_logits: Vec<Vec<f32>>,
     pub text: String,
     pub text_ids: Vec<u32>,
     pub eos: Vec<u32>,
