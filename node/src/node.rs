@@ -138,6 +138,21 @@ impl NodeSessionState for SessionState {
     }
 }
 
+/// The dtype a node loads its model in: `--dtype`, except that a draft's `auto` on a CPU
+/// whose host engine multiplies bf16 pairs (`bf16_pairs`) is bf16, unless its engine is
+/// libtorch, whose bf16 is slower than its f32 on such a CPU. `auto` keeps a target's
+/// checkpoint values, since its p is the output law; a draft's q only moves the acceptance
+/// rate, never the law, and in bf16 there its step takes about half the time
+/// (BENCHMARKS.md).
+fn model_dtype(role: &str, dtype: DType, device: DeviceSpec, engine: Engine, bf16_pairs: bool) -> DType {
+    let bf16_draft = role == "draft"
+        && dtype == DType::Auto
+        && device == DeviceSpec::Cpu
+        && engine != Engine::Libtorch
+        && bf16_pairs;
+    if bf16_draft { DType::Bf16 } else { dtype }
+}
+
 /// A node of either role. Cheap to clone: the state is shared.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -158,9 +173,14 @@ impl Node {
     /// Loads the model on its own worker thread; blocks until it is ready.
     pub fn load(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
         let distributions = config.distributions.resolve(config.device);
+        let bf16_pairs = specd_model::cpu_features::host_multiplies_bf16_pairs();
+        let dtype = model_dtype(role, config.dtype, config.device, config.engine, bf16_pairs);
+        if dtype != config.dtype {
+            tracing::info!(%dtype, "draft dtype auto: this CPU multiplies bf16 pairs, and a draft's q does not change the law");
+        }
         let options = LoadOptions {
             device: config.device,
-            dtype: config.dtype,
+            dtype,
             kv_budget: config.kv_budget,
             threads: config.threads,
             allow_unused_weights: config.allow_unused_weights,
@@ -382,6 +402,20 @@ fn sampling_threads(configured: Option<usize>, device: DeviceSpec) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drafts_auto_dtype_is_bf16_on_a_cpu_that_multiplies_bf16_pairs_and_nothing_else_changes() {
+        let (cpu, gpu) = (DeviceSpec::Cpu, DeviceSpec::Cuda(0));
+        assert_eq!(model_dtype("draft", DType::Auto, cpu, Engine::Auto, true), DType::Bf16);
+        assert_eq!(model_dtype("draft", DType::Auto, cpu, Engine::Host, true), DType::Bf16);
+        // Not without the instructions, not on libtorch, not on a GPU, not for a target,
+        // and never over a dtype asked for.
+        assert_eq!(model_dtype("draft", DType::Auto, cpu, Engine::Auto, false), DType::Auto);
+        assert_eq!(model_dtype("draft", DType::Auto, cpu, Engine::Libtorch, true), DType::Auto);
+        assert_eq!(model_dtype("draft", DType::Auto, gpu, Engine::Auto, true), DType::Auto);
+        assert_eq!(model_dtype("target", DType::Auto, cpu, Engine::Auto, true), DType::Auto);
+        assert_eq!(model_dtype("draft", DType::F32, cpu, Engine::Host, true), DType::F32);
+    }
 
     #[test]
     fn sampling_threads_are_one_on_a_cpu_unless_set() {

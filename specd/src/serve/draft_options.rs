@@ -28,9 +28,8 @@ pub struct DraftOptions {
     #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
     pub(crate) draft_threads: usize,
     /// dtype of the draft model. Default: --dtype where the draft runs on the target's
-    /// device, auto where it runs on another (--dtype is then the target's). A small draft's
-    /// steps are per-operation overhead, which f32 has least of on a CPU, even beside a
-    /// bf16 target.
+    /// device, auto where it runs on another (--dtype is then the target's). A draft's auto
+    /// on a CPU with AVX-512 BF16 is bf16 unless it runs on libtorch (see --dtype).
     #[arg(long, env = "SPECD_DRAFT_DTYPE", value_parser = parse_dtype)]
     pub(crate) draft_dtype: Option<DType>,
     /// What computes the draft's passes; see --engine. Default: host for a small draft

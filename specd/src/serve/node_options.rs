@@ -23,13 +23,16 @@ pub struct NodeOptions {
     #[arg(long, env = "SPECD_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(super) device: DeviceSpec,
     /// auto, f32, f16, bf16 or f64 (f64: slow, for exact greedy identity checks). auto: the
-    /// checkpoint's own dtype on a GPU; on a CPU bf16 where it has bf16 matrix units (AMX),
-    /// f32 elsewhere.
+    /// checkpoint's own dtype on a GPU; on a CPU, libtorch takes bf16 where it has bf16
+    /// matrix units (AMX), f32 elsewhere, and the host engine bf16 for a bf16 checkpoint; a
+    /// draft on a CPU with AVX-512 BF16 takes bf16 (not on libtorch): its q sets the
+    /// acceptance rate, not the output law.
     #[arg(long, env = "SPECD_DTYPE", default_value = "auto", value_parser = parse_dtype)]
     pub(super) dtype: DType,
     /// What computes the model's passes: libtorch (every family, CPU or GPU), host (Llama,
     /// Mistral, Qwen2, Qwen3 and Gemma 3 checkpoints on the CPU without libtorch: the CPU's
-    /// vector instructions on --threads threads, bf16 or f32 weights, f32 arithmetic), or
+    /// vector instructions on --threads threads, bf16 or f32 weights, f32 arithmetic but for
+    /// bf16 weights on a CPU with AVX-512 BF16, which multiply inputs rounded to bf16), or
     /// auto (on a CPU, where both can run the model, each is timed on a few passes at load
     /// and the faster kept; libtorch otherwise).
     #[arg(long, env = "SPECD_ENGINE", default_value = "auto", value_parser = parse_engine)]
