@@ -10,6 +10,7 @@
 //! as bf16 pairs.
 
 use crate::isa::{Isa, Level, dispatched, prefetch};
+use crate::loops::Weight;
 use crate::packed::{BLOCK, LINE, to_bf16};
 
 /// `x` (`rows × k`) rounded to bf16, two inputs to a `u32` (input `2j` in the low half,
@@ -51,21 +52,20 @@ dispatched! {
 }
 
 /// The products of [`panels`] one row at a time, each pair widened to `f32`: exact products
-/// (eight bits of significand times eight), each added in the order `vdpbf16ps` adds them,
-/// the high input's first. Where the CPU has no bf16 instructions, and in tests as the
+/// (eight bits of significand times eight), each added in the order Intel's manual gives
+/// for `vdpbf16ps`, the high input's first. Where the CPU has no bf16 instructions, and in tests as the
 /// instruction's reference.
 #[inline(always)]
 fn widened_panels(x: &[u32], pairs: usize, rows: usize, panels: &[u16], sums: &mut [[f32; BLOCK]]) {
-    let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
     for (p, out) in sums.chunks_exact_mut(rows).enumerate() {
         let panel = &panels[p * BLOCK * 2 * pairs..][..BLOCK * 2 * pairs];
         for (t, sum) in out.iter_mut().enumerate() {
             let mut acc = [0f32; BLOCK];
             for (&xp, w) in x[t * pairs..][..pairs].iter().zip(panel.chunks_exact(BLOCK * 2)) {
-                let (x0, x1) = (widen(xp as u16), widen((xp >> 16) as u16));
+                let (x0, x1) = ((xp as u16).widen(), ((xp >> 16) as u16).widen());
                 for i in 0..BLOCK {
-                    acc[i] += x1 * widen(w[2 * i + 1]);
-                    acc[i] += x0 * widen(w[2 * i]);
+                    acc[i] += x1 * w[2 * i + 1].widen();
+                    acc[i] += x0 * w[2 * i].widen();
                 }
             }
             *sum = acc;

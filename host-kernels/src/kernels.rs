@@ -338,10 +338,6 @@ mod tests {
     use super::*;
     use crate::packed::WeightFormat;
 
-    fn rounded(v: f32) -> f32 {
-        f32::from_bits(u32::from(crate::to_bf16(v)) << 16)
-    }
-
     fn wave(n: usize, step: f32) -> Vec<f32> {
         (0..n).map(|i| (i as f32 * step).sin()).collect()
     }
@@ -375,14 +371,17 @@ mod tests {
                     // bf16 weights are compared with their own rounded values, and pair
                     // panels' products with the rounded inputs too.
                     let wr: Vec<f32> =
-                        if format.is_bf16() { w.iter().map(|&v| rounded(v)).collect() } else { w.clone() };
+                        if format.is_bf16() { w.iter().copied().map(crate::bf16_value).collect() } else { w.clone() };
                     let mut scratch = LinearScratch::default();
                     for rows in (1..=13).chain([17, 20]) {
                         let x = wave(rows * k, 0.13);
                         let mut out = vec![f32::NAN; rows * outputs];
                         kernels.linear(&x, rows, &packed, Some(&bias), &mut out, &mut scratch);
-                        let xr: Vec<f32> =
-                            if format == WeightFormat::Bf16Pairs { x.iter().map(|&v| rounded(v)).collect() } else { x };
+                        let xr: Vec<f32> = if format == WeightFormat::Bf16Pairs {
+                            x.iter().copied().map(crate::bf16_value).collect()
+                        } else {
+                            x
+                        };
                         let want = reference(&xr, rows, &wr, outputs, &bias);
                         for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
                             assert!(
@@ -444,7 +443,7 @@ mod tests {
         };
         let baseline = run(Isa::baseline());
         let unrounded = {
-            let wr: Vec<f32> = w.iter().map(|&v| rounded(v)).collect();
+            let wr: Vec<f32> = w.iter().copied().map(crate::bf16_value).collect();
             reference(&x, rows, &wr, outputs, &vec![0.0; outputs])
         };
         let far = baseline.iter().zip(&unrounded).map(|(&a, &b)| (f64::from(a) - b).abs()).fold(0.0, f64::max);

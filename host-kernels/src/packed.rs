@@ -186,6 +186,11 @@ pub fn to_bf16(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
+/// `x` rounded to bf16 as [`to_bf16`] rounds it, as the `f32` of the same value.
+pub fn bf16_value(x: f32) -> f32 {
+    f32::from_bits(u32::from(to_bf16(x)) << 16)
+}
+
 /// Whether every value of `w` is a bf16 value (its low 16 bits zero), as a bf16 checkpoint
 /// read into `f32` is: storing it as bf16 then loses nothing.
 pub fn bf16_exact(w: &[f32]) -> bool {
@@ -205,7 +210,7 @@ mod tests {
         assert_eq!(to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
         assert_eq!(to_bf16(-2.5), 0xc020);
         assert_eq!(to_bf16(f32::NAN), 0x7fc0);
-        let exact = [0.0f32, -1.5, 3.0e-3f32].map(|v| f32::from_bits(u32::from(to_bf16(v)) << 16));
+        let exact = [0.0f32, -1.5, 3.0e-3f32].map(bf16_value);
         assert!(bf16_exact(&exact));
         assert!(!bf16_exact(&[0.1]));
     }

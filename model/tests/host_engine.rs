@@ -165,7 +165,7 @@ fn rounded_copy(name: &str) -> Result<tempfile::TempDir> {
                         .chunks_exact(4)
                         .flat_map(|b| {
                             let v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
-                            (u32::from(specd_host_kernels::to_bf16(v)) << 16).to_le_bytes()
+                            specd_host_kernels::bf16_value(v).to_le_bytes()
                         })
                         .collect();
                     (name, data, view.shape().to_vec())

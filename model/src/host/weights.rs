@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, to_bf16};
+use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, bf16_value};
 use tch::{Device, Kind, Tensor};
 
 use crate::config::LlamaConfig;
@@ -48,7 +48,7 @@ impl WeightPolicy {
         let mut values = floats(tensor)?;
         if let Self::Bf16(_) = self {
             for v in &mut values {
-                *v = f32::from_bits(u32::from(to_bf16(*v)) << 16);
+                *v = bf16_value(*v);
             }
         }
         Ok(values)
