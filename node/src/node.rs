@@ -138,6 +138,13 @@ impl NodeSessionState for SessionState {
     }
 }
 
+/// The dtype a node of `role` loads its model in on this CPU ([`model_dtype`]), for
+/// `--check-config` to show before any load.
+pub fn load_dtype(role: &str, config: &NodeConfig) -> DType {
+    let bf16_pairs = specd_model::cpu_features::host_multiplies_bf16_pairs();
+    model_dtype(role, config.dtype, config.device, config.engine, bf16_pairs)
+}
+
 /// The dtype a node loads its model in: `--dtype`, except that a draft's `auto` on a CPU
 /// whose host engine multiplies bf16 pairs (`bf16_pairs`) is bf16, unless its engine is
 /// libtorch, whose bf16 is slower than its f32 on such a CPU. `auto` keeps a target's
@@ -173,8 +180,7 @@ impl Node {
     /// Loads the model on its own worker thread; blocks until it is ready.
     pub fn load(role: &'static str, config: NodeConfig) -> Result<Self, NodeError> {
         let distributions = config.distributions.resolve(config.device);
-        let bf16_pairs = specd_model::cpu_features::host_multiplies_bf16_pairs();
-        let dtype = model_dtype(role, config.dtype, config.device, config.engine, bf16_pairs);
+        let dtype = load_dtype(role, &config);
         if dtype != config.dtype {
             tracing::info!(%dtype, "draft dtype auto: this CPU multiplies bf16 pairs, and a draft's q does not change the law");
         }

@@ -65,6 +65,13 @@ pub(super) fn metrics_summary(metrics: &MetricsOptions) -> String {
     metrics.metrics_listen.map(|a| format!(", metrics on {a}")).unwrap_or_default()
 }
 
+/// A node's `--dtype`, and what it resolves to at load where that is already known here (a
+/// draft's `auto` on a CPU that multiplies bf16 pairs).
+pub(super) fn shown_dtype(role: &str, config: &NodeConfig) -> String {
+    let loaded = specd_node::node::load_dtype(role, config);
+    if loaded == config.dtype { config.dtype.to_string() } else { format!("{} ({loaded} on this CPU)", config.dtype) }
+}
+
 /// `--check-config` of a node role: everything but loading the weights.
 pub(super) fn check_node(
     role: &str,
@@ -85,7 +92,7 @@ pub(super) fn check_node(
     outln!(
         "config ok: {role} on {listen}{tls}, model {model}, {} {}{}{traces}",
         config.device,
-        config.dtype,
+        shown_dtype(role, config),
         metrics_summary(&service.metrics)
     );
     Ok(())

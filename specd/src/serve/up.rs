@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use specd_draft_node::proposer::ProposerKind;
 
-use super::check_config::{CheckArgs, check_model, metrics_summary, traces_summary};
+use super::check_config::{CheckArgs, check_model, metrics_summary, shown_dtype, traces_summary};
 use super::coordinator_options::{HttpOptions, PolicyOptions, announce_http};
 use super::draft_options::{DraftOptions, ProposerOptions, draft_model_path};
 use super::loopback::LoopbackNodes;
@@ -86,7 +86,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
             target_config.device,
             target_config.dtype,
             draft_config.device,
-            draft_config.dtype,
+            shown_dtype("draft", &draft_config),
             draft_config.engine,
             metrics_summary(&args.metrics),
         );
