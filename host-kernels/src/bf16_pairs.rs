@@ -3,8 +3,8 @@
 //! `vdpbf16ps` where the CPU has it, or by the same products widened to `f32` elsewhere
 //! ([`panels`]).
 //!
-//! A prompt's pass is bound by multiply-adds: with bf16 instructions one of them computes 32
-//! products (two per lane) where an `f32` multiply-add computes 16. This module allows
+//! A prompt's pass is bound by its products: one bf16 instruction computes 32 of them (two
+//! per lane) where an `f32` multiply-add computes 16. This module allows
 //! `unsafe` for what the intrinsics need beyond the feature check `crate::isa` makes: loading
 //! and storing vectors from slices whose lengths were checked, and viewing a vector's bits
 //! as bf16 pairs.
@@ -53,8 +53,8 @@ dispatched! {
 
 /// The products of [`panels`] one row at a time, each pair widened to `f32`: exact products
 /// (eight bits of significand times eight), each added in the order Intel's manual gives
-/// for `vdpbf16ps`, the high input's first. Where the CPU has no bf16 instructions, and in tests as the
-/// instruction's reference.
+/// for `vdpbf16ps`, the high input's first. For CPUs without bf16 instructions, and in the
+/// tests as the instruction's reference.
 #[inline(always)]
 fn widened_panels(x: &[u32], pairs: usize, rows: usize, panels: &[u16], sums: &mut [[f32; BLOCK]]) {
     for (p, out) in sums.chunks_exact_mut(rows).enumerate() {
