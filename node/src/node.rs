@@ -139,8 +139,11 @@ impl NodeSessionState for SessionState {
 }
 
 /// The dtype a node of `role` loads its model in on this CPU ([`model_dtype`]), for
-/// `--check-config` to show before any load.
+/// `--check-config` to show before any load. A table model, or no model, takes none.
 pub fn load_dtype(role: &str, config: &NodeConfig) -> DType {
+    if !config.model.is_dir() {
+        return config.dtype;
+    }
     let bf16_pairs = specd_model::cpu_features::host_multiplies_bf16_pairs();
     model_dtype(role, config.dtype, config.device, config.engine, bf16_pairs)
 }
