@@ -71,14 +71,19 @@ impl Isa {
         }
     }
 
-    /// Whether it multiplies pairs of bf16 values in one instruction (`vdpbf16ps`): where it
-    /// does, bf16 weights are best packed as [`crate::WeightFormat::Bf16Pairs`].
+    /// Whether it multiplies pairs of bf16 values in one instruction (`vdpbf16ps`).
     pub fn multiplies_bf16_pairs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self.0 == Level::Avx512Bf16 {
             return true;
         }
         false
+    }
+
+    /// How bf16 weights are best stored for it: as pairs where it multiplies them (inputs
+    /// rounded to bf16), widened to f32 as read elsewhere.
+    pub fn bf16_format(self) -> crate::WeightFormat {
+        if self.multiplies_bf16_pairs() { crate::WeightFormat::Bf16Pairs } else { crate::WeightFormat::Bf16 }
     }
 }
 

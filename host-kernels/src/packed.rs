@@ -37,6 +37,15 @@ impl WeightFormat {
     pub fn is_bf16(self) -> bool {
         self.bytes() == 2
     }
+
+    /// What it stores and multiplies, as logs say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Bf16Pairs => "bf16, inputs rounded to bf16",
+        }
+    }
 }
 
 /// A cache line: panels start on one, so that no 64-byte load of a panel straddles two
@@ -100,41 +109,10 @@ impl PackedMatrix {
     /// If `w` is not `outputs × inputs` long.
     pub fn new(w: &[f32], outputs: usize, inputs: usize, format: WeightFormat) -> Self {
         assert_eq!(w.len(), outputs * inputs, "a {outputs} × {inputs} matrix");
-        let len = outputs.div_ceil(BLOCK) * BLOCK * inputs;
-        let at = |o: usize, k: usize| (o / BLOCK) * BLOCK * inputs + k * BLOCK + o % BLOCK;
         let panels = match format {
-            WeightFormat::F32 => {
-                let mut aligned = Aligned::zeroed(len);
-                let p = aligned.as_mut_slice();
-                for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
-                    for (k, &v) in row.iter().enumerate() {
-                        p[at(o, k)] = v;
-                    }
-                }
-                Panels::F32(aligned)
-            }
-            WeightFormat::Bf16 => {
-                let mut aligned = Aligned::zeroed(len);
-                let p = aligned.as_mut_slice();
-                for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
-                    for (k, &v) in row.iter().enumerate() {
-                        p[at(o, k)] = to_bf16(v);
-                    }
-                }
-                Panels::Bf16(aligned)
-            }
-            WeightFormat::Bf16Pairs => {
-                let pairs = inputs.div_ceil(2);
-                let mut aligned = Aligned::zeroed(outputs.div_ceil(BLOCK) * BLOCK * pairs * 2);
-                let p = aligned.as_mut_slice();
-                for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
-                    let panel = (o / BLOCK) * BLOCK * pairs * 2;
-                    for (k, &v) in row.iter().enumerate() {
-                        p[panel + (k / 2) * BLOCK * 2 + (o % BLOCK) * 2 + k % 2] = to_bf16(v);
-                    }
-                }
-                Panels::Bf16Pairs(aligned)
-            }
+            WeightFormat::F32 => Panels::F32(laid_out(w, outputs, inputs, format, |v| v)),
+            WeightFormat::Bf16 => Panels::Bf16(laid_out(w, outputs, inputs, format, to_bf16)),
+            WeightFormat::Bf16Pairs => Panels::Bf16Pairs(laid_out(w, outputs, inputs, format, to_bf16)),
         };
         Self { inputs, outputs, panels }
     }
@@ -165,15 +143,45 @@ impl PackedMatrix {
 
     /// The weights (padding included) one panel holds.
     pub(crate) fn panel_len(&self) -> usize {
-        match self.panels {
-            Panels::F32(_) | Panels::Bf16(_) => BLOCK * self.inputs,
-            Panels::Bf16Pairs(_) => BLOCK * self.inputs.div_ceil(2) * 2,
-        }
+        panel_len(self.format(), self.inputs)
     }
 
     pub(crate) fn blocks(&self) -> usize {
         self.outputs.div_ceil(BLOCK)
     }
+}
+
+/// The weights (padding included) one panel of `format` holds for `inputs` inputs.
+fn panel_len(format: WeightFormat, inputs: usize) -> usize {
+    match format {
+        WeightFormat::F32 | WeightFormat::Bf16 => BLOCK * inputs,
+        WeightFormat::Bf16Pairs => BLOCK * inputs.div_ceil(2) * 2,
+    }
+}
+
+/// The row-major `outputs × inputs` matrix `w` laid out in `format`'s panels, each weight
+/// stored as `store` makes it.
+fn laid_out<T: Copy + Default>(
+    w: &[f32],
+    outputs: usize,
+    inputs: usize,
+    format: WeightFormat,
+    store: impl Fn(f32) -> T,
+) -> Aligned<T> {
+    let panel_len = panel_len(format, inputs);
+    let mut aligned = Aligned::zeroed(outputs.div_ceil(BLOCK) * panel_len);
+    let p = aligned.as_mut_slice();
+    for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
+        let (panel, lane) = ((o / BLOCK) * panel_len, o % BLOCK);
+        for (k, &v) in row.iter().enumerate() {
+            let at = match format {
+                WeightFormat::F32 | WeightFormat::Bf16 => k * BLOCK + lane,
+                WeightFormat::Bf16Pairs => (k / 2) * BLOCK * 2 + lane * 2 + k % 2,
+            };
+            p[panel + at] = store(v);
+        }
+    }
+    aligned
 }
 
 /// `x` rounded to bf16 (nearest, ties to even; a NaN stays a quiet NaN).

@@ -85,9 +85,13 @@ impl HostLlama {
             WeightPolicy::from_dtype(opts.dtype, kernels.isa()),
             opts.allow_unused_weights,
         )?;
-        let bf16 = weights.matrices().all(|m| m.format().is_bf16());
-        let pairs = weights.matrices().all(|m| m.format() == WeightFormat::Bf16Pairs);
-        let dtype = if bf16 { DType::Bf16 } else { DType::F32 };
+        // Matrices in more than one format (a checkpoint bf16 in part, under auto) count as f32.
+        let format = weights
+            .matrices()
+            .map(|m| m.format())
+            .reduce(|a, b| if a == b { a } else { WeightFormat::F32 })
+            .unwrap_or(WeightFormat::F32);
+        let dtype = if format.is_bf16() { DType::Bf16 } else { DType::F32 };
         // The keys and values are f32 whatever the weights are: the budget counts those bytes.
         let mut info = text.info(&cfg, DType::F32, crate::engine::Engine::Host.name());
         info.dtype = dtype;
@@ -119,13 +123,7 @@ impl HostLlama {
             model = %info.name,
             instructions = kernels.isa().name(),
             threads = kernels.threads(),
-            weights = if pairs {
-                "bf16, inputs rounded to bf16"
-            } else if bf16 {
-                "bf16"
-            } else {
-                "f32"
-            },
+            weights = format.name(),
             "host engine loaded"
         );
         Ok(Self {

@@ -35,7 +35,7 @@ impl WeightPolicy {
     /// llama.cpp multiply it, inputs rounded to bf16, in about half the time a prompt's
     /// products take widened to f32 (BENCHMARKS.md).
     pub(crate) fn from_dtype(dtype: DType, isa: Isa) -> Self {
-        let bf16 = if isa.multiplies_bf16_pairs() { WeightFormat::Bf16Pairs } else { WeightFormat::Bf16 };
+        let bf16 = isa.bf16_format();
         match dtype {
             DType::Bf16 => Self::Bf16(bf16),
             DType::Auto => Self::Lossless(bf16),
