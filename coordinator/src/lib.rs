@@ -49,8 +49,9 @@ pub use api::grpc::GenerationService;
 pub use api::http::HttpConfig;
 pub use error::CoordinatorError;
 pub use nodes::NodePool;
-pub use nodes::discovery::{Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
+pub use nodes::discovery::{Dialing, Discovery, NodeAddress, Resolver, StaticResolver, SystemResolver};
 pub use request::{Defaults, GammaChoice, RuleVariant, TreeSetting};
+pub use specd_proto::in_process::InProcessNodes;
 use specd_proto::tls::{ClientTls, ServerTls};
 /// The syntax of a model's tool calls, for [`HttpConfig::tool_call_format`].
 pub use specd_text::ToolCallFormat;
@@ -105,6 +106,9 @@ pub struct CoordinatorConfig {
     pub tokenizer: Option<std::path::PathBuf>,
     /// Use the model's generation_config.json values as request defaults.
     pub generation_config: bool,
+    /// Nodes served in this process (`specd up`, `specd bench --embedded`): the round
+    /// streams to those of `targets` and `drafts` go through their handles, not gRPC.
+    pub in_process: InProcessNodes,
 }
 
 /// Connects to the nodes (refusing incompatible ones), then serves until `shutdown`.
@@ -119,9 +123,9 @@ pub async fn run(
 
 /// Connects to every node and checks they can work together.
 pub async fn connect(config: &CoordinatorConfig) -> Result<GenerationService, CoordinatorError> {
-    let mut pool =
-        NodePool::connect(&config.targets, &config.drafts, config.node_timeout, &config.tls.nodes, &config.discovery)
-            .await?;
+    let dialing =
+        Dialing { timeout: config.node_timeout, tls: config.tls.nodes.clone(), in_process: config.in_process.clone() };
+    let mut pool = NodePool::connect(&config.targets, &config.drafts, &dialing, &config.discovery).await?;
     if let Some(loaded) = text::load(&pool, config.tokenizer.as_deref()).await? {
         pool.facts.text = Some(loaded.text);
         pool.facts.constraints = loaded.constraints;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use specd_model::LanguageModel;
 use specd_node::spans::{round_span, rpc_span};
 use specd_node::{Lookahead, NodeError, ReplyStream, SessionState};
+use specd_proto::in_process::{Rounds, ServesRounds};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
     InfoRequest, NgramSpan, NodeInfo, OpenSessionRequest, OpenSessionResponse, ProposeRequest, ProposeResponse,
@@ -14,8 +15,8 @@ use specd_proto::v1::{
 use specd_sampling::{MAX_GAMMA, TreeShape, Truncation};
 use specd_telemetry::attributes;
 use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -102,23 +103,7 @@ impl DraftService for DraftNode {
         &self,
         request: Request<Streaming<ProposeRequest>>,
     ) -> Result<Response<Self::ProposeStreamStream>, Status> {
-        let (node, mut requests) = (self.clone(), request.into_inner());
-        let (replies, rx) = mpsc::channel(PUSH_QUEUE);
-        // As `specd_node::serve_rounds`, with the stream's sender lent to the drafting ahead
-        // so that it can push blocks between the replies.
-        tokio::spawn(async move {
-            while let Some(request) = requests.next().await {
-                let reply = match request {
-                    Ok(request) => node.propose_one(request, Some(&replies)).await.map_err(Status::from),
-                    Err(status) => Err(status),
-                };
-                let failed = reply.is_err();
-                if replies.send(reply).await.is_err() || failed {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(self.propose_rounds(request.into_inner())))
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
@@ -134,7 +119,37 @@ impl DraftService for DraftNode {
     }
 }
 
+impl ServesRounds<ProposeRequest, ProposeResponse> for DraftNode {
+    fn serve_rounds(&self, requests: Rounds<ProposeRequest>) -> Rounds<ProposeResponse> {
+        Box::pin(self.propose_rounds(requests))
+    }
+}
+
 impl DraftNode {
+    /// A session's Propose stream, over gRPC or in process: as `specd_node::serve_rounds`,
+    /// with the stream's sender lent to the drafting ahead so that it can push blocks between
+    /// the replies.
+    fn propose_rounds(
+        &self,
+        mut requests: impl Stream<Item = Result<ProposeRequest, Status>> + Send + Unpin + 'static,
+    ) -> ReplyStream<ProposeResponse> {
+        let node = self.clone();
+        let (replies, rx) = mpsc::channel(PUSH_QUEUE);
+        tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                let reply = match request {
+                    Ok(request) => node.propose_one(request, Some(&replies)).await.map_err(Status::from),
+                    Err(status) => Err(status),
+                };
+                let failed = reply.is_err();
+                if replies.send(reply).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+
     /// One Propose, for the unary call and the stream alike; `stream`: where the stream's
     /// replies go, for blocks pushed ahead.
     async fn propose_one(&self, req: ProposeRequest, stream: Option<&Replies>) -> Result<ProposeResponse, NodeError> {

@@ -1,10 +1,13 @@
 //! Unary calls vs one long-lived bidirectional stream per node, for the round protocol's
 //! traffic on loopback (docs/architecture.md): a round is a Propose (≈60 B out, ≈7 KB back at γ = 5
 //! with V = 32 000) then a Verify (≈1.5 KB out, ≈200 B back). The server only echoes, so the
-//! figures are the transport's share of a round's overhead and nothing else.
+//! figures are the transport's share of a round's overhead and nothing else. Two more rows
+//! for roles in one process: the stream over an in-memory pipe instead of TCP (gRPC still
+//! encodes and frames every message), and the messages handed to a task on channels, as
+//! `specd_proto::in_process` does.
 //!
 //! `cargo bench -p specd-proto --bench round_transport` prints the median and 90th percentile
-//! round time of both, measured in alternating blocks in one run.
+//! round time of each, measured in alternating blocks in one run.
 
 use std::time::{Duration, Instant};
 
@@ -96,6 +99,39 @@ fn main() {
         let (requests, rx) = mpsc::channel(4);
         let replies = EchoClient::new(channel).stream(ReceiverStream::new(rx)).await.expect("open stream").into_inner();
         let mut stream = StreamClient { requests, replies };
+        // The same stream over an in-memory pipe instead of loopback TCP.
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        tokio::spawn(
+            Server::builder().add_service(EchoServer::new(EchoService)).serve_with_incoming(tokio_stream::once(Ok::<
+                _,
+                std::io::Error,
+            >(
+                server_io,
+            ))),
+        );
+        let mut client_io = Some(client_io);
+        let memory_channel = tonic::transport::Endpoint::from_static("http://in-memory")
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let io = client_io.take();
+                async move { io.map(hyper_util::rt::TokioIo::new).ok_or_else(|| std::io::Error::other("used")) }
+            }))
+            .await
+            .expect("connect in memory");
+        let (requests, rx) = mpsc::channel(4);
+        let replies = EchoClient::new(memory_channel).stream(ReceiverStream::new(rx)).await.expect("open").into_inner();
+        let mut memory = StreamClient { requests, replies };
+        // No gRPC: a task answering on channels, as a direct call to a node's handler would.
+        let (direct_tx, mut direct_rx) = mpsc::channel::<EchoRequest>(1);
+        let (reply_tx, mut reply_rx) = mpsc::channel::<EchoReply>(1);
+        tokio::spawn(async move {
+            while let Some(r) = direct_rx.recv().await {
+                if reply_tx.send(reply_to(&r)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut direct_times = Vec::new();
+        let mut memory_times = Vec::new();
         for _ in 0..50 {
             unary_round(&mut unary).await;
             stream_round(&mut stream).await;
@@ -112,10 +148,30 @@ fn main() {
                 stream_round(&mut stream).await;
                 stream_times.push(started.elapsed());
             }
+            for _ in 0..ROUNDS_PER_BLOCK {
+                let started = Instant::now();
+                stream_round(&mut memory).await;
+                memory_times.push(started.elapsed());
+            }
+            for _ in 0..ROUNDS_PER_BLOCK {
+                let started = Instant::now();
+                for (out, back) in CALLS {
+                    direct_tx.send(EchoRequest { payload: vec![1; out], reply_bytes: back }).await.expect("send");
+                    assert_eq!(reply_rx.recv().await.expect("reply").payload.len(), back as usize);
+                }
+                direct_times.push(started.elapsed());
+            }
         }
         println!("one round = Propose {:?} then Verify {:?} (request bytes, reply bytes)", CALLS[0], CALLS[1]);
         let unary_median = summary("unary", unary_times);
         let stream_median = summary("stream", stream_times);
-        println!("stream / unary median: {:.2}", stream_median / unary_median);
+        let memory_median = summary("memory", memory_times);
+        let direct_median = summary("channels", direct_times);
+        println!(
+            "median ÷ stream: unary {:.2}, in-memory pipe {:.2}, channels {:.2}",
+            unary_median / stream_median,
+            memory_median / stream_median,
+            direct_median / stream_median
+        );
     });
 }

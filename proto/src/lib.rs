@@ -7,11 +7,14 @@
 //!   what a peer sent;
 //! - [`error`]: [`ProtoError`] and its mapping to gRPC status codes;
 //! - [`transport`]: the server every role runs (health, reflection, no Nagle delay, TLS);
+//! - [`in_process`]: round streams to nodes served in the coordinator's own process, on
+//!   channels instead of gRPC;
 //! - [`tls`]: TLS and mutual TLS settings for servers and clients;
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server reflection.
 
 pub mod convert;
 pub mod error;
+pub mod in_process;
 pub mod tls;
 pub mod transport;
 

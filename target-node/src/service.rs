@@ -3,6 +3,7 @@
 use specd_node::spans::{round_span, rpc_span};
 use specd_node::{NodeError, ReplyStream, serve_rounds};
 use specd_proto::convert::{scored_positions, scored_tree_nodes};
+use specd_proto::in_process::{Rounds, ServesRounds};
 use specd_proto::v1::target_service_server::TargetService;
 use specd_proto::v1::{
     DenseRow, DetokenizeRequest, DetokenizeResponse, InfoRequest, NodeInfo, OpenSessionRequest, OpenSessionResponse,
@@ -12,6 +13,7 @@ use specd_proto::v1::{
 use specd_sampling::logprobs::MAX_TOP_LOGPROBS;
 use specd_sampling::{MAX_GAMMA, MAX_TREE_CANDIDATES, SamplingParams};
 use specd_telemetry::attributes;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -46,12 +48,7 @@ impl TargetService for TargetNode {
         &self,
         request: Request<Streaming<VerifyRequest>>,
     ) -> Result<Response<Self::VerifyStreamStream>, Status> {
-        let node = self.clone();
-        let handle = move |req| {
-            let node = node.clone();
-            async move { node.verify_one(req).await.map_err(Status::from) }
-        };
-        Ok(Response::new(serve_rounds(request.into_inner(), handle)))
+        Ok(Response::new(self.verify_rounds(request.into_inner())))
     }
     async fn target_law(&self, request: Request<TargetLawRequest>) -> Result<Response<TargetLawResponse>, Status> {
         let req = request.into_inner();
@@ -94,7 +91,26 @@ impl TargetService for TargetNode {
     }
 }
 
+impl ServesRounds<VerifyRequest, VerifyResponse> for TargetNode {
+    fn serve_rounds(&self, requests: Rounds<VerifyRequest>) -> Rounds<VerifyResponse> {
+        Box::pin(self.verify_rounds(requests))
+    }
+}
+
 impl TargetNode {
+    /// A session's Verify stream, over gRPC or in process.
+    fn verify_rounds(
+        &self,
+        requests: impl Stream<Item = Result<VerifyRequest, Status>> + Send + Unpin + 'static,
+    ) -> ReplyStream<VerifyResponse> {
+        let node = self.clone();
+        let handle = move |req| {
+            let node = node.clone();
+            async move { node.verify_one(req).await.map_err(Status::from) }
+        };
+        serve_rounds(requests, handle)
+    }
+
     /// One Verify, for the unary call and the stream alike.
     async fn verify_one(&self, req: VerifyRequest) -> Result<VerifyResponse, NodeError> {
         let span = round_span("verify", &req.session_id, req.round, &req.trace_context);

@@ -7,15 +7,18 @@ pub mod chaos;
 pub mod law_tables;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chaos::ChaosProxy;
-use specd_coordinator::{CoordinatorConfig, GammaChoice, RuleVariant};
+use specd_coordinator::{CoordinatorConfig, GammaChoice, InProcessNodes, RuleVariant};
 use specd_device_sampling::DeviceRule;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
 use specd_model::{BatchPolicy, DType, DeviceSpec, Engine, KvBudget, PrefixCacheOptions};
 use specd_node::{BlockMasks, Distributions, NodeConfig, NodeFaults};
+use specd_proto::in_process::{Rounds, ServesRounds};
 use specd_proto::v1::draft_service_client::DraftServiceClient;
 use specd_proto::v1::generate_request::Prompt;
 use specd_proto::v1::generation_client::GenerationClient;
@@ -118,6 +121,9 @@ pub struct ClusterOptions {
     /// How the target masks a constrained block's rows (`NodeFaults::block_masks`; default:
     /// exact).
     pub target_block_masks: BlockMasks,
+    /// The coordinator sends its round streams to both nodes in process
+    /// (`specd_proto::in_process`, as `specd up` does) rather than over gRPC (default: gRPC).
+    pub in_process_rounds: bool,
 }
 
 impl Default for ClusterOptions {
@@ -147,6 +153,7 @@ impl Default for ClusterOptions {
             prefix_cache: PrefixCacheOptions::default(),
             target_prefix_cache_keeps_rejected_rows: false,
             target_block_masks: BlockMasks::Exact,
+            in_process_rounds: false,
         }
     }
 }
@@ -161,9 +168,26 @@ pub struct Cluster {
     pub metrics_url: Option<String>,
     /// The draft node (a handle: it is served by the cluster's task).
     pub draft: DraftNode,
+    /// Round streams handed to the target and the draft in process
+    /// ([`ClusterOptions::in_process_rounds`]).
+    in_process_streams: [Arc<AtomicUsize>; 2],
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     _chaos: Option<ChaosProxy>,
+}
+
+/// A node's in-process handle that counts the round streams handed to it.
+#[derive(Debug)]
+struct CountedRounds<N> {
+    node: N,
+    streams: Arc<AtomicUsize>,
+}
+
+impl<Q, R, N: ServesRounds<Q, R>> ServesRounds<Q, R> for CountedRounds<N> {
+    fn serve_rounds(&self, requests: Rounds<Q>) -> Rounds<R> {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        self.node.serve_rounds(requests)
+    }
 }
 
 async fn loopback() -> anyhow::Result<(TcpListener, String)> {
@@ -211,6 +235,7 @@ impl Cluster {
             ..config(target_model, options.forward_delays.0)
         };
         let target = TargetNode::load(target_config).await?;
+        let target_handle = target.clone();
         let draft = DraftNode::start(config(draft_model, options.forward_delays.1), options.proposer)
             .await?
             .with_lookahead_purpose(options.lookahead_purpose);
@@ -260,6 +285,17 @@ impl Cluster {
             }
             None => coordinator_draft_url,
         };
+        let in_process_streams = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
+        let in_process = if options.in_process_rounds {
+            let streams = |i: usize| Arc::clone(&in_process_streams[i]);
+            let target = CountedRounds { node: target_handle, streams: streams(0) };
+            let draft = CountedRounds { node: draft_handle.clone(), streams: streams(1) };
+            InProcessNodes::default()
+                .with_target(target_url.clone(), Arc::new(target))
+                .with_draft(coordinator_draft_url.clone(), Arc::new(draft))
+        } else {
+            InProcessNodes::default()
+        };
         let config = CoordinatorConfig {
             targets: vec![target_url.clone()],
             drafts: vec![coordinator_draft_url],
@@ -277,6 +313,7 @@ impl Cluster {
             tokenizer: None,
             generation_config: true,
             discovery: Default::default(),
+            in_process,
         };
         let service = specd_coordinator::connect(&config).await?;
         let rx = stop_rx.clone();
@@ -292,7 +329,23 @@ impl Cluster {
                 specd_telemetry::serve_metrics(listener, metrics, stopped(rx)).await.expect("metrics served");
             }));
         }
-        Ok(Self { endpoint, target_url, draft_url, metrics_url, draft: draft_handle, stop, tasks, _chaos: chaos })
+        Ok(Self {
+            endpoint,
+            target_url,
+            draft_url,
+            metrics_url,
+            draft: draft_handle,
+            in_process_streams,
+            stop,
+            tasks,
+            _chaos: chaos,
+        })
+    }
+
+    /// Round streams the coordinator has handed to the target and to the draft in process.
+    pub fn in_process_round_streams(&self) -> (usize, usize) {
+        let [target, draft] = &self.in_process_streams;
+        (target.load(Ordering::Relaxed), draft.load(Ordering::Relaxed))
     }
 
     pub async fn client(&self) -> anyhow::Result<GenerationClient<Channel>> {

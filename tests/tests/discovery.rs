@@ -129,6 +129,7 @@ async fn coordinator(
         admission: Default::default(),
         tokenizer: None,
         generation_config: true,
+        in_process: Default::default(),
     };
     let service = specd_coordinator::connect(&config).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

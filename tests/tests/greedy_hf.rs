@@ -43,6 +43,40 @@ async fn greedy_speculation_equals_target_only_with_trees() {
     greedy_identity(options, 20).await;
 }
 
+/// With the round streams handed to both nodes in process (`specd up`'s default) instead of
+/// sent over gRPC: the same messages, so the same output; and every speculative generation
+/// opened its rounds there.
+#[tokio::test(flavor = "current_thread")]
+async fn greedy_speculation_equals_target_only_with_rounds_in_process() {
+    let options = ClusterOptions { in_process_rounds: true, dtype: DType::F64, ..ClusterOptions::default() };
+    let (target, draft) = (hf_fixture("llama_gqa_untied"), hf_fixture("llama_tied"));
+    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let prompts: Vec<_> = prompts().into_iter().take(10).collect();
+    let mut outputs = Vec::new();
+    for prompt in &prompts {
+        let plain = client.generate(request(prompt.clone(), 0)).await.unwrap().into_inner();
+        let spec = client.generate(request(prompt.clone(), 4)).await.unwrap().into_inner();
+        assert_eq!((plain.token_ids.len(), &spec.token_ids), (16, &plain.token_ids), "prompt {prompt:?}");
+        assert!(spec.stats.unwrap().draft_tokens > 0, "the speculative generation drafted");
+        outputs.push(spec.token_ids);
+    }
+    let (target_streams, draft_streams) = cluster.in_process_round_streams();
+    assert!(target_streams >= 2 * prompts.len(), "every generation's target rounds in process: {target_streams}");
+    assert!(draft_streams >= prompts.len(), "every speculative generation's draft rounds in process: {draft_streams}");
+    cluster.shutdown().await;
+    // The same generations over gRPC give the same tokens.
+    let over_grpc = ClusterOptions { in_process_rounds: false, ..options };
+    let cluster = Cluster::start(&target, &draft, &over_grpc).await.unwrap();
+    let mut grpc_client = cluster.client().await.unwrap();
+    for (prompt, in_process) in prompts.iter().zip(&outputs) {
+        let spec = grpc_client.generate(request(prompt.clone(), 4)).await.unwrap().into_inner();
+        assert_eq!(&spec.token_ids, in_process, "over gRPC against in process, prompt {prompt:?}");
+    }
+    assert_eq!(cluster.in_process_round_streams(), (0, 0), "over gRPC, nothing is handed over in process");
+    cluster.shutdown().await;
+}
+
 /// Both nodes keep the models' logits in tensors and build their distributions with
 /// libtorch ops (`--distributions device`, on CPU tensors here). Speculation on the device
 /// path equals target-only decoding on it, and that equals target-only decoding on the host

@@ -251,6 +251,7 @@ async fn an_unreachable_node_is_unavailable_with_its_address() {
         tokenizer: None,
         generation_config: true,
         discovery: Default::default(),
+        in_process: Default::default(),
     };
     let err = specd_coordinator::connect(&config).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use specd_proto::in_process::InProcessNodes;
 use specd_proto::tls::ClientTls;
 use specd_proto::v1::NodeInfo;
 use tokio::sync::watch;
@@ -152,16 +153,22 @@ impl Default for Discovery {
     }
 }
 
+/// How to reach a node: the deadline to connect and of every call, TLS, and the nodes
+/// this process serves itself.
+#[derive(Debug, Clone)]
+pub struct Dialing {
+    pub timeout: Duration,
+    /// For a discovered replica, naming its certificate's host.
+    pub tls: ClientTls,
+    pub in_process: InProcessNodes,
+}
+
 /// A node client the watcher can make and check.
 pub trait Replica: Clone + fmt::Debug + Send + Sync + 'static {
     /// `target` or `draft`.
     const ROLE: &'static str;
-    /// Connects to `url`; `tls` already names the certificate's host.
-    fn dial(
-        url: String,
-        timeout: Duration,
-        tls: ClientTls,
-    ) -> impl Future<Output = Result<Self, CoordinatorError>> + Send;
+    /// Connects to `url`.
+    fn dial(url: String, dialing: Dialing) -> impl Future<Output = Result<Self, CoordinatorError>> + Send;
     fn node_info(&self) -> impl Future<Output = Result<NodeInfo, CoordinatorError>> + Send;
     fn url(&self) -> &str;
 }
@@ -234,8 +241,7 @@ pub struct Watcher<C> {
     found: BTreeMap<String, (usize, C)>,
     reference: Arc<Reference>,
     discovery: Discovery,
-    timeout: Duration,
-    tls: ClientTls,
+    dialing: Dialing,
     tx: watch::Sender<Arc<[C]>>,
 }
 
@@ -253,8 +259,7 @@ impl<C: Replica> Watcher<C> {
         wait_for_one: bool,
         reference: Arc<Reference>,
         discovery: Discovery,
-        timeout: Duration,
-        tls: ClientTls,
+        dialing: Dialing,
     ) -> Result<(Replicas<C>, Initial), CoordinatorError> {
         let mut fixed = Vec::new();
         let mut names = Vec::new();
@@ -262,7 +267,7 @@ impl<C: Replica> Watcher<C> {
         for address in addresses {
             match address {
                 NodeAddress::Url(url) => {
-                    let client = C::dial(url.clone(), timeout, tls.clone()).await?;
+                    let client = C::dial(url.clone(), dialing.clone()).await?;
                     let info = client.node_info().await?;
                     reference.check(C::ROLE, url, &info)?;
                     initial.push((url.clone(), info));
@@ -272,7 +277,7 @@ impl<C: Replica> Watcher<C> {
             }
         }
         let (tx, rx) = watch::channel(Arc::from(fixed.clone()));
-        let mut watcher = Self { fixed, names, found: BTreeMap::new(), reference, discovery, timeout, tls, tx };
+        let mut watcher = Self { fixed, names, found: BTreeMap::new(), reference, discovery, dialing, tx };
         loop {
             initial.extend(watcher.refresh(true).await?);
             if !wait_for_one || !watcher.tx.borrow().is_empty() {
@@ -313,8 +318,9 @@ impl<C: Replica> Watcher<C> {
     /// The URL of a resolved address, and the TLS settings that check its certificate
     /// against the name it was found under.
     fn endpoint(&self, host: &str, address: SocketAddr) -> (String, ClientTls) {
-        let scheme = if self.tls.ca.is_some() { "https" } else { "http" };
-        let tls = ClientTls { domain: self.tls.domain.clone().or_else(|| Some(host.to_owned())), ..self.tls.clone() };
+        let own = &self.dialing.tls;
+        let scheme = if own.ca.is_some() { "https" } else { "http" };
+        let tls = ClientTls { domain: own.domain.clone().or_else(|| Some(host.to_owned())), ..own.clone() };
         (format!("{scheme}://{address}"), tls)
     }
 
@@ -357,7 +363,7 @@ impl<C: Replica> Watcher<C> {
                 continue;
             }
             let joined = async {
-                let client = C::dial(url.clone(), self.timeout, tls).await?;
+                let client = C::dial(url.clone(), Dialing { tls, ..self.dialing.clone() }).await?;
                 let info = client.node_info().await?;
                 Ok::<_, CoordinatorError>((client, info))
             };

@@ -18,15 +18,17 @@ use specd_proto::v1::{
     TargetLawResponse, TextAssetsRequest, TextAssetsResponse, VerifyRequest, VerifyResponse,
 };
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 use specd_ngram::MatchSpan;
+use specd_proto::in_process::{InProcessNodes, LocalDraft, LocalTarget, ServesRounds};
 use specd_proto::tls::ClientTls;
 
 use crate::error::CoordinatorError;
-use crate::nodes::discovery::{Discovery, NodeAddress, Reference, Replica, Replicas, Watcher};
+use crate::nodes::discovery::{Dialing, Discovery, NodeAddress, Reference, Replica, Replicas, Watcher};
 use crate::nodes::load::{ReplicaLease, ReplicaLoads, choose};
 use crate::nodes::prefix_routes::{DEFAULT_CAPACITY, PrefixRoutes, PromptBlocks, RouteNote};
 use crate::nodes::round_stream::{RoundStream, node_error};
@@ -34,17 +36,19 @@ use specd_grammar::GrammarVocabulary;
 use specd_telemetry::propagation::inject_into_metadata;
 use specd_text::ModelText;
 
-/// One node: its role, address and client.
+/// One node: its role, address and client, and its handle where this process serves it.
 #[derive(Debug, Clone)]
-pub struct NodeClient<C> {
+pub struct NodeClient<C, L> {
     pub role: &'static str,
     pub address: String,
     client: C,
     timeout: Duration,
+    /// Round streams go through this handle instead of gRPC (`specd_proto::in_process`).
+    in_process: Option<L>,
 }
 
-pub type DraftClient = NodeClient<DraftServiceClient<Channel>>;
-pub type TargetClient = NodeClient<TargetServiceClient<Channel>>;
+pub type DraftClient = NodeClient<DraftServiceClient<Channel>, LocalDraft>;
+pub type TargetClient = NodeClient<TargetServiceClient<Channel>, LocalTarget>;
 
 async fn channel(
     role: &'static str,
@@ -64,7 +68,7 @@ async fn channel(
     endpoint.connect().await.map_err(|e| unreachable(e.to_string()))
 }
 
-impl<C: Clone> NodeClient<C> {
+impl<C: Clone, L> NodeClient<C, L> {
     fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         request.set_timeout(self.timeout);
@@ -78,7 +82,7 @@ impl<C: Clone> NodeClient<C> {
 
     /// Opens a round stream with `open`, waiting at most the node timeout for the node to
     /// accept it.
-    async fn open_stream<Q, R, F, Fut>(&self, open: F) -> Result<RoundStream<Q, R>, CoordinatorError>
+    async fn open_stream<Q, R: Send + 'static, F, Fut>(&self, open: F) -> Result<RoundStream<Q, R>, CoordinatorError>
     where
         F: FnOnce(C, Request<ReceiverStream<Q>>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Streaming<R>>, Status>>,
@@ -91,7 +95,14 @@ impl<C: Clone> NodeClient<C> {
             .await
             .map_err(|_| self.error(Status::deadline_exceeded(format!("no stream within {:?}", self.timeout))))?;
         let replies = opened.map_err(|s| self.error(s))?.into_inner();
-        Ok(RoundStream::new(self.role, self.address.clone(), self.timeout, requests, replies))
+        Ok(RoundStream::new(self.role, self.address.clone(), self.timeout, requests, Box::pin(replies)))
+    }
+
+    /// A round stream handed over to `node`, served in this process.
+    fn in_process_stream<Q: Send + 'static, R>(&self, node: &dyn ServesRounds<Q, R>) -> RoundStream<Q, R> {
+        let (requests, rx) = mpsc::channel(1);
+        let replies = node.serve_rounds(Box::pin(ReceiverStream::new(rx).map(Ok)));
+        RoundStream::new(self.role, self.address.clone(), self.timeout, requests, replies)
     }
 }
 
@@ -123,9 +134,17 @@ pub struct TargetOpened {
 }
 
 impl DraftClient {
-    pub async fn connect(address: &str, timeout: Duration, tls: &ClientTls) -> Result<Self, CoordinatorError> {
+    /// Connects to the draft at `address`; its round streams go through `in_process`'s
+    /// handle where it holds one for `address`.
+    pub async fn connect(
+        address: &str,
+        timeout: Duration,
+        tls: &ClientTls,
+        in_process: &InProcessNodes,
+    ) -> Result<Self, CoordinatorError> {
         let client = DraftServiceClient::new(channel("draft", address, timeout, tls).await?);
-        Ok(Self { role: "draft", address: address.to_owned(), client, timeout })
+        let in_process = in_process.draft(address);
+        Ok(Self { role: "draft", address: address.to_owned(), client, timeout, in_process })
     }
 
     pub async fn info(&self) -> Result<NodeInfo, CoordinatorError> {
@@ -156,6 +175,9 @@ impl DraftClient {
 
     /// The session's round stream.
     pub async fn open_rounds(&self) -> Result<DraftRounds, CoordinatorError> {
+        if let Some(node) = &self.in_process {
+            return Ok(self.in_process_stream(node.as_ref()));
+        }
         self.open_stream(|mut client, requests| async move { client.propose_stream(requests).await }).await
     }
 
@@ -168,9 +190,17 @@ impl DraftClient {
 }
 
 impl TargetClient {
-    pub async fn connect(address: &str, timeout: Duration, tls: &ClientTls) -> Result<Self, CoordinatorError> {
+    /// Connects to the target at `address`; its round streams go through `in_process`'s
+    /// handle where it holds one for `address`.
+    pub async fn connect(
+        address: &str,
+        timeout: Duration,
+        tls: &ClientTls,
+        in_process: &InProcessNodes,
+    ) -> Result<Self, CoordinatorError> {
         let client = TargetServiceClient::new(channel("target", address, timeout, tls).await?);
-        Ok(Self { role: "target", address: address.to_owned(), client, timeout })
+        let in_process = in_process.target(address);
+        Ok(Self { role: "target", address: address.to_owned(), client, timeout, in_process })
     }
 
     pub async fn info(&self) -> Result<NodeInfo, CoordinatorError> {
@@ -187,6 +217,9 @@ impl TargetClient {
 
     /// The session's round stream.
     pub async fn open_rounds(&self) -> Result<TargetRounds, CoordinatorError> {
+        if let Some(node) = &self.in_process {
+            return Ok(self.in_process_stream(node.as_ref()));
+        }
         self.open_stream(|mut client, requests| async move { client.verify_stream(requests).await }).await
     }
 
@@ -302,8 +335,7 @@ impl NodePool {
     pub async fn connect(
         targets: &[String],
         drafts: &[String],
-        timeout: Duration,
-        tls: &ClientTls,
+        dialing: &Dialing,
         discovery: &Discovery,
     ) -> Result<Self, CoordinatorError> {
         if targets.is_empty() {
@@ -316,8 +348,7 @@ impl NodePool {
             true,
             Arc::clone(&reference),
             discovery.clone(),
-            timeout,
-            tls.clone(),
+            dialing.clone(),
         )
         .await?;
         let (drafts, draft_infos) = Watcher::<DraftClient>::start(
@@ -325,8 +356,7 @@ impl NodePool {
             false,
             Arc::clone(&reference),
             discovery.clone(),
-            timeout,
-            tls.clone(),
+            dialing.clone(),
         )
         .await?;
         let (_, first) = &target_infos[0];
@@ -435,8 +465,8 @@ fn route<C: Replica>(
 impl Replica for TargetClient {
     const ROLE: &'static str = "target";
 
-    async fn dial(url: String, timeout: Duration, tls: ClientTls) -> Result<Self, CoordinatorError> {
-        TargetClient::connect(&url, timeout, &tls).await
+    async fn dial(url: String, dialing: Dialing) -> Result<Self, CoordinatorError> {
+        TargetClient::connect(&url, dialing.timeout, &dialing.tls, &dialing.in_process).await
     }
 
     async fn node_info(&self) -> Result<NodeInfo, CoordinatorError> {
@@ -451,8 +481,8 @@ impl Replica for TargetClient {
 impl Replica for DraftClient {
     const ROLE: &'static str = "draft";
 
-    async fn dial(url: String, timeout: Duration, tls: ClientTls) -> Result<Self, CoordinatorError> {
-        DraftClient::connect(&url, timeout, &tls).await
+    async fn dial(url: String, dialing: Dialing) -> Result<Self, CoordinatorError> {
+        DraftClient::connect(&url, dialing.timeout, &dialing.tls, &dialing.in_process).await
     }
 
     async fn node_info(&self) -> Result<NodeInfo, CoordinatorError> {
@@ -477,6 +507,7 @@ mod tests {
             address: address.to_owned(),
             client: DraftServiceClient::new(lazy),
             timeout: Duration::from_secs(1),
+            in_process: None,
         };
         let (routes, loads) = (Arc::new(PrefixRoutes::new(16)), Arc::new(ReplicaLoads::default()));
         let prompt = PromptBlocks::of("", &(0..40).collect::<Vec<u32>>());

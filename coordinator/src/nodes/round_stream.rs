@@ -1,22 +1,24 @@
 //! A session's long-lived round stream to one node (`ProposeStream` / `VerifyStream`): one
-//! request, then its reply, per round. BENCHMARKS.md has the measurement behind choosing
-//! streams over unary calls: on loopback a round's transport takes about half as long.
+//! request, then its reply, per round, over gRPC or handed over in process
+//! (`specd_proto::in_process`). BENCHMARKS.md has the measurement behind choosing streams
+//! over unary calls: on loopback a round's transport takes about half as long.
 
 use std::time::Duration;
 
+use specd_proto::in_process::Rounds;
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tokio_stream::StreamExt;
+use tonic::Status;
 
 use crate::error::CoordinatorError;
 
 /// Requests go out on `requests`; replies come back, in order, on `replies`.
-#[derive(Debug)]
 pub struct RoundStream<Q, R> {
     role: &'static str,
     address: String,
     timeout: Duration,
     requests: mpsc::Sender<Q>,
-    replies: Streaming<R>,
+    replies: Rounds<R>,
 }
 
 /// Turns a node's status into the coordinator's error, keeping the node's address.
@@ -28,13 +30,19 @@ pub fn node_error(role: &'static str, address: &str, status: Status) -> Coordina
     }
 }
 
+impl<Q, R> std::fmt::Debug for RoundStream<Q, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoundStream").field("role", &self.role).field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
 impl<Q, R> RoundStream<Q, R> {
     pub fn new(
         role: &'static str,
         address: String,
         timeout: Duration,
         requests: mpsc::Sender<Q>,
-        replies: Streaming<R>,
+        replies: Rounds<R>,
     ) -> Self {
         Self { role, address, timeout, requests, replies }
     }
@@ -60,10 +68,10 @@ impl<Q, R> RoundStream<Q, R> {
 
     /// The next message of the reply side, waiting at most the node timeout.
     pub async fn receive(&mut self) -> Result<R, CoordinatorError> {
-        match tokio::time::timeout(self.timeout, self.replies.message()).await {
-            Ok(Ok(Some(reply))) => Ok(reply),
-            Ok(Ok(None)) => Err(CoordinatorError::StreamClosed { role: self.role, address: self.address.clone() }),
-            Ok(Err(status)) => Err(node_error(self.role, &self.address, status)),
+        match tokio::time::timeout(self.timeout, self.replies.next()).await {
+            Ok(Some(Ok(reply))) => Ok(reply),
+            Ok(None) => Err(CoordinatorError::StreamClosed { role: self.role, address: self.address.clone() }),
+            Ok(Some(Err(status))) => Err(node_error(self.role, &self.address, status)),
             Err(_) => Err(self.timed_out()),
         }
     }

@@ -10,7 +10,7 @@ use specd_proto::v1::{GenerateRequest, SamplingParams, Speculation, StoppingCrit
 use super::netns::{NetnsOptions, draft_delay};
 use crate::cli_error::invalid;
 use crate::constraint_args::ConstraintFlags;
-use crate::serve::{DraftOptions, GammaFlag, NodeOptions, ProposerOptions, parse_gamma, parse_on_off};
+use crate::serve::{DraftOptions, GammaFlag, NodeOptions, ProposerOptions, RoundTransport, parse_gamma, parse_on_off};
 
 /// The next bench request's `cache_salt` ([`unique_salt`]).
 static NEXT_SALT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -98,6 +98,11 @@ pub struct BenchArgs {
     /// default: its default, off). With --endpoint it is the coordinator's setting.
     #[arg(long, env = "SPECD_BENCH_TREE", value_parser = crate::serve::parse_tree, conflicts_with = "endpoint")]
     pub(super) tree: Option<specd_coordinator::TreeSetting>,
+    /// For --embedded: how the coordinator sends each round to the nodes in its process,
+    /// `in-process` (handed over on channels, as `specd up` does by default) or `grpc` (over
+    /// loopback, as to remote nodes).
+    #[arg(long, env = "SPECD_BENCH_ROUND_TRANSPORT", value_enum, default_value_t = RoundTransport::InProcess)]
+    pub(super) round_transport: RoundTransport,
     /// For --embedded and --netns.
     #[command(flatten)]
     pub(super) draft: DraftOptions,

@@ -18,6 +18,7 @@ pub(super) async fn run(args: &BenchArgs, prompts: &[String]) -> anyhow::Result<
     let nodes = LoopbackNodes::start(target, draft, args.proposer.config()?).await?;
     let policy = PolicyOptions::defaults()?;
     let mut config = policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
+    config.in_process = nodes.in_process(args.round_transport);
     if let Some(on) = args.optimistic {
         config.optimistic = on;
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 use specd_coordinator::{
-    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, RuleVariant, ToolCallFormat,
-    TreeSetting,
+    Admission, CoordinatorConfig, CoordinatorTls, Discovery, GammaChoice, HttpConfig, InProcessNodes, RuleVariant,
+    ToolCallFormat, TreeSetting,
 };
 use specd_proto::tls::ClientTls;
 use specd_sampling::{MAX_GAMMA, Truncation, Verification};
@@ -143,6 +143,7 @@ impl PolicyOptions {
             discovery: Discovery::default(),
             tokenizer: self.tokenizer.clone(),
             generation_config: self.generation_config,
+            in_process: InProcessNodes::default(),
         })
     }
 }

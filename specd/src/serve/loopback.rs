@@ -1,8 +1,10 @@
 //! A target and a draft node serving on loopback inside this process.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use specd_coordinator::InProcessNodes;
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::ProposerConfig;
 use specd_model::KvBudget;
@@ -12,12 +14,26 @@ use specd_target_node::TargetNode;
 use super::runtime::bind;
 use super::shared_budget::{BudgetClaim, SharedBudget, shared_budget};
 
+/// How a coordinator in this process sends its round streams to these nodes
+/// (`--round-transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RoundTransport {
+    /// Handed over on channels through the nodes' handles (`specd_proto::in_process`): no
+    /// encoding, HTTP/2 or socket in between.
+    #[default]
+    InProcess,
+    /// Over loopback gRPC, as to nodes on other machines.
+    Grpc,
+}
+
 /// A target and a draft node serving on free loopback ports in this process (`specd up`,
 /// `specd bench --embedded`).
 #[derive(Debug)]
 pub struct LoopbackNodes {
     pub target_url: String,
     pub draft_url: String,
+    target: TargetNode,
+    draft: DraftNode,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<Result<(), specd_proto::transport::ServeError>>>,
 }
@@ -54,10 +70,22 @@ impl LoopbackNodes {
             let _ = rx.wait_for(|stop| *stop).await;
         };
         let tasks = vec![
-            tokio::spawn(specd_target_node::serve(target_listener, target, stopped(stop_rx.clone()))),
-            tokio::spawn(specd_draft_node::serve(draft_listener, draft, stopped(stop_rx))),
+            tokio::spawn(specd_target_node::serve(target_listener, target.clone(), stopped(stop_rx.clone()))),
+            tokio::spawn(specd_draft_node::serve(draft_listener, draft.clone(), stopped(stop_rx))),
         ];
-        Ok(Self { target_url, draft_url, stop, tasks })
+        Ok(Self { target_url, draft_url, target, draft, stop, tasks })
+    }
+
+    /// What a coordinator in this process is given to reach these nodes' rounds
+    /// (`CoordinatorConfig::in_process`): both nodes' handles, or none with
+    /// [`RoundTransport::Grpc`].
+    pub fn in_process(&self, transport: RoundTransport) -> InProcessNodes {
+        match transport {
+            RoundTransport::InProcess => InProcessNodes::default()
+                .with_target(self.target_url.clone(), Arc::new(self.target.clone()))
+                .with_draft(self.draft_url.clone(), Arc::new(self.draft.clone())),
+            RoundTransport::Grpc => InProcessNodes::default(),
+        }
     }
 
     /// Stops both nodes, waiting up to `grace` for them to drain.

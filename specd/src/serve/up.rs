@@ -9,7 +9,7 @@ use specd_draft_node::proposer::ProposerKind;
 use super::check_config::{CheckArgs, check_model, metrics_summary, shown_dtype, traces_summary};
 use super::coordinator_options::{HttpOptions, PolicyOptions, announce_http};
 use super::draft_options::{DraftOptions, ProposerOptions, draft_model_path};
-use super::loopback::LoopbackNodes;
+use super::loopback::{LoopbackNodes, RoundTransport};
 use super::node_options::NodeOptions;
 use super::runtime::{announce, bind, log_openmp_wait, run_role};
 use super::service_options::{MetricsOptions, ServerTlsArgs, TelemetryArgs};
@@ -46,6 +46,11 @@ pub struct UpArgs {
     telemetry: TelemetryArgs,
     #[command(flatten)]
     drain: DrainArgs,
+    /// How the coordinator sends each round to the nodes: `in-process` (handed over on
+    /// channels, the default) or `grpc` (over loopback, as to remote nodes). Both carry the
+    /// same messages; the nodes serve gRPC on loopback either way.
+    #[arg(long, env = "SPECD_ROUND_TRANSPORT", value_enum, default_value_t = RoundTransport::InProcess)]
+    round_transport: RoundTransport,
     /// TLS on the coordinator's gRPC API (the nodes listen on loopback only, in plain text).
     #[command(flatten)]
     tls: ServerTlsArgs,
@@ -101,6 +106,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         log_openmp_wait();
         let nodes = LoopbackNodes::start(target_config, draft_config, proposer).await?;
         let mut config = args.policy.config(vec![nodes.target_url.clone()], vec![nodes.draft_url.clone()])?;
+        config.in_process = nodes.in_process(args.round_transport);
         config.metrics = metrics;
         config.tls.server = server_tls;
         let service = specd_coordinator::connect(&config).await?;
