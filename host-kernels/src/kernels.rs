@@ -231,6 +231,19 @@ impl Kernels {
         }
     }
 
+    /// [`Self::panel_products`] over panels of bf16 values (`to_bf16`'s bits), widened to
+    /// f32 as they are read: attention's keys in a bf16 cache.
+    ///
+    /// # Panics
+    /// As [`Self::panel_products`].
+    pub fn panel_products_bf16(&self, x: &[f32], rows: usize, k: usize, panels: &[u16], sums: &mut [[f32; BLOCK]]) {
+        assert_eq!(x.len(), rows * k, "{rows} inputs of {k}");
+        assert_eq!(sums.len() * BLOCK * k, panels.len() * rows, "a sum per panel and row");
+        if rows > 0 && k > 0 {
+            panels_bf16(self.isa, x, k, rows, panels, sums);
+        }
+    }
+
     /// `out[t][i] = Σ_r weights[t][r] · m[r · stride + offset + i]` for each row `t` of
     /// `weights` (rows `reach` long; `out` holds as many rows, of equal width): the rows of
     /// `m` are read once for several weight rows.
@@ -247,6 +260,23 @@ impl Kernels {
         out: &mut [f32],
     ) {
         weighted_rows_many(self.isa, weights, reach, m, stride, offset, out);
+    }
+
+    /// [`Self::weighted_rows_many`] over a matrix of bf16 values (`to_bf16`'s bits), widened
+    /// to f32 as they are read: attention's values, and a tail of its keys, in a bf16 cache.
+    ///
+    /// # Panics
+    /// As [`Self::weighted_rows_many`].
+    pub fn weighted_rows_many_bf16(
+        &self,
+        weights: &[f32],
+        reach: usize,
+        m: &[u16],
+        stride: usize,
+        offset: usize,
+        out: &mut [f32],
+    ) {
+        weighted_rows_many_bf16(self.isa, weights, reach, m, stride, offset, out);
     }
 
     /// `acc += a · x`.
@@ -311,17 +341,25 @@ dispatched! {
 
 dispatched! {
     fn weighted_rows(weights: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
-        avx512 => loops::weighted_rows::<true>(weights, m, stride, offset, out),
-        avx2 => loops::weighted_rows::<true>(weights, m, stride, offset, out),
-        baseline => loops::weighted_rows::<false>(weights, m, stride, offset, out),
+        avx512 => loops::weighted_rows::<f32, true>(weights, m, stride, offset, out),
+        avx2 => loops::weighted_rows::<f32, true>(weights, m, stride, offset, out),
+        baseline => loops::weighted_rows::<f32, false>(weights, m, stride, offset, out),
     }
 }
 
 dispatched! {
     fn weighted_rows_many(weights: &[f32], reach: usize, m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
-        avx512 => loops::weighted_rows_many::<true, 8>(weights, reach, m, stride, offset, out),
-        avx2 => loops::weighted_rows_many::<true, 4>(weights, reach, m, stride, offset, out),
-        baseline => loops::weighted_rows_many::<false, 4>(weights, reach, m, stride, offset, out),
+        avx512 => loops::weighted_rows_many::<f32, true, 8>(weights, reach, m, stride, offset, out),
+        avx2 => loops::weighted_rows_many::<f32, true, 4>(weights, reach, m, stride, offset, out),
+        baseline => loops::weighted_rows_many::<f32, false, 4>(weights, reach, m, stride, offset, out),
+    }
+}
+
+dispatched! {
+    fn weighted_rows_many_bf16(weights: &[f32], reach: usize, m: &[u16], stride: usize, offset: usize, out: &mut [f32]) {
+        avx512 => loops::weighted_rows_many::<u16, true, 8>(weights, reach, m, stride, offset, out),
+        avx2 => loops::weighted_rows_many::<u16, true, 4>(weights, reach, m, stride, offset, out),
+        baseline => loops::weighted_rows_many::<u16, false, 4>(weights, reach, m, stride, offset, out),
     }
 }
 
@@ -493,6 +531,30 @@ mod tests {
                 for i in 0..BLOCK {
                     let want: f32 = (0..k_in).map(|j| x[t * k_in + j] * panels[p * k_in * BLOCK + j * BLOCK + i]).sum();
                     assert!((sums[p * rows + t][i] - want).abs() < 1e-5, "{}: panel {p}, row {t}", isa.name());
+                }
+            }
+            // The same over bf16 storage: the widened values' products. Rounding is
+            // visible (the bf16 matrix differs from the f32 one), so a loop that read the
+            // wrong half of each value, or skipped widening, would fail.
+            let (m16, panels16): (Vec<u16>, Vec<u16>) =
+                (m.iter().map(|&v| crate::to_bf16(v)).collect(), panels.iter().map(|&v| crate::to_bf16(v)).collect());
+            let widen = |v: &[u16]| -> Vec<f32> { v.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect() };
+            let (m_wide, panels_wide) = (widen(&m16), widen(&panels16));
+            assert!(m_wide.iter().zip(&m).any(|(a, b)| a != b), "bf16 rounds the matrix");
+            for n in [1, 3, 9] {
+                let weights = wave(n * 11, 0.7);
+                let (mut from_bf16, mut from_f32) = (vec![0f32; n * 70], vec![0f32; n * 70]);
+                k.weighted_rows_many_bf16(&weights, 11, &m16, 80, 2, &mut from_bf16);
+                k.weighted_rows_many(&weights, 11, &m_wide, 80, 2, &mut from_f32);
+                assert_eq!(from_bf16, from_f32, "{}: {n} rows over bf16", isa.name());
+            }
+            let mut sums16 = vec![[0f32; BLOCK]; 3 * rows];
+            k.panel_products_bf16(&x, rows, k_in, &panels16, &mut sums16);
+            for (p, t) in (0..3).flat_map(|p| (0..rows).map(move |t| (p, t))) {
+                for i in 0..BLOCK {
+                    let want: f32 =
+                        (0..k_in).map(|j| x[t * k_in + j] * panels_wide[p * k_in * BLOCK + j * BLOCK + i]).sum();
+                    assert!((sums16[p * rows + t][i] - want).abs() < 1e-5, "{}: bf16 panel {p}, row {t}", isa.name());
                 }
             }
             for parallel in [false, true] {

@@ -216,9 +216,9 @@ pub(crate) fn dot<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
 /// Attention's scores are this over the transposed keys (rows: dimensions; outputs:
 /// positions), and its output over the values (rows: positions; outputs: dimensions).
 #[inline(always)]
-pub(crate) fn weighted_rows<const FUSED: bool>(
+pub(crate) fn weighted_rows<W: Weight, const FUSED: bool>(
     weights: &[f32],
-    m: &[f32],
+    m: &[W],
     stride: usize,
     offset: usize,
     out: &mut [f32],
@@ -231,19 +231,19 @@ pub(crate) fn weighted_rows<const FUSED: bool>(
             // before it (a chain as long as the context, for attention), so rows go four at
             // a time into four sets, each a local of its own so that it stays in registers.
             let row =
-                |r: usize| -> &[f32; BLOCK] { m[r * stride + offset + start..][..BLOCK].try_into().expect("a block") };
+                |r: usize| -> &[W; BLOCK] { m[r * stride + offset + start..][..BLOCK].try_into().expect("a block") };
             let (mut a0, mut a1, mut a2, mut a3) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
             let mut groups = weights.chunks_exact(4);
             let mut r = 0;
             for g in &mut groups {
-                block_madd::<FUSED>(&mut a0, g[0], row(r));
-                block_madd::<FUSED>(&mut a1, g[1], row(r + 1));
-                block_madd::<FUSED>(&mut a2, g[2], row(r + 2));
-                block_madd::<FUSED>(&mut a3, g[3], row(r + 3));
+                block_madd::<W, FUSED>(&mut a0, g[0], row(r));
+                block_madd::<W, FUSED>(&mut a1, g[1], row(r + 1));
+                block_madd::<W, FUSED>(&mut a2, g[2], row(r + 2));
+                block_madd::<W, FUSED>(&mut a3, g[3], row(r + 3));
                 r += 4;
             }
             for &w in groups.remainder() {
-                block_madd::<FUSED>(&mut a0, w, row(r));
+                block_madd::<W, FUSED>(&mut a0, w, row(r));
                 r += 1;
             }
             for i in 0..BLOCK {
@@ -252,7 +252,7 @@ pub(crate) fn weighted_rows<const FUSED: bool>(
         } else {
             let mut acc = [0f32; BLOCK];
             for (r, &w) in weights.iter().enumerate() {
-                part_madd::<FUSED>(&mut acc, w, &m[r * stride + offset + start..][..width]);
+                part_madd::<W, FUSED>(&mut acc, w, &m[r * stride + offset + start..][..width]);
             }
             out[start..start + width].copy_from_slice(&acc[..width]);
         }
@@ -265,10 +265,10 @@ pub(crate) fn weighted_rows<const FUSED: bool>(
 /// once, `TILE` at a time, so that each row of `m` is read once per tile, not once per
 /// weight row. Attention's queries of one session share its keys and values this way.
 #[inline(always)]
-pub(crate) fn weighted_rows_many<const FUSED: bool, const TILE: usize>(
+pub(crate) fn weighted_rows_many<W: Weight, const FUSED: bool, const TILE: usize>(
     w: &[f32],
     reach: usize,
-    m: &[f32],
+    m: &[W],
     stride: usize,
     offset: usize,
     out: &mut [f32],
@@ -283,14 +283,14 @@ pub(crate) fn weighted_rows_many<const FUSED: bool, const TILE: usize>(
         let rows = (n - t).min(TILE);
         let (w, out) = (&w[t * reach..(t + rows) * reach], &mut out[t * width..(t + rows) * width]);
         match rows {
-            1 => weighted_rows::<FUSED>(w, m, stride, offset, out),
-            2 => many_tile::<FUSED, 2>(w, reach, m, stride, offset, out),
-            3 => many_tile::<FUSED, 3>(w, reach, m, stride, offset, out),
-            4 => many_tile::<FUSED, 4>(w, reach, m, stride, offset, out),
-            5 => many_tile::<FUSED, 5>(w, reach, m, stride, offset, out),
-            6 => many_tile::<FUSED, 6>(w, reach, m, stride, offset, out),
-            7 => many_tile::<FUSED, 7>(w, reach, m, stride, offset, out),
-            _ => many_tile::<FUSED, 8>(w, reach, m, stride, offset, out),
+            1 => weighted_rows::<W, FUSED>(w, m, stride, offset, out),
+            2 => many_tile::<W, FUSED, 2>(w, reach, m, stride, offset, out),
+            3 => many_tile::<W, FUSED, 3>(w, reach, m, stride, offset, out),
+            4 => many_tile::<W, FUSED, 4>(w, reach, m, stride, offset, out),
+            5 => many_tile::<W, FUSED, 5>(w, reach, m, stride, offset, out),
+            6 => many_tile::<W, FUSED, 6>(w, reach, m, stride, offset, out),
+            7 => many_tile::<W, FUSED, 7>(w, reach, m, stride, offset, out),
+            _ => many_tile::<W, FUSED, 8>(w, reach, m, stride, offset, out),
         }
         t += rows;
     }
@@ -298,10 +298,10 @@ pub(crate) fn weighted_rows_many<const FUSED: bool, const TILE: usize>(
 
 /// `N` weight rows of [`weighted_rows_many`], their sums in registers.
 #[inline(always)]
-fn many_tile<const FUSED: bool, const N: usize>(
+fn many_tile<W: Weight, const FUSED: bool, const N: usize>(
     w: &[f32],
     reach: usize,
-    m: &[f32],
+    m: &[W],
     stride: usize,
     offset: usize,
     out: &mut [f32],
@@ -314,16 +314,16 @@ fn many_tile<const FUSED: bool, const N: usize>(
         let mut acc = [[0f32; BLOCK]; N];
         if bw == BLOCK {
             for r in 0..reach {
-                let row: &[f32; BLOCK] = m[r * stride + offset + start..][..BLOCK].try_into().expect("a block");
+                let row: &[W; BLOCK] = m[r * stride + offset + start..][..BLOCK].try_into().expect("a block");
                 for t in 0..N {
-                    block_madd::<FUSED>(&mut acc[t], ws[t][r], row);
+                    block_madd::<W, FUSED>(&mut acc[t], ws[t][r], row);
                 }
             }
         } else {
             for r in 0..reach {
                 let row = &m[r * stride + offset + start..][..bw];
                 for t in 0..N {
-                    part_madd::<FUSED>(&mut acc[t], ws[t][r], row);
+                    part_madd::<W, FUSED>(&mut acc[t], ws[t][r], row);
                 }
             }
         }
@@ -336,16 +336,16 @@ fn many_tile<const FUSED: bool, const N: usize>(
 
 /// `acc[i] += w · row[i]` for the `row.len()` (under [`BLOCK`]) sums of a block's last part.
 #[inline(always)]
-fn part_madd<const FUSED: bool>(acc: &mut [f32; BLOCK], w: f32, row: &[f32]) {
+fn part_madd<W: Weight, const FUSED: bool>(acc: &mut [f32; BLOCK], w: f32, row: &[W]) {
     for (a, &x) in acc.iter_mut().zip(row) {
-        *a = madd::<FUSED>(w, x, *a);
+        *a = madd::<FUSED>(w, x.widen(), *a);
     }
 }
 
 #[inline(always)]
-fn block_madd<const FUSED: bool>(acc: &mut [f32; BLOCK], w: f32, row: &[f32; BLOCK]) {
+fn block_madd<W: Weight, const FUSED: bool>(acc: &mut [f32; BLOCK], w: f32, row: &[W; BLOCK]) {
     for i in 0..BLOCK {
-        acc[i] = madd::<FUSED>(w, row[i], acc[i]);
+        acc[i] = madd::<FUSED>(w, row[i].widen(), acc[i]);
     }
 }
 

@@ -111,6 +111,45 @@ fn past_a_panel_of_keys_it_matches_the_libtorch_engine_in_one_pass_in_blocks_and
     Ok(())
 }
 
+/// The same sequences in bf16 (keys and values stored in bf16 where the CPU multiplies bf16
+/// pairs): the blocks after rollbacks and the batched passes read the cache a one-token or a
+/// five-token pass at a time, across the panel's edge, and must give what one pass gives
+/// (the same rounded values, summed in other orders: within 1e-4).
+#[test]
+fn in_bf16_past_a_panel_of_keys_blocks_and_batches_give_what_one_pass_gives() -> Result<()> {
+    const LONG: usize = 60;
+    for (name, threads) in FIXTURES.iter().flat_map(|name| [(*name, 1), (*name, 3)]) {
+        let tokens: Vec<u32> = (0..LONG as u32).map(|i| (i * 37 + 11) % 96).collect();
+        let opts = LoadOptions { threads: Some(threads), dtype: DType::Bf16, ..host_options() };
+        let mut m = load_model(&fixture(name), &opts)?;
+        let s = m.open_session(None)?;
+        let one_pass = m.forward(s, &tokens)?.to_rows();
+        let check = |what: &str, got: &[Vec<f32>], want: &[Vec<f32>]| {
+            let diff = max_abs_diff(got, want);
+            assert!(diff <= 1e-4, "{name} in bf16 on {threads} thread(s): {what}, max |Δlogit| = {diff}");
+        };
+        let t = m.open_session(Some(8))?;
+        let mut got = Vec::new();
+        for (i, block) in tokens.chunks(5).enumerate() {
+            let wrong: Vec<u32> = block.iter().map(|&x| (x + 1) % 96).collect();
+            m.forward(t, &wrong)?;
+            m.truncate(t, i * 5)?;
+            got.extend(m.forward(t, block)?.to_rows());
+        }
+        check("blocks after rollbacks", &got, &one_pass);
+        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+        m.forward(a, &tokens[..LONG - 1])?;
+        let both = m.forward_batch(&[
+            ForwardItem { session: a, tokens: &tokens[LONG - 1..], rows: 1 },
+            ForwardItem { session: b, tokens: &tokens, rows: LONG },
+        ]);
+        let both: Vec<_> = both.into_iter().collect::<Result<_, _>>()?;
+        check("batched decode", &both[0].to_rows(), &one_pass[LONG - 1..]);
+        check("batched prefill", &both[1].to_rows(), &one_pass);
+    }
+    Ok(())
+}
+
 #[test]
 fn the_window_fixture_runs_past_its_window_so_the_window_is_tested() -> Result<()> {
     let window = LlamaConfig::from_dir(&fixture("mistral_window"))?.sliding_window.expect("a window");
@@ -190,9 +229,10 @@ fn bf16_weights_compute_what_f32_computes_on_the_rounded_weights_or_nearer_it_th
     // `--dtype bf16` rounds each weight once. Where the CPU has no bf16 instructions it
     // computes in f32, so it must equal the f32 engine (checked against transformers above)
     // on a checkpoint of the rounded weights. Where it has them, each linear layer rounds its
-    // inputs to bf16 too, as torch's bf16 products do: then it must stay nearer that f32
-    // computation than transformers' own bf16 forward of the checkpoint is (the stated
-    // bound), and differ from it (the rounding is there). Either way `auto` on that checkpoint,
+    // inputs to bf16 too, as torch's bf16 products do, and keeps the keys and values in bf16
+    // as torch does: then it must stay nearer that f32 computation than transformers' own
+    // bf16 forward of the checkpoint is (the stated bound), and differ from it (the rounding
+    // is there). Either way `auto` on that checkpoint,
     // whose weights are bf16 values, stores them in bf16 and computes the same.
     let pairs = specd_host_kernels::Isa::detect().multiplies_bf16_pairs();
     for name in ["llama_gqa_untied", "qwen3_tied_yarn", "gemma3"] {
@@ -205,13 +245,15 @@ fn bf16_weights_compute_what_f32_computes_on_the_rounded_weights_or_nearer_it_th
         };
         let (bf16, stored) = logits(&fixture(name), DType::Bf16)?;
         assert_eq!(stored, DType::Bf16, "{name}");
-        // Its caches are f32 like the f32 engine's, and the KV budget counts them so.
+        // Its caches are f32 like the f32 engine's, or bf16 where the products round their
+        // inputs to bf16, and the KV budget counts them so.
         let kv_bytes = |dtype| -> Result<u64> {
             Ok(load_model(&fixture(name), &LoadOptions { dtype, ..host_options() })?.info().kv_bytes_per_token)
         };
         let cfg = LlamaConfig::from_dir(&fixture(name))?;
         let f32_rows = (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64;
-        assert_eq!((kv_bytes(DType::Bf16)?, kv_bytes(DType::F32)?), (f32_rows, f32_rows), "{name}");
+        let bf16_rows = if pairs { f32_rows / 2 } else { f32_rows };
+        assert_eq!((kv_bytes(DType::Bf16)?, kv_bytes(DType::F32)?), (bf16_rows, f32_rows), "{name}");
         let (f32_on_rounded, stored) = logits(rounded.path(), DType::F32)?;
         assert_eq!(stored, DType::F32, "{name}");
         let diff = max_abs_diff(&bf16, &f32_on_rounded);

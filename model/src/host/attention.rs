@@ -5,7 +5,7 @@
 
 use specd_host_kernels::{BLOCK, Kernels};
 
-use crate::host::cache::HostCache;
+use crate::host::cache::{HostCache, KvRows};
 use crate::host::elementwise::softmax;
 
 /// The shape of attention in one layer.
@@ -144,7 +144,10 @@ pub(crate) fn attend(
             scores.truncate(n * group * reach);
         }
         let mut attended = vec![0f32; n * group * hd];
-        kernels.weighted_rows_many(&scores, reach, &cache.values(l, kv_head)[start * hd..], hd, 0, &mut attended);
+        match cache.values(l, kv_head).from(start * hd) {
+            KvRows::F32(values) => kernels.weighted_rows_many(&scores, reach, values, hd, 0, &mut attended),
+            KvRows::Bf16(values) => kernels.weighted_rows_many_bf16(&scores, reach, values, hd, 0, &mut attended),
+        }
         attended
     });
     for (piece, attended) in pieces.iter().zip(attended) {
@@ -210,8 +213,11 @@ fn scores(
     let mut scores = vec![0f32; q * width];
     if first_panel < end_panel {
         let mut sums = vec![[0f32; BLOCK]; (end_panel - first_panel) * q];
-        let panels = &keys[first_panel * BLOCK * head_dim..end_panel * BLOCK * head_dim];
-        kernels.panel_products(queries, q, head_dim, panels, &mut sums);
+        let panels = first_panel * BLOCK * head_dim..end_panel * BLOCK * head_dim;
+        match keys {
+            KvRows::F32(keys) => kernels.panel_products(queries, q, head_dim, &keys[panels], &mut sums),
+            KvRows::Bf16(keys) => kernels.panel_products_bf16(queries, q, head_dim, &keys[panels], &mut sums),
+        }
         for (panel, sums) in sums.chunks_exact(q).enumerate() {
             for (row, sum) in scores.chunks_exact_mut(width).zip(sums) {
                 row[panel * BLOCK..][..BLOCK].copy_from_slice(sum);
@@ -220,10 +226,15 @@ fn scores(
     }
     if hi > paneled {
         let from = start.max(paneled);
-        let mut tail = vec![0f32; q * (hi - from)];
-        let tail_keys = &keys[paneled * head_dim..];
-        kernels.weighted_rows_many(queries, head_dim, tail_keys, layout.tail(), from - paneled, &mut tail);
-        for (row, tail) in scores.chunks_exact_mut(width).zip(tail.chunks_exact(hi - from)) {
+        let mut tail_scores = vec![0f32; q * (hi - from)];
+        let (tail, offset) = (layout.tail(), from - paneled);
+        match keys.from(paneled * head_dim) {
+            KvRows::F32(keys) => kernels.weighted_rows_many(queries, head_dim, keys, tail, offset, &mut tail_scores),
+            KvRows::Bf16(keys) => {
+                kernels.weighted_rows_many_bf16(queries, head_dim, keys, tail, offset, &mut tail_scores);
+            }
+        }
+        for (row, tail) in scores.chunks_exact_mut(width).zip(tail_scores.chunks_exact(hi - from)) {
             row[from - start..].copy_from_slice(tail);
         }
     }

@@ -7,9 +7,68 @@
 //! - values position-major (`capacity × head_dim`), so that the weighted sum of them is a
 //!   run of multiply-adds over contiguous rows.
 
-use specd_host_kernels::BLOCK;
+use specd_host_kernels::{BLOCK, to_bf16};
 
 use crate::error::{ModelError, Result};
+
+/// How a cache stores its keys and values: f32, or bf16 (half the bytes a pass reads and a
+/// session holds), which the kernels widen to f32 as they read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KvFormat {
+    F32,
+    Bf16,
+}
+
+/// One KV head's keys or values of one layer, as stored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KvRows<'a> {
+    F32(&'a [f32]),
+    /// `to_bf16`'s bits.
+    Bf16(&'a [u16]),
+}
+
+impl<'a> KvRows<'a> {
+    /// The elements from `start` on.
+    pub(crate) fn from(self, start: usize) -> Self {
+        match self {
+            Self::F32(v) => Self::F32(&v[start..]),
+            Self::Bf16(v) => Self::Bf16(&v[start..]),
+        }
+    }
+}
+
+/// A layer's keys or values of every KV head.
+#[derive(Debug)]
+enum Stored {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+/// A value as a stored element: itself, or rounded to bf16.
+trait Element: Copy + Default {
+    fn store(x: f32) -> Self;
+}
+
+impl Element for f32 {
+    fn store(x: f32) -> Self {
+        x
+    }
+}
+
+impl Element for u16 {
+    fn store(x: f32) -> Self {
+        to_bf16(x)
+    }
+}
+
+/// `floats` zeros, or [`ModelError::OutOfMemory`] naming `what`.
+fn zeros<T: Element>(floats: usize, what: &str, capacity: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(floats)
+        .map_err(|e| ModelError::OutOfMemory(format!("{what} of a host KV cache of {capacity} positions: {e}")))?;
+    v.resize(floats, T::default());
+    Ok(v)
+}
 
 /// The valid length is kept by the session table, as for the libtorch cache: truncation only
 /// moves it back, and later writes overwrite the stale tail.
@@ -19,9 +78,9 @@ pub(crate) struct HostCache {
     head_dim: usize,
     capacity: usize,
     /// Per layer, `kv_heads` regions of `capacity × head_dim`, each laid out by [`KeyLayout`].
-    keys: Vec<Vec<f32>>,
+    keys: Vec<Stored>,
     /// Per layer, `kv_heads × capacity × head_dim`.
-    values: Vec<Vec<f32>>,
+    values: Vec<Stored>,
 }
 
 /// Where a key sits in its head's region of a cache of some capacity.
@@ -53,20 +112,86 @@ impl KeyLayout {
     }
 }
 
+/// The first `len` positions' keys and values of each head of `old` (a cache of capacity
+/// `old_cap`, laid out by `old_layout`) written into `new`'s (capacity `new_cap`).
+#[allow(clippy::too_many_arguments)]
+fn copy_heads<T: Copy>(
+    new_keys: &mut [T],
+    old_keys: &[T],
+    new_values: &mut [T],
+    old_values: &[T],
+    (new_layout, new_cap): (KeyLayout, usize),
+    (old_layout, old_cap): (KeyLayout, usize),
+    head_dim: usize,
+    len: usize,
+) {
+    let hd = head_dim;
+    for (new_head, old_head) in new_keys.chunks_exact_mut(new_cap * hd).zip(old_keys.chunks_exact(old_cap * hd)) {
+        for d in 0..hd {
+            for p in 0..len {
+                new_head[new_layout.at(p, d)] = old_head[old_layout.at(p, d)];
+            }
+        }
+    }
+    for (new_head, old_head) in new_values.chunks_exact_mut(new_cap * hd).zip(old_values.chunks_exact(old_cap * hd)) {
+        new_head[..len * hd].copy_from_slice(&old_head[..len * hd]);
+    }
+}
+
+/// Writes one position's keys and values (`kv_heads × head_dim` each) into a layer.
+fn write_position<T: Element>(keys: &mut [T], values: &mut [T], layout: KeyLayout, at: usize, k: &[f32], v: &[f32]) {
+    let (hd, cap) = (layout.head_dim, layout.capacity);
+    for (h, (key, value)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+        let head_keys = &mut keys[h * cap * hd..][..cap * hd];
+        for (d, &x) in key.iter().enumerate() {
+            head_keys[layout.at(at, d)] = T::store(x);
+        }
+        for (stored, &x) in values[(h * cap + at) * hd..][..hd].iter_mut().zip(value) {
+            *stored = T::store(x);
+        }
+    }
+}
+
+/// Moves the keys and values of slots `base + path[k]` to `base + k` in a layer.
+fn keep_path_in<T: Copy>(keys: &mut [T], values: &mut [T], layout: KeyLayout, base: usize, path: &[usize]) {
+    let (hd, cap) = (layout.head_dim, layout.capacity);
+    for (head_keys, head_values) in keys.chunks_exact_mut(cap * hd).zip(values.chunks_exact_mut(cap * hd)) {
+        for (k, &node) in path.iter().enumerate().filter(|&(k, &node)| node != k) {
+            let (from, to) = (base + node, base + k);
+            for d in 0..hd {
+                head_keys[layout.at(to, d)] = head_keys[layout.at(from, d)];
+            }
+            head_values.copy_within(from * hd..(from + 1) * hd, to * hd);
+        }
+    }
+}
+
 impl HostCache {
-    pub(crate) fn new(layers: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> Result<Self> {
+    pub(crate) fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        format: KvFormat,
+    ) -> Result<Self> {
         let floats = kv_heads * head_dim * capacity;
-        let zeros = |what: &str| -> Result<Vec<f32>> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(floats).map_err(|e| {
-                ModelError::OutOfMemory(format!("{what} of a host KV cache of {capacity} positions: {e}"))
-            })?;
-            v.resize(floats, 0.0);
-            Ok(v)
+        let layer = |what: &str| -> Result<Stored> {
+            Ok(match format {
+                KvFormat::F32 => Stored::F32(zeros(floats, what, capacity)?),
+                KvFormat::Bf16 => Stored::Bf16(zeros(floats, what, capacity)?),
+            })
         };
-        let keys = (0..layers).map(|_| zeros("keys")).collect::<Result<_>>()?;
-        let values = (0..layers).map(|_| zeros("values")).collect::<Result<_>>()?;
+        let keys = (0..layers).map(|_| layer("keys")).collect::<Result<_>>()?;
+        let values = (0..layers).map(|_| layer("values")).collect::<Result<_>>()?;
         Ok(Self { kv_heads, head_dim, capacity, keys, values })
+    }
+
+    /// How its keys and values are stored.
+    pub(crate) fn format(&self) -> KvFormat {
+        match self.keys.first() {
+            Some(Stored::Bf16(_)) => KvFormat::Bf16,
+            _ => KvFormat::F32,
+        }
     }
 
     /// Room for `capacity` positions in every layer, keeping what is there (both are laid
@@ -81,55 +206,44 @@ impl HostCache {
     /// A new cache of `capacity` positions holding a copy of this one's first `len` (a
     /// prefix another session computed, which both then use apart).
     pub(crate) fn copy_prefix(&self, len: usize, capacity: usize) -> Result<Self> {
-        let mut copy = Self::new(self.keys.len(), self.kv_heads, self.head_dim, capacity)?;
-        let (old, new) = (self.key_layout(), copy.key_layout());
+        let mut copy = Self::new(self.keys.len(), self.kv_heads, self.head_dim, capacity, self.format())?;
+        let (new, old) = ((copy.key_layout(), capacity), (self.key_layout(), self.capacity));
         let (hd, len) = (self.head_dim, len.min(self.capacity).min(capacity));
-        for (new_keys, old_keys) in copy.keys.iter_mut().zip(&self.keys) {
-            for (new_head, old_head) in
-                new_keys.chunks_exact_mut(capacity * hd).zip(old_keys.chunks_exact(self.capacity * hd))
-            {
-                for d in 0..hd {
-                    for p in 0..len {
-                        new_head[new.at(p, d)] = old_head[old.at(p, d)];
-                    }
+        let layers = copy.keys.iter_mut().zip(&mut copy.values).zip(self.keys.iter().zip(&self.values));
+        for ((new_keys, new_values), (old_keys, old_values)) in layers {
+            match (new_keys, new_values, old_keys, old_values) {
+                (Stored::F32(nk), Stored::F32(nv), Stored::F32(ok), Stored::F32(ov)) => {
+                    copy_heads(nk, ok, nv, ov, new, old, hd, len);
                 }
-            }
-        }
-        for (new_values, old_values) in copy.values.iter_mut().zip(&self.values) {
-            for (new_head, old_head) in
-                new_values.chunks_exact_mut(capacity * hd).zip(old_values.chunks_exact(self.capacity * hd))
-            {
-                new_head[..len * hd].copy_from_slice(&old_head[..len * hd]);
+                (Stored::Bf16(nk), Stored::Bf16(nv), Stored::Bf16(ok), Stored::Bf16(ov)) => {
+                    copy_heads(nk, ok, nv, ov, new, old, hd, len);
+                }
+                _ => unreachable!("a copy is made in its source's format"),
             }
         }
         Ok(copy)
     }
 
-    /// Writes the key and value of position `at` (`kv_heads × head_dim` each).
+    /// Writes the key and value of position `at` (`kv_heads × head_dim` each), rounded to
+    /// bf16 in a bf16 cache.
     pub(crate) fn write(&mut self, layer: usize, at: usize, k: &[f32], v: &[f32]) {
-        let (hd, cap, layout) = (self.head_dim, self.capacity, self.key_layout());
-        for (h, (key, value)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            let keys = &mut self.keys[layer][h * cap * hd..][..cap * hd];
-            for (d, &x) in key.iter().enumerate() {
-                keys[layout.at(at, d)] = x;
-            }
-            self.values[layer][(h * cap + at) * hd..][..hd].copy_from_slice(value);
+        let layout = self.key_layout();
+        match (&mut self.keys[layer], &mut self.values[layer]) {
+            (Stored::F32(keys), Stored::F32(values)) => write_position(keys, values, layout, at, k, v),
+            (Stored::Bf16(keys), Stored::Bf16(values)) => write_position(keys, values, layout, at, k, v),
+            _ => unreachable!("keys and values share a format"),
         }
     }
 
     /// Moves the keys and values of slots `base + path[k]` to `base + k`, for a tree's kept
     /// path (ascending nodes, `path[k] ≥ k`: each slot is read before anything is written to it).
     pub(crate) fn keep_path(&mut self, base: usize, path: &[usize]) {
-        let (hd, cap, layout) = (self.head_dim, self.capacity, self.key_layout());
+        let layout = self.key_layout();
         for (keys, values) in self.keys.iter_mut().zip(&mut self.values) {
-            for (head_keys, head_values) in keys.chunks_exact_mut(cap * hd).zip(values.chunks_exact_mut(cap * hd)) {
-                for (k, &node) in path.iter().enumerate().filter(|&(k, &node)| node != k) {
-                    let (from, to) = (base + node, base + k);
-                    for d in 0..hd {
-                        head_keys[layout.at(to, d)] = head_keys[layout.at(from, d)];
-                    }
-                    head_values.copy_within(from * hd..(from + 1) * hd, to * hd);
-                }
+            match (keys, values) {
+                (Stored::F32(keys), Stored::F32(values)) => keep_path_in(keys, values, layout, base, path),
+                (Stored::Bf16(keys), Stored::Bf16(values)) => keep_path_in(keys, values, layout, base, path),
+                _ => unreachable!("keys and values share a format"),
             }
         }
     }
@@ -140,15 +254,21 @@ impl HostCache {
     }
 
     /// Layer `layer`'s keys of KV head `head`, laid out as [`Self::key_layout`] says.
-    pub(crate) fn keys(&self, layer: usize, head: usize) -> &[f32] {
-        let len = self.capacity * self.head_dim;
-        &self.keys[layer][head * len..][..len]
+    pub(crate) fn keys(&self, layer: usize, head: usize) -> KvRows<'_> {
+        self.head(&self.keys[layer], head)
     }
 
     /// Layer `layer`'s values of KV head `head`, `capacity × head_dim`, position-major.
-    pub(crate) fn values(&self, layer: usize, head: usize) -> &[f32] {
+    pub(crate) fn values(&self, layer: usize, head: usize) -> KvRows<'_> {
+        self.head(&self.values[layer], head)
+    }
+
+    fn head<'a>(&self, layer: &'a Stored, head: usize) -> KvRows<'a> {
         let len = self.capacity * self.head_dim;
-        &self.values[layer][head * len..][..len]
+        match layer {
+            Stored::F32(v) => KvRows::F32(&v[head * len..][..len]),
+            Stored::Bf16(v) => KvRows::Bf16(&v[head * len..][..len]),
+        }
     }
 }
 
@@ -158,24 +278,44 @@ mod tests {
 
     /// Capacities on both sides of a panel's edge, so that positions move between the tail
     /// and whole panels as the cache grows.
+    /// Element `i` of `rows`, widened as the kernels widen it.
+    fn read(rows: KvRows<'_>, i: usize) -> f32 {
+        match rows {
+            KvRows::F32(v) => v[i],
+            KvRows::Bf16(v) => f32::from_bits(u32::from(v[i]) << 16),
+        }
+    }
+
     #[test]
     fn growing_and_copying_keep_every_written_key_and_value_where_it_is_read() {
+        for format in [KvFormat::F32, KvFormat::Bf16] {
+            keeps_every_written_key_and_value(format);
+        }
+    }
+
+    fn keeps_every_written_key_and_value(format: KvFormat) {
         let (kv_heads, head_dim) = (2, 3);
-        let entry = |p: usize| -> Vec<f32> { (0..kv_heads * head_dim).map(|i| (p * 10 + i) as f32).collect() };
+        // Not bf16 values (a third's fractions): a bf16 cache holds each rounded to bf16, an
+        // f32 cache exactly.
+        let entry = |p: usize| -> Vec<f32> { (0..kv_heads * head_dim).map(|i| (p * 10 + i) as f32 / 3.0).collect() };
+        let stored = |x: f32| if format == KvFormat::Bf16 { specd_host_kernels::bf16_value(x) } else { x };
+        assert_ne!(stored(entry(1)[1]) == entry(1)[1], format == KvFormat::Bf16);
         let check = |cache: &HostCache, written: &[usize]| {
+            assert_eq!(cache.format(), format);
             let layout = cache.key_layout();
             for &p in written {
                 for head in 0..kv_heads {
                     for d in 0..head_dim {
-                        let key = cache.keys(0, head)[layout.at(p, d)];
-                        assert_eq!(key, entry(p)[head * head_dim + d], "key at {p}, head {head}, dim {d}");
+                        let key = read(cache.keys(0, head), layout.at(p, d));
+                        assert_eq!(key, stored(entry(p)[head * head_dim + d]), "key at {p}, head {head}, dim {d}");
+                        let value = read(cache.values(0, head), p * head_dim + d);
+                        let want = stored(entry(p + 100)[head * head_dim + d]);
+                        assert_eq!(value, want, "value at {p}, head {head}, dim {d}");
                     }
-                    let value = &cache.values(0, head)[p * head_dim..][..head_dim];
-                    assert_eq!(value, &entry(p + 100)[head * head_dim..][..head_dim], "value at {p}, head {head}");
                 }
             }
         };
-        let mut cache = HostCache::new(1, kv_heads, head_dim, 2).unwrap();
+        let mut cache = HostCache::new(1, kv_heads, head_dim, 2, format).unwrap();
         let mut written = vec![];
         for (capacity, new) in
             [(2, vec![0, 1]), (BLOCK + 8, vec![BLOCK - 1, BLOCK + 7]), (2 * BLOCK + 5, vec![2 * BLOCK + 4])]
@@ -191,7 +331,7 @@ mod tests {
         check(&copy, &written[..written.len() - 1]);
         // Every index a capacity's layout gives is inside its region, and no two collide.
         for capacity in [1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 7] {
-            let layout = HostCache::new(1, 1, head_dim, capacity).unwrap().key_layout();
+            let layout = HostCache::new(1, 1, head_dim, capacity, format).unwrap().key_layout();
             let mut seen: Vec<usize> =
                 (0..capacity).flat_map(|p| (0..head_dim).map(move |d| layout.at(p, d))).collect();
             seen.sort_unstable();

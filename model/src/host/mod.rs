@@ -4,12 +4,13 @@
 //! `specd_host_kernels`': the CPU's widest vector instructions, chosen at run time, and the
 //! linear layers split across a pool of threads kept awake for the whole pass. Weights are
 //! stored as bf16 where the checkpoint is bf16 (or `--dtype bf16` asks), which halves what a
-//! pass reads; the arithmetic is f32 either way.
+//! pass reads; the arithmetic is f32 either way, on inputs rounded to bf16 where the CPU
+//! multiplies bf16 pairs, and there the keys and values are stored in bf16 too.
 //!
 //! - `weights`: the checkpoint read and packed for the kernels.
 //! - `forward`: one pass over one or more sessions' runs of tokens; `attention` its
 //!   attention, `elementwise` its norms and activations.
-//! - `cache`: a session's keys and values.
+//! - `cache`: a session's keys and values, in f32 or bf16.
 //!
 //! When `--engine auto` picks it: [`crate::engine_choice`].
 
@@ -35,7 +36,7 @@ use crate::rope::Frequencies;
 use crate::sessions::{SessionTable, resolve_capacity};
 use crate::token_tree::TokenTree;
 use attention::AttentionShape;
-use cache::HostCache;
+use cache::{HostCache, KvFormat};
 use forward::{Dims, Net, Run, Scratch};
 use weights::{HostWeights, WeightPolicy};
 
@@ -61,6 +62,8 @@ pub struct HostLlama {
     text: CheckpointText,
     net: Net,
     kernels: Kernels,
+    /// How sessions' caches store keys and values.
+    kv: KvFormat,
     sessions: SessionTable<HostCache>,
     scratch: Scratch,
 }
@@ -92,8 +95,13 @@ impl HostLlama {
             .reduce(|a, b| if a == b { a } else { WeightFormat::F32 })
             .unwrap_or(WeightFormat::F32);
         let dtype = if format.is_bf16() { DType::Bf16 } else { DType::F32 };
-        // The keys and values are f32 whatever the weights are: the budget counts those bytes.
-        let mut info = text.info(&cfg, DType::F32, crate::engine::Engine::Host.name());
+        // Where the products already round their inputs to bf16 (pairs), the keys and values
+        // are kept in bf16 too, as torch keeps them for a bf16 model: half the bytes a pass
+        // reads and a session holds. Elsewhere they are f32, so that bf16 weights compute
+        // exactly what f32 computes on them.
+        let kv = if format == WeightFormat::Bf16Pairs { KvFormat::Bf16 } else { KvFormat::F32 };
+        let kv_dtype = if kv == KvFormat::Bf16 { DType::Bf16 } else { DType::F32 };
+        let mut info = text.info(&cfg, kv_dtype, crate::engine::Engine::Host.name());
         info.dtype = dtype;
         let f = &cfg.features;
         let dims = Dims {
@@ -124,6 +132,7 @@ impl HostLlama {
             instructions = kernels.isa().name(),
             threads = kernels.threads(),
             weights = format.name(),
+            kv_cache = ?kv,
             "host engine loaded"
         );
         Ok(Self {
@@ -131,6 +140,7 @@ impl HostLlama {
             text,
             net,
             kernels,
+            kv,
             // A fraction of the free memory is measured after warm-up, by whoever warms the
             // model up (a node): `set_memory_budget`.
             sessions: SessionTable::new(opts.kv_budget.without_measuring()),
@@ -184,7 +194,7 @@ impl LanguageModel for HostLlama {
         let bytes = self.info.kv_bytes_per_token * cap as u64;
         self.sessions.admit(bytes)?;
         let cfg = &self.cfg;
-        let cache = HostCache::new(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cap)?;
+        let cache = HostCache::new(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cap, self.kv)?;
         self.sessions.insert(cache, cap, bytes)
     }
 
