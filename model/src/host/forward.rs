@@ -117,7 +117,7 @@ impl Net {
         }
         let x = sized(&mut s.x, n * h);
         for (dst, &t) in x.chunks_exact_mut(h).zip(runs.iter().flat_map(|r| r.tokens)) {
-            dst.copy_from_slice(&w.embed[t as usize * h..(t as usize + 1) * h]);
+            w.embed.row_into(t as usize, dst);
             if let Some(scale) = self.embed_scale {
                 dst.iter_mut().for_each(|v| *v *= scale);
             }

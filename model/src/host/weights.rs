@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, bf16_value};
+use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, bf16_value, to_bf16};
 use tch::{Device, Kind, Tensor};
 
 use crate::config::LlamaConfig;
@@ -63,6 +63,49 @@ impl WeightPolicy {
         };
         PackedMatrix::new(w, outputs, inputs, format)
     }
+
+    /// The embedding table, in bf16 where this policy stores matrices in bf16: half the
+    /// bytes, and the same values (they are bf16 values already).
+    fn embedding(self, table: Vec<f32>, hidden: usize) -> Embedding {
+        let bf16 = match self {
+            Self::F32 => false,
+            Self::Bf16(_) => true,
+            Self::Lossless(_) => bf16_exact(&table),
+        };
+        if bf16 {
+            Embedding::Bf16 { rows: table.iter().map(|&x| to_bf16(x)).collect(), hidden }
+        } else {
+            Embedding::F32 { rows: table, hidden }
+        }
+    }
+}
+
+/// The embedding table, `[vocab, hidden]` row-major: a token's row is its embedding.
+#[derive(Debug)]
+pub(crate) enum Embedding {
+    F32 {
+        rows: Vec<f32>,
+        hidden: usize,
+    },
+    /// `to_bf16`'s bits.
+    Bf16 {
+        rows: Vec<u16>,
+        hidden: usize,
+    },
+}
+
+impl Embedding {
+    /// Writes token `t`'s embedding into `dst` (`hidden` long).
+    pub(crate) fn row_into(&self, t: usize, dst: &mut [f32]) {
+        match self {
+            Self::F32 { rows, hidden } => dst.copy_from_slice(&rows[t * hidden..][..*hidden]),
+            Self::Bf16 { rows, hidden } => {
+                for (d, &b) in dst.iter_mut().zip(&rows[t * hidden..][..*hidden]) {
+                    *d = f32::from_bits(u32::from(b) << 16);
+                }
+            }
+        }
+    }
 }
 
 /// One decoder layer.
@@ -90,8 +133,7 @@ pub(crate) struct HostLayer {
 
 #[derive(Debug)]
 pub(crate) struct HostWeights {
-    /// `[vocab, hidden]`, as stored: a token's row is its embedding.
-    pub(crate) embed: Vec<f32>,
+    pub(crate) embed: Embedding,
     pub(crate) layers: Vec<HostLayer>,
     pub(crate) norm: Norm,
     /// The head, or the embedding matrix when they are tied.
@@ -115,6 +157,10 @@ impl HostWeights {
             Ok(Norm::new(policy.read(&store.take(name, &[size])?)?, plus_one))
         };
         let embed = policy.read(&store.take("model.embed_tokens.weight", &[v, h])?)?;
+        // A tied head is packed now, and the f32 table given up for its stored copy before
+        // the layers load: the load never holds the f32 table beside all the other weights.
+        let tied_head = cfg.tie_word_embeddings.then(|| policy.pack(&embed, v as usize, h as usize));
+        let embed = policy.embedding(embed, h as usize);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
@@ -179,12 +225,13 @@ impl HostWeights {
             });
         }
         let norm = norm(&mut store, "model.norm.weight", h)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            // Some tied checkpoints still store a copy; the embedding is authoritative.
-            store.take_optional("lm_head.weight", &[v, h])?;
-            policy.pack(&embed, v as usize, h as usize)
-        } else {
-            policy.pack(&policy.read(&store.take("lm_head.weight", &[v, h])?)?, v as usize, h as usize)
+        let lm_head = match tied_head {
+            Some(head) => {
+                // Some tied checkpoints still store a copy; the embedding is authoritative.
+                store.take_optional("lm_head.weight", &[v, h])?;
+                head
+            }
+            None => policy.pack(&policy.read(&store.take("lm_head.weight", &[v, h])?)?, v as usize, h as usize),
         };
         store.finish(allow_unused)?;
         Ok(Self { embed, layers, norm, lm_head })
@@ -202,4 +249,33 @@ fn floats(tensor: &Tensor) -> Result<Vec<f32>> {
     let mut out = vec![0f32; n];
     tensor.f_copy_data(&mut out, n)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedding_is_kept_in_bf16_where_the_policy_stores_bf16_and_its_rows_read_the_same() {
+        let hidden = 3;
+        let bf16_values: Vec<f32> = [0.5, -1.25, 3.0, 0.15625, 7.0, -0.75].to_vec();
+        let inexact: Vec<f32> = bf16_values.iter().map(|x| x / 3.0).collect();
+        assert!(bf16_exact(&bf16_values) && !bf16_exact(&inexact));
+        let format = WeightFormat::Bf16;
+        let cases = [
+            (WeightPolicy::F32, &bf16_values, false),
+            (WeightPolicy::Lossless(format), &bf16_values, true),
+            (WeightPolicy::Lossless(format), &inexact, false),
+            (WeightPolicy::Bf16(format), &bf16_values, true),
+        ];
+        for (policy, table, bf16) in cases {
+            let embedding = policy.embedding(table.clone(), hidden);
+            assert_eq!(matches!(embedding, Embedding::Bf16 { .. }), bf16, "{policy:?}");
+            for t in 0..2 {
+                let mut row = [f32::NAN; 3];
+                embedding.row_into(t, &mut row);
+                assert_eq!(row.as_slice(), &table[t * hidden..][..hidden], "{policy:?}, token {t}");
+            }
+        }
+    }
 }
