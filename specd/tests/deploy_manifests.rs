@@ -287,6 +287,15 @@ fn check_config_refuses_what_would_fail_at_startup() {
     let line = String::from_utf8(accepted.stdout).unwrap();
     assert!(line.starts_with("config ok: target on 127.0.0.1:50052") && line.contains("bf16"), "{line}");
     assert_eq!(line.lines().count(), 1, "{line}");
+    // `specd up` hands its rounds to its nodes in process unless told to use gRPC.
+    for (transport, said) in [(None, "rounds in process"), (Some("grpc"), "rounds over loopback gRPC")] {
+        let mut vars = vec![("SPECD_TARGET_MODEL", ok.as_str()), ("SPECD_DRAFT_MODEL", ok.as_str())];
+        vars.extend(transport.map(|t| ("SPECD_ROUND_TRANSPORT", t)));
+        let up = specd(&["up", "--check-config"], &env(&vars));
+        assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+        let line = String::from_utf8(up.stdout).unwrap();
+        assert!(line.starts_with("config ok: up on") && line.contains(said), "{transport:?}: {line}");
+    }
     // `--optimistic` takes a value, as flag and as variable (the manifests set it).
     for (args, envs) in [
         (vec!["coordinator", "--target", "http://t:1", "--optimistic", "on"], env(&[])),

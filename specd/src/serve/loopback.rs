@@ -26,6 +26,16 @@ pub enum RoundTransport {
     Grpc,
 }
 
+impl RoundTransport {
+    /// How `--check-config` says it.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Self::InProcess => "in process",
+            Self::Grpc => "over loopback gRPC",
+        }
+    }
+}
+
 /// A target and a draft node serving on free loopback ports in this process (`specd up`,
 /// `specd bench --embedded`).
 #[derive(Debug)]

@@ -85,7 +85,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
         };
         let traces = traces_summary(&args.telemetry)?;
         outln!(
-            "config ok: up on {}{}, target {target}, draft {draft}, {} {} (draft {} {}, {} engine){}{traces}",
+            "config ok: up on {}{}, target {target}, draft {draft}, {} {} (draft {} {}, {} engine), rounds {}{}{traces}",
             args.listen,
             args.http.summary(Some(UP_HTTP_LISTEN)),
             target_config.device,
@@ -93,6 +93,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<()> {
             draft_config.device,
             shown_dtype("draft", &draft_config),
             draft_config.engine,
+            args.round_transport.summary(),
             metrics_summary(&args.metrics),
         );
         return Ok(());
