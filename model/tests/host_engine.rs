@@ -13,7 +13,7 @@ use anyhow::Result;
 use common::{FIXTURES, cpu_f32, fixture, max_abs_diff, reference, rows};
 use specd_model::engine_choice::{EngineDecision, PassTimes, time_passes};
 use specd_model::{
-    DType, DeviceSpec, Engine, ForwardItem, HostLlama, LanguageModel, LlamaConfig, LoadOptions, load_model,
+    BoxedModel, DType, DeviceSpec, Engine, ForwardItem, HostLlama, LanguageModel, LlamaConfig, LoadOptions, load_model,
 };
 
 const TOL: f32 = 1e-4;
@@ -85,29 +85,40 @@ fn past_a_panel_of_keys_it_matches_the_libtorch_engine_in_one_pass_in_blocks_and
         };
         let s = m.open_session(None)?;
         check("one pass", &m.forward(s, &tokens)?.to_rows(), &oracle);
-        // Blocks of five from a cache of 8 (grown across the panel's edge), each block
-        // first scored wrong and rolled back, as a speculative round does.
-        let t = m.open_session(Some(8))?;
-        let mut got = Vec::new();
-        for (i, block) in tokens.chunks(5).enumerate() {
-            let past = i * 5;
-            let wrong: Vec<u32> = block.iter().map(|&x| (x + 1) % 96).collect();
-            m.forward(t, &wrong)?;
-            m.truncate(t, past)?;
-            got.extend(m.forward(t, block)?.to_rows());
-        }
-        check("blocks after rollbacks", &got, &oracle);
-        // Two sessions in one pass, one prefilling past the panel, one decoding past it.
-        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
-        m.forward(a, &tokens[..LONG - 1])?;
-        let both = m.forward_batch(&[
-            ForwardItem { session: a, tokens: &tokens[LONG - 1..], rows: 1 },
-            ForwardItem { session: b, tokens: &tokens, rows: LONG },
-        ]);
-        let both: Vec<_> = both.into_iter().collect::<Result<_, _>>()?;
-        check("batched decode", &both[0].to_rows(), &oracle[LONG - 1..]);
-        check("batched prefill", &both[1].to_rows(), &oracle);
+        passes_past_a_panel(&mut m, &tokens, &oracle, check)?;
     }
+    Ok(())
+}
+
+/// Checks with `check` (what, got, want) against `want`, the logits of one pass over
+/// `tokens`: blocks of five from a cache of 8 (grown across the panel's edge), each block
+/// first scored wrong and rolled back, as a speculative round does; then two sessions in one
+/// pass, one decoding past the panel, one prefilling past it.
+fn passes_past_a_panel(
+    m: &mut BoxedModel,
+    tokens: &[u32],
+    want: &[Vec<f32>],
+    check: impl Fn(&str, &[Vec<f32>], &[Vec<f32>]),
+) -> Result<()> {
+    let t = m.open_session(Some(8))?;
+    let mut got = Vec::new();
+    for (i, block) in tokens.chunks(5).enumerate() {
+        let wrong: Vec<u32> = block.iter().map(|&x| (x + 1) % 96).collect();
+        m.forward(t, &wrong)?;
+        m.truncate(t, i * 5)?;
+        got.extend(m.forward(t, block)?.to_rows());
+    }
+    check("blocks after rollbacks", &got, want);
+    let (a, b) = (m.open_session(None)?, m.open_session(None)?);
+    let last = tokens.len() - 1;
+    m.forward(a, &tokens[..last])?;
+    let both = m.forward_batch(&[
+        ForwardItem { session: a, tokens: &tokens[last..], rows: 1 },
+        ForwardItem { session: b, tokens, rows: tokens.len() },
+    ]);
+    let both: Vec<_> = both.into_iter().collect::<Result<_, _>>()?;
+    check("batched decode", &both[0].to_rows(), &want[last..]);
+    check("batched prefill", &both[1].to_rows(), want);
     Ok(())
 }
 
@@ -128,24 +139,7 @@ fn in_bf16_past_a_panel_of_keys_blocks_and_batches_give_what_one_pass_gives() ->
             let diff = max_abs_diff(got, want);
             assert!(diff <= 1e-4, "{name} in bf16 on {threads} thread(s): {what}, max |Δlogit| = {diff}");
         };
-        let t = m.open_session(Some(8))?;
-        let mut got = Vec::new();
-        for (i, block) in tokens.chunks(5).enumerate() {
-            let wrong: Vec<u32> = block.iter().map(|&x| (x + 1) % 96).collect();
-            m.forward(t, &wrong)?;
-            m.truncate(t, i * 5)?;
-            got.extend(m.forward(t, block)?.to_rows());
-        }
-        check("blocks after rollbacks", &got, &one_pass);
-        let (a, b) = (m.open_session(None)?, m.open_session(None)?);
-        m.forward(a, &tokens[..LONG - 1])?;
-        let both = m.forward_batch(&[
-            ForwardItem { session: a, tokens: &tokens[LONG - 1..], rows: 1 },
-            ForwardItem { session: b, tokens: &tokens, rows: LONG },
-        ]);
-        let both: Vec<_> = both.into_iter().collect::<Result<_, _>>()?;
-        check("batched decode", &both[0].to_rows(), &one_pass[LONG - 1..]);
-        check("batched prefill", &both[1].to_rows(), &one_pass);
+        passes_past_a_panel(&mut m, &tokens, &one_pass, check)?;
     }
     Ok(())
 }

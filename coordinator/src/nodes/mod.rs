@@ -24,7 +24,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 use specd_ngram::MatchSpan;
-use specd_proto::in_process::{InProcessNodes, LocalDraft, LocalTarget, ServesRounds};
+use specd_proto::in_process::{LocalDraft, LocalTarget, ServesRounds};
 use specd_proto::tls::ClientTls;
 
 use crate::error::CoordinatorError;
@@ -134,16 +134,11 @@ pub struct TargetOpened {
 }
 
 impl DraftClient {
-    /// Connects to the draft at `address`; its round streams go through `in_process`'s
-    /// handle where it holds one for `address`.
-    pub async fn connect(
-        address: &str,
-        timeout: Duration,
-        tls: &ClientTls,
-        in_process: &InProcessNodes,
-    ) -> Result<Self, CoordinatorError> {
-        let client = DraftServiceClient::new(channel("draft", address, timeout, tls).await?);
-        let in_process = in_process.draft(address);
+    /// Connects to the draft at `address`; its round streams go in process where this
+    /// process serves it (`dialing.in_process`).
+    pub async fn connect(address: &str, dialing: &Dialing) -> Result<Self, CoordinatorError> {
+        let client = DraftServiceClient::new(channel("draft", address, dialing.timeout, &dialing.tls).await?);
+        let (timeout, in_process) = (dialing.timeout, dialing.in_process.draft(address));
         Ok(Self { role: "draft", address: address.to_owned(), client, timeout, in_process })
     }
 
@@ -190,16 +185,11 @@ impl DraftClient {
 }
 
 impl TargetClient {
-    /// Connects to the target at `address`; its round streams go through `in_process`'s
-    /// handle where it holds one for `address`.
-    pub async fn connect(
-        address: &str,
-        timeout: Duration,
-        tls: &ClientTls,
-        in_process: &InProcessNodes,
-    ) -> Result<Self, CoordinatorError> {
-        let client = TargetServiceClient::new(channel("target", address, timeout, tls).await?);
-        let in_process = in_process.target(address);
+    /// Connects to the target at `address`; its round streams go in process where this
+    /// process serves it (`dialing.in_process`).
+    pub async fn connect(address: &str, dialing: &Dialing) -> Result<Self, CoordinatorError> {
+        let client = TargetServiceClient::new(channel("target", address, dialing.timeout, &dialing.tls).await?);
+        let (timeout, in_process) = (dialing.timeout, dialing.in_process.target(address));
         Ok(Self { role: "target", address: address.to_owned(), client, timeout, in_process })
     }
 
@@ -466,7 +456,7 @@ impl Replica for TargetClient {
     const ROLE: &'static str = "target";
 
     async fn dial(url: String, dialing: Dialing) -> Result<Self, CoordinatorError> {
-        TargetClient::connect(&url, dialing.timeout, &dialing.tls, &dialing.in_process).await
+        TargetClient::connect(&url, &dialing).await
     }
 
     async fn node_info(&self) -> Result<NodeInfo, CoordinatorError> {
@@ -482,7 +472,7 @@ impl Replica for DraftClient {
     const ROLE: &'static str = "draft";
 
     async fn dial(url: String, dialing: Dialing) -> Result<Self, CoordinatorError> {
-        DraftClient::connect(&url, dialing.timeout, &dialing.tls, &dialing.in_process).await
+        DraftClient::connect(&url, &dialing).await
     }
 
     async fn node_info(&self) -> Result<NodeInfo, CoordinatorError> {
