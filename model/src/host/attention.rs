@@ -240,3 +240,51 @@ fn scores(
     }
     (start, scores)
 }
+
+#[cfg(test)]
+mod tests {
+    use specd_host_kernels::bf16_value;
+
+    use super::*;
+    use crate::host::cache::KvFormat;
+
+    /// A bf16 cache attends as an f32 cache holding the same rounded keys and values does,
+    /// on any CPU, across a panel of keys and its tail, for several queries of a KV group.
+    #[test]
+    fn a_bf16_cache_attends_as_an_f32_cache_of_its_rounded_values() {
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 8, scale: 0.35 };
+        let (kvd, qd, capacity) = (shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim, BLOCK + 8);
+        let wave =
+            |n: usize, step: f32, phase: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * step + phase).sin()).collect() };
+        let kernels = Kernels::new(1).unwrap();
+        let mut f32_cache = HostCache::new(1, shape.kv_heads, shape.head_dim, capacity, KvFormat::F32).unwrap();
+        let mut bf16_cache = HostCache::new(1, shape.kv_heads, shape.head_dim, capacity, KvFormat::Bf16).unwrap();
+        let filled = BLOCK + 6;
+        for p in 0..filled {
+            let (k, v) = (wave(kvd, 0.31, p as f32), wave(kvd, 0.17, 2.0 * p as f32));
+            let rounded = |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| bf16_value(x)).collect() };
+            f32_cache.write(0, p, &rounded(&k), &rounded(&v));
+            bf16_cache.write(0, p, &k, &v);
+        }
+        let rows: Vec<QueryRow> =
+            (filled - 3..filled).map(|p| QueryRow { cache: 0, position: p, slot: p, tree: None }).collect();
+        let qkv = wave(rows.len() * (qd + 2 * kvd), 0.23, 0.5);
+        let queries = Queries { rows: &rows, tree_paths: &[] };
+        let attended = |cache: &HostCache| {
+            let mut out = vec![f32::NAN; rows.len() * qd];
+            attend(&kernels, shape, &qkv, &[cache], queries, 0, None, &mut out);
+            out
+        };
+        let (from_f32, from_bf16) = (attended(&f32_cache), attended(&bf16_cache));
+        for (i, (a, b)) in from_f32.iter().zip(&from_bf16).enumerate() {
+            assert!((a - b).abs() <= 1e-5, "output {i}: {a} (f32 cache) against {b} (bf16 cache)");
+        }
+        // The rounding matters: the unrounded values give other outputs.
+        let mut exact = HostCache::new(1, shape.kv_heads, shape.head_dim, capacity, KvFormat::F32).unwrap();
+        for p in 0..filled {
+            exact.write(0, p, &wave(kvd, 0.31, p as f32), &wave(kvd, 0.17, 2.0 * p as f32));
+        }
+        let moved = attended(&exact).iter().zip(&from_bf16).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(moved > 1e-4, "rounding to bf16 moved the outputs by {moved}");
+    }
+}

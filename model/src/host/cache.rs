@@ -276,8 +276,6 @@ impl HostCache {
 mod tests {
     use super::*;
 
-    /// Capacities on both sides of a panel's edge, so that positions move between the tail
-    /// and whole panels as the cache grows.
     /// Element `i` of `rows`, widened as the kernels widen it.
     fn read(rows: KvRows<'_>, i: usize) -> f32 {
         match rows {
@@ -286,6 +284,8 @@ mod tests {
         }
     }
 
+    /// Capacities on both sides of a panel's edge, so that positions move between the tail
+    /// and whole panels as the cache grows.
     #[test]
     fn growing_and_copying_keep_every_written_key_and_value_where_it_is_read() {
         for format in [KvFormat::F32, KvFormat::Bf16] {
@@ -336,6 +336,39 @@ mod tests {
                 (0..capacity).flat_map(|p| (0..head_dim).map(move |d| layout.at(p, d))).collect();
             seen.sort_unstable();
             assert_eq!(seen, (0..capacity * head_dim).collect::<Vec<_>>(), "capacity {capacity}");
+        }
+    }
+
+    #[test]
+    fn keeping_a_tree_path_moves_its_keys_and_values_down_in_either_format() {
+        let (kv_heads, head_dim) = (2, 3);
+        let entry = |p: usize| -> Vec<f32> { (0..kv_heads * head_dim).map(|i| (p * 10 + i) as f32 / 3.0).collect() };
+        for format in [KvFormat::F32, KvFormat::Bf16] {
+            let stored = |x: f32| if format == KvFormat::Bf16 { specd_host_kernels::bf16_value(x) } else { x };
+            // Slots past a panel's edge, so that moves cross from the tail into a panel.
+            let (capacity, base) = (BLOCK + 9, BLOCK - 2);
+            let mut cache = HostCache::new(1, kv_heads, head_dim, capacity, format).unwrap();
+            for p in 0..capacity {
+                cache.write(0, p, &entry(p), &entry(p + 100));
+            }
+            let path = [0, 2, 5];
+            cache.keep_path(base, &path);
+            let layout = cache.key_layout();
+            for (k, &node) in path.iter().enumerate() {
+                let (slot, from) = (base + k, base + node);
+                for head in 0..kv_heads {
+                    for d in 0..head_dim {
+                        let key = read(cache.keys(0, head), layout.at(slot, d));
+                        assert_eq!(key, stored(entry(from)[head * head_dim + d]), "{format:?}: key at {slot}");
+                        let value = read(cache.values(0, head), slot * head_dim + d);
+                        assert_eq!(
+                            value,
+                            stored(entry(from + 100)[head * head_dim + d]),
+                            "{format:?}: value at {slot}"
+                        );
+                    }
+                }
+            }
         }
     }
 }
