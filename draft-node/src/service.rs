@@ -120,7 +120,7 @@ impl DraftService for DraftNode {
 }
 
 impl ServesRounds<ProposeRequest, ProposeResponse> for DraftNode {
-    fn serve_rounds(&self, requests: Rounds<ProposeRequest>) -> Rounds<ProposeResponse> {
+    fn answer_rounds(&self, requests: Rounds<ProposeRequest>) -> Rounds<ProposeResponse> {
         Box::pin(self.propose_rounds(requests))
     }
 }

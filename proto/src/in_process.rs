@@ -1,8 +1,10 @@
 //! Round streams to nodes served in the coordinator's own process (`specd up`, `specd bench
 //! --embedded`): the `*Stream` RPCs' messages handed over on channels, with no protobuf
 //! encoding, HTTP/2 framing or socket between the roles. The messages, their order and the
-//! node's handling are the RPC's; only the hand-over differs. BENCHMARKS.md has what that
-//! saves a round (`cargo bench -p specd-proto --bench round_transport`).
+//! node's handling are the RPC's; the hand-over differs, and so does one limit: gRPC's
+//! 4 MiB a message does not apply here (a dense round at a large vocabulary can exceed it,
+//! which fails over gRPC). BENCHMARKS.md has what the hand-over saves a round (`cargo bench
+//! -p specd-proto --bench round_transport`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,7 +23,7 @@ pub type Rounds<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
 /// RPC answers one over the network.
 pub trait ServesRounds<Q, R>: Send + Sync + fmt::Debug {
     /// Answers `requests` in order on the returned stream, until they end or one fails.
-    fn serve_rounds(&self, requests: Rounds<Q>) -> Rounds<R>;
+    fn answer_rounds(&self, requests: Rounds<Q>) -> Rounds<R>;
 }
 
 /// A target served in this process.

@@ -92,7 +92,7 @@ impl TargetService for TargetNode {
 }
 
 impl ServesRounds<VerifyRequest, VerifyResponse> for TargetNode {
-    fn serve_rounds(&self, requests: Rounds<VerifyRequest>) -> Rounds<VerifyResponse> {
+    fn answer_rounds(&self, requests: Rounds<VerifyRequest>) -> Rounds<VerifyResponse> {
         Box::pin(self.verify_rounds(requests))
     }
 }

@@ -184,9 +184,9 @@ struct CountedRounds<N> {
 }
 
 impl<Q, R, N: ServesRounds<Q, R>> ServesRounds<Q, R> for CountedRounds<N> {
-    fn serve_rounds(&self, requests: Rounds<Q>) -> Rounds<R> {
+    fn answer_rounds(&self, requests: Rounds<Q>) -> Rounds<R> {
         self.streams.fetch_add(1, Ordering::Relaxed);
-        self.node.serve_rounds(requests)
+        self.node.answer_rounds(requests)
     }
 }
 
@@ -285,6 +285,10 @@ impl Cluster {
             }
             None => coordinator_draft_url,
         };
+        anyhow::ensure!(
+            !options.in_process_rounds || (options.draft_chaos.is_none() && options.draft_one_way_delay.is_none()),
+            "rounds in process would bypass the draft's proxy: choose one"
+        );
         let in_process_streams = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
         let in_process = if options.in_process_rounds {
             let streams = |i: usize| Arc::clone(&in_process_streams[i]);

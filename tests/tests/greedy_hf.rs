@@ -73,7 +73,6 @@ async fn greedy_speculation_equals_target_only_with_rounds_in_process() {
         let spec = grpc_client.generate(request(prompt.clone(), 4)).await.unwrap().into_inner();
         assert_eq!(&spec.token_ids, in_process, "over gRPC against in process, prompt {prompt:?}");
     }
-    assert_eq!(cluster.in_process_round_streams(), (0, 0), "over gRPC, nothing is handed over in process");
     cluster.shutdown().await;
 }
 

@@ -111,11 +111,17 @@ fn open(id: &str) -> OpenSessionRequest {
 }
 
 async fn start(name: &str, budget: KvBudget, oom_at_pass: Option<u64>) -> Cluster {
+    start_with(name, budget, oom_at_pass, false).await
+}
+
+/// [`start`], with the coordinator's rounds handed to the nodes in process or not.
+async fn start_with(name: &str, budget: KvBudget, oom_at_pass: Option<u64>, in_process_rounds: bool) -> Cluster {
     let model = one_b_shaped_checkpoint(&scratch_dir(name));
     let options = ClusterOptions {
         gamma: GammaChoice::Fixed(GAMMA),
         target_kv_budget: budget,
         target_oom_at_pass: oom_at_pass,
+        in_process_rounds,
         ..ClusterOptions::default()
     };
     Cluster::start(&model, &model, &options).await.unwrap()
@@ -166,13 +172,21 @@ async fn the_budget_admits_whole_requests_and_refuses_the_next_naming_the_number
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_pass_out_of_memory_fails_its_request_and_the_node_serves_on() {
+    // Over gRPC, and with the rounds in process, where the node's error comes back the same.
+    for in_process in [false, true] {
+        oom_fails_its_request(in_process).await;
+    }
+}
+
+async fn oom_fails_its_request(in_process: bool) {
     // The target's second pass (the first session's second round) fails to allocate.
-    let cluster = start("kv_budget_oom", KvBudget::Bytes(4 * PER_SESSION), Some(2)).await;
+    let cluster = start_with("kv_budget_oom", KvBudget::Bytes(4 * PER_SESSION), Some(2), in_process).await;
     let mut client = cluster.client().await.unwrap();
     let failed = stream_to_end(&mut client, request(7)).await.unwrap_err();
     let status = failed.downcast_ref::<tonic::Status>().expect("a gRPC status");
-    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(status.code(), Code::ResourceExhausted, "in process {in_process}: {status:?}");
     assert!(status.message().contains("out of memory"), "{status:?}");
+    assert_eq!(cluster.in_process_round_streams().0 > 0, in_process);
     let channel = tonic::transport::Endpoint::from_shared(cluster.target_url.clone()).unwrap().connect().await.unwrap();
     let mut health = HealthClient::new(channel);
     let serving = health.check(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();

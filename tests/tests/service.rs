@@ -147,11 +147,14 @@ async fn wire_bytes_split_by_role_add_up_to_the_totals() {
 /// A draft equal to the target, greedy: every candidate is accepted and every guess right, so
 /// every round after the first can take a block pushed ahead; a slow target pass makes sure
 /// the push is there first.
-fn all_hits(corrupt_pushes: bool) -> ClusterOptions {
+/// Over gRPC and with the rounds handed over in process (`specd up`'s default), whose reply
+/// side carries the pushed blocks the same way.
+fn all_hits(corrupt_pushes: bool, in_process_rounds: bool) -> ClusterOptions {
     ClusterOptions {
         optimistic: true,
         forward_delays: (Duration::from_millis(5), Duration::ZERO),
         corrupt_pushes,
+        in_process_rounds,
         ..ClusterOptions::default()
     }
 }
@@ -159,35 +162,41 @@ fn all_hits(corrupt_pushes: bool) -> ClusterOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rounds_take_the_blocks_the_draft_pushed_ahead() {
     let target = suffix_table(1);
-    let cluster = start_with("pushed", &target, &target, &all_hits(false)).await;
-    let mut client = cluster.client().await.unwrap();
-    for prompt in prompts().into_iter().take(5) {
-        let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
-        let spec = client.generate(request(prompt.clone(), 30, 0.0, Some(3))).await.unwrap().into_inner();
-        assert_eq!(spec.token_ids, plain.token_ids, "prompt {prompt:?}");
-        let stats = spec.stats.unwrap();
-        // 30 tokens: 7 rounds of 4, then one of 2 whose γ = 1 no block was drafted for.
-        assert_eq!((stats.rounds, stats.optimistic_attempts), (8, 7), "{stats:?}");
-        assert_eq!(stats.optimistic_hits, 6, "{stats:?}");
-        assert!(stats.optimistic_pushed >= 4 && stats.optimistic_pushed <= stats.optimistic_hits, "{stats:?}");
-        assert_eq!(stats.draft_fallbacks, 0, "{stats:?}");
+    for in_process in [false, true] {
+        let cluster = start_with("pushed", &target, &target, &all_hits(false, in_process)).await;
+        let mut client = cluster.client().await.unwrap();
+        for prompt in prompts().into_iter().take(5) {
+            let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
+            let spec = client.generate(request(prompt.clone(), 30, 0.0, Some(3))).await.unwrap().into_inner();
+            assert_eq!(spec.token_ids, plain.token_ids, "prompt {prompt:?}");
+            let stats = spec.stats.unwrap();
+            // 30 tokens: 7 rounds of 4, then one of 2 whose γ = 1 no block was drafted for.
+            assert_eq!((stats.rounds, stats.optimistic_attempts), (8, 7), "{stats:?}");
+            assert_eq!(stats.optimistic_hits, 6, "{stats:?}");
+            assert!(stats.optimistic_pushed >= 4 && stats.optimistic_pushed <= stats.optimistic_hits, "{stats:?}");
+            assert_eq!(stats.draft_fallbacks, 0, "{stats:?}");
+        }
+        assert_eq!(cluster.in_process_round_streams().1 > 0, in_process, "in process: {in_process}");
+        cluster.shutdown().await;
     }
-    cluster.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draft_pushing_garbage_is_dropped_and_the_generation_goes_on() {
     let target = suffix_table(1);
-    let cluster = start_with("pushed-garbage", &target, &target, &all_hits(true)).await;
-    let mut client = cluster.client().await.unwrap();
-    let prompt = vec![1, 3];
-    let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
-    let spec = client.generate(request(prompt.clone(), 30, 0.0, Some(3))).await.unwrap().into_inner();
-    assert_eq!(spec.token_ids, plain.token_ids);
-    let stats = spec.stats.unwrap();
-    assert!(stats.draft_fallbacks >= 1, "{stats:?}");
-    assert_eq!(stats.optimistic_pushed, 0, "{stats:?}");
-    cluster.shutdown().await;
+    for in_process in [false, true] {
+        let cluster = start_with("pushed-garbage", &target, &target, &all_hits(true, in_process)).await;
+        let mut client = cluster.client().await.unwrap();
+        let prompt = vec![1, 3];
+        let plain = client.generate(request(prompt.clone(), 30, 0.0, Some(0))).await.unwrap().into_inner();
+        let spec = client.generate(request(prompt.clone(), 30, 0.0, Some(3))).await.unwrap().into_inner();
+        assert_eq!(spec.token_ids, plain.token_ids, "in process: {in_process}");
+        let stats = spec.stats.unwrap();
+        assert!(stats.draft_fallbacks >= 1, "{stats:?}");
+        assert_eq!(stats.optimistic_pushed, 0, "{stats:?}");
+        assert_eq!(cluster.in_process_round_streams().1 > 0, in_process, "in process: {in_process}");
+        cluster.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,7 +158,7 @@ impl Default for Discovery {
 #[derive(Debug, Clone)]
 pub struct Dialing {
     pub timeout: Duration,
-    /// For a discovered replica, naming its certificate's host.
+    /// TLS to every node; a discovered replica's names its certificate's host.
     pub tls: ClientTls,
     pub in_process: InProcessNodes,
 }

@@ -101,7 +101,7 @@ impl<C: Clone, L> NodeClient<C, L> {
     /// A round stream handed over to `node`, served in this process.
     fn in_process_stream<Q: Send + 'static, R>(&self, node: &dyn ServesRounds<Q, R>) -> RoundStream<Q, R> {
         let (requests, rx) = mpsc::channel(1);
-        let replies = node.serve_rounds(Box::pin(ReceiverStream::new(rx).map(Ok)));
+        let replies = node.answer_rounds(Box::pin(ReceiverStream::new(rx).map(Ok)));
         RoundStream::new(self.role, self.address.clone(), self.timeout, requests, replies)
     }
 }

@@ -101,7 +101,13 @@ pub struct BenchArgs {
     /// For --embedded: how the coordinator sends each round to the nodes in its process,
     /// `in-process` (handed over on channels, as `specd up` does by default) or `grpc` (over
     /// loopback, as to remote nodes).
-    #[arg(long, env = "SPECD_BENCH_ROUND_TRANSPORT", value_enum, default_value_t = RoundTransport::InProcess)]
+    #[arg(
+        long,
+        env = "SPECD_BENCH_ROUND_TRANSPORT",
+        value_enum,
+        default_value_t = RoundTransport::InProcess,
+        conflicts_with_all = ["endpoint", "netns"]
+    )]
     pub(super) round_transport: RoundTransport,
     /// For --embedded and --netns.
     #[command(flatten)]

@@ -1,5 +1,6 @@
 //! Parsers of flag values that the roles share with other subcommands (`bench`, `logits`,
-//! `models`): a device, a dtype, an engine, attention's key lengths and kernel, a draft length, on or off.
+//! `models`): a device, a dtype, an engine, attention's key lengths and kernel, a draft length, on or off,
+//! how rounds reach nodes in the same process.
 
 use specd_coordinator::TreeSetting;
 use specd_model::{AttentionKernel, DType, DeviceSpec, Engine, KeyLengths, ModelError};
@@ -53,5 +54,27 @@ pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
         "on" | "true" | "1" => Ok(true),
         "off" | "false" | "0" => Ok(false),
         other => Err(format!("{other:?}: expected on or off")),
+    }
+}
+
+/// How a coordinator in this process sends its round streams to these nodes
+/// (`--round-transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RoundTransport {
+    /// Handed over on channels through the nodes' handles (`specd_proto::in_process`): no
+    /// encoding, HTTP/2 or socket in between.
+    #[default]
+    InProcess,
+    /// Over loopback gRPC, as to nodes on other machines.
+    Grpc,
+}
+
+impl RoundTransport {
+    /// How `--check-config` says it.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Self::InProcess => "in process",
+            Self::Grpc => "over loopback gRPC",
+        }
     }
 }

@@ -11,30 +11,9 @@ use specd_model::KvBudget;
 use specd_node::NodeConfig;
 use specd_target_node::TargetNode;
 
+use super::flag_values::RoundTransport;
 use super::runtime::bind;
 use super::shared_budget::{BudgetClaim, SharedBudget, shared_budget};
-
-/// How a coordinator in this process sends its round streams to these nodes
-/// (`--round-transport`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum RoundTransport {
-    /// Handed over on channels through the nodes' handles (`specd_proto::in_process`): no
-    /// encoding, HTTP/2 or socket in between.
-    #[default]
-    InProcess,
-    /// Over loopback gRPC, as to nodes on other machines.
-    Grpc,
-}
-
-impl RoundTransport {
-    /// How `--check-config` says it.
-    pub fn summary(self) -> &'static str {
-        match self {
-            Self::InProcess => "in process",
-            Self::Grpc => "over loopback gRPC",
-        }
-    }
-}
 
 /// A target and a draft node serving on free loopback ports in this process (`specd up`,
 /// `specd bench --embedded`).

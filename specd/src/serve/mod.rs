@@ -32,9 +32,9 @@ pub use up::{UpArgs, run_up};
 pub(crate) use coordinator_options::PolicyOptions;
 pub(crate) use draft_options::{DraftOptions, ProposerOptions};
 pub(crate) use flag_values::{
-    GammaFlag, parse_device, parse_dtype, parse_engine, parse_gamma, parse_on_off, parse_tree,
+    GammaFlag, RoundTransport, parse_device, parse_dtype, parse_engine, parse_gamma, parse_on_off, parse_tree,
 };
-pub(crate) use loopback::{LoopbackNodes, RoundTransport};
+pub(crate) use loopback::LoopbackNodes;
 pub(crate) use node_options::NodeOptions;
 pub(crate) use runtime::bind;
 pub(crate) use shutdown::shutdown_signal;
