@@ -538,7 +538,7 @@ mod tests {
             // wrong half of each value, or skipped widening, would fail.
             let (m16, panels16): (Vec<u16>, Vec<u16>) =
                 (m.iter().map(|&v| crate::to_bf16(v)).collect(), panels.iter().map(|&v| crate::to_bf16(v)).collect());
-            let widen = |v: &[u16]| -> Vec<f32> { v.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect() };
+            let widen = |v: &[u16]| -> Vec<f32> { v.iter().copied().map(crate::from_bf16).collect() };
             let (m_wide, panels_wide) = (widen(&m16), widen(&panels16));
             assert!(m_wide.iter().zip(&m).any(|(a, b)| a != b), "bf16 rounds the matrix");
             for n in [1, 3, 9] {

@@ -34,4 +34,4 @@ mod pool;
 pub use error::KernelError;
 pub use isa::Isa;
 pub use kernels::{Kernels, LinearScratch};
-pub use packed::{BLOCK, PackedMatrix, WeightFormat, bf16_exact, bf16_value, to_bf16};
+pub use packed::{BLOCK, PackedMatrix, WeightFormat, bf16_exact, bf16_value, from_bf16, to_bf16};

@@ -27,7 +27,7 @@ impl Weight for f32 {
 impl Weight for u16 {
     #[inline(always)]
     fn widen(self) -> f32 {
-        f32::from_bits(u32::from(self) << 16)
+        crate::from_bf16(self)
     }
 }
 

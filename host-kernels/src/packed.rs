@@ -194,9 +194,15 @@ pub fn to_bf16(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
+/// The `f32` of a bf16 value ([`to_bf16`]'s bits): the upper half of an f32, so widening is
+/// exact.
+pub fn from_bf16(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
 /// `x` rounded to bf16 as [`to_bf16`] rounds it, as the `f32` of the same value.
 pub fn bf16_value(x: f32) -> f32 {
-    f32::from_bits(u32::from(to_bf16(x)) << 16)
+    from_bf16(to_bf16(x))
 }
 
 /// Whether every value of `w` is a bf16 value (its low 16 bits zero), as a bf16 checkpoint

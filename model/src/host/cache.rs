@@ -112,28 +112,25 @@ impl KeyLayout {
     }
 }
 
-/// The first `len` positions' keys and values of each head of `old` (a cache of capacity
-/// `old_cap`, laid out by `old_layout`) written into `new`'s (capacity `new_cap`).
-#[allow(clippy::too_many_arguments)]
+/// The first `len` positions' keys and values of each head of a layer laid out by `old`,
+/// written into one laid out by `new`.
 fn copy_heads<T: Copy>(
-    new_keys: &mut [T],
-    old_keys: &[T],
-    new_values: &mut [T],
-    old_values: &[T],
-    (new_layout, new_cap): (KeyLayout, usize),
-    (old_layout, old_cap): (KeyLayout, usize),
-    head_dim: usize,
+    (new_keys, new_values): (&mut [T], &mut [T]),
+    (old_keys, old_values): (&[T], &[T]),
+    new: KeyLayout,
+    old: KeyLayout,
     len: usize,
 ) {
-    let hd = head_dim;
-    for (new_head, old_head) in new_keys.chunks_exact_mut(new_cap * hd).zip(old_keys.chunks_exact(old_cap * hd)) {
+    let hd = new.head_dim;
+    let (new_region, old_region) = (new.capacity * hd, old.capacity * hd);
+    for (new_head, old_head) in new_keys.chunks_exact_mut(new_region).zip(old_keys.chunks_exact(old_region)) {
         for d in 0..hd {
             for p in 0..len {
-                new_head[new_layout.at(p, d)] = old_head[old_layout.at(p, d)];
+                new_head[new.at(p, d)] = old_head[old.at(p, d)];
             }
         }
     }
-    for (new_head, old_head) in new_values.chunks_exact_mut(new_cap * hd).zip(old_values.chunks_exact(old_cap * hd)) {
+    for (new_head, old_head) in new_values.chunks_exact_mut(new_region).zip(old_values.chunks_exact(old_region)) {
         new_head[..len * hd].copy_from_slice(&old_head[..len * hd]);
     }
 }
@@ -207,16 +204,16 @@ impl HostCache {
     /// prefix another session computed, which both then use apart).
     pub(crate) fn copy_prefix(&self, len: usize, capacity: usize) -> Result<Self> {
         let mut copy = Self::new(self.keys.len(), self.kv_heads, self.head_dim, capacity, self.format())?;
-        let (new, old) = ((copy.key_layout(), capacity), (self.key_layout(), self.capacity));
-        let (hd, len) = (self.head_dim, len.min(self.capacity).min(capacity));
+        let (new, old) = (copy.key_layout(), self.key_layout());
+        let len = len.min(self.capacity).min(capacity);
         let layers = copy.keys.iter_mut().zip(&mut copy.values).zip(self.keys.iter().zip(&self.values));
         for ((new_keys, new_values), (old_keys, old_values)) in layers {
             match (new_keys, new_values, old_keys, old_values) {
                 (Stored::F32(nk), Stored::F32(nv), Stored::F32(ok), Stored::F32(ov)) => {
-                    copy_heads(nk, ok, nv, ov, new, old, hd, len);
+                    copy_heads((nk, nv), (ok, ov), new, old, len);
                 }
                 (Stored::Bf16(nk), Stored::Bf16(nv), Stored::Bf16(ok), Stored::Bf16(ov)) => {
-                    copy_heads(nk, ok, nv, ov, new, old, hd, len);
+                    copy_heads((nk, nv), (ok, ov), new, old, len);
                 }
                 _ => unreachable!("a copy is made in its source's format"),
             }
@@ -280,7 +277,7 @@ mod tests {
     fn read(rows: KvRows<'_>, i: usize) -> f32 {
         match rows {
             KvRows::F32(v) => v[i],
-            KvRows::Bf16(v) => f32::from_bits(u32::from(v[i]) << 16),
+            KvRows::Bf16(v) => specd_host_kernels::from_bf16(v[i]),
         }
     }
 

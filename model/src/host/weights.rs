@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, bf16_value, to_bf16};
+use specd_host_kernels::{Isa, PackedMatrix, WeightFormat, bf16_exact, bf16_value, from_bf16, to_bf16};
 use tch::{Device, Kind, Tensor};
 
 use crate::config::LlamaConfig;
@@ -54,25 +54,24 @@ impl WeightPolicy {
         Ok(values)
     }
 
-    fn pack(self, w: &[f32], outputs: usize, inputs: usize) -> PackedMatrix {
-        let format = match self {
+    /// How this policy stores the weights `w` (read by [`Self::read`]).
+    fn format(self, w: &[f32]) -> WeightFormat {
+        match self {
             Self::F32 => WeightFormat::F32,
             Self::Bf16(bf16) => bf16,
             Self::Lossless(bf16) if bf16_exact(w) => bf16,
             Self::Lossless(_) => WeightFormat::F32,
-        };
-        PackedMatrix::new(w, outputs, inputs, format)
+        }
     }
 
-    /// The embedding table, in bf16 where this policy stores matrices in bf16: half the
-    /// bytes, and the same values (they are bf16 values already).
+    fn pack(self, w: &[f32], outputs: usize, inputs: usize) -> PackedMatrix {
+        PackedMatrix::new(w, outputs, inputs, self.format(w))
+    }
+
+    /// The embedding table, in bf16 where this policy would store it as a bf16 matrix: half
+    /// the bytes, and the same values (they are bf16 values already).
     fn embedding(self, table: Vec<f32>, hidden: usize) -> Embedding {
-        let bf16 = match self {
-            Self::F32 => false,
-            Self::Bf16(_) => true,
-            Self::Lossless(_) => bf16_exact(&table),
-        };
-        if bf16 {
+        if self.format(&table).is_bf16() {
             Embedding::Bf16 { rows: table.iter().map(|&x| to_bf16(x)).collect(), hidden }
         } else {
             Embedding::F32 { rows: table, hidden }
@@ -101,7 +100,7 @@ impl Embedding {
             Self::F32 { rows, hidden } => dst.copy_from_slice(&rows[t * hidden..][..*hidden]),
             Self::Bf16 { rows, hidden } => {
                 for (d, &b) in dst.iter_mut().zip(&rows[t * hidden..][..*hidden]) {
-                    *d = f32::from_bits(u32::from(b) << 16);
+                    *d = from_bf16(b);
                 }
             }
         }
