@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use specd_model::LanguageModel;
 use specd_node::spans::{round_span, rpc_span};
-use specd_node::{Lookahead, NodeError, ReplyStream, SessionState};
+use specd_node::{Lookahead, NodeError, ReplySender, ReplyStream, SessionState, serve_rounds_lending};
 use specd_proto::in_process::{Rounds, ServesRounds};
 use specd_proto::v1::draft_service_server::DraftService;
 use specd_proto::v1::{
@@ -14,9 +14,7 @@ use specd_proto::v1::{
 };
 use specd_sampling::{MAX_GAMMA, TreeShape, Truncation};
 use specd_telemetry::attributes;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -33,7 +31,7 @@ const PUSH_QUEUE: usize = 2 * MAX_PUSH_DEPTH + 4;
 pub const MAX_PUSH_DEPTH: usize = 16;
 
 /// The sending side of a session's ProposeStream.
-type Replies = mpsc::Sender<Result<ProposeResponse, Status>>;
+type Replies = ReplySender<ProposeResponse>;
 
 /// A complete block drafted ahead, as the unsolicited message that pushes it.
 fn pushed_reply(block: &Lookahead) -> ProposeResponse {
@@ -126,28 +124,17 @@ impl ServesRounds<ProposeRequest, ProposeResponse> for DraftNode {
 }
 
 impl DraftNode {
-    /// A session's Propose stream, over gRPC or in process: as `specd_node::serve_rounds`,
-    /// with the stream's sender lent to the drafting ahead so that it can push blocks between
-    /// the replies.
+    /// A session's Propose stream, over gRPC or in process, with the stream's sender lent to
+    /// the drafting ahead so that it can push blocks between the replies.
     fn propose_rounds(
         &self,
-        mut requests: impl Stream<Item = Result<ProposeRequest, Status>> + Send + Unpin + 'static,
+        requests: impl Stream<Item = Result<ProposeRequest, Status>> + Send + Unpin + 'static,
     ) -> ReplyStream<ProposeResponse> {
         let node = self.clone();
-        let (replies, rx) = mpsc::channel(PUSH_QUEUE);
-        tokio::spawn(async move {
-            while let Some(request) = requests.next().await {
-                let reply = match request {
-                    Ok(request) => node.propose_one(request, Some(&replies)).await.map_err(Status::from),
-                    Err(status) => Err(status),
-                };
-                let failed = reply.is_err();
-                if replies.send(reply).await.is_err() || failed {
-                    break;
-                }
-            }
-        });
-        ReceiverStream::new(rx)
+        serve_rounds_lending(requests, PUSH_QUEUE, move |request, replies| {
+            let node = node.clone();
+            async move { node.propose_one(request, Some(&replies)).await.map_err(Status::from) }
+        })
     }
 
     /// One Propose, for the unary call and the stream alike; `stream`: where the stream's

@@ -42,4 +42,4 @@ pub use history::{CatchUp, SessionHistory};
 pub use node::{Lookahead, Node, NodeConfig, SessionState};
 pub use node_model::{NodeModel, NodeSessionError, NodeSessionState};
 pub use registry::{RegistryError, SessionRegistry};
-pub use round_stream::{ReplyStream, serve_rounds};
+pub use round_stream::{ReplySender, ReplyStream, serve_rounds, serve_rounds_lending};

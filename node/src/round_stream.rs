@@ -13,10 +13,13 @@ use tonic::Status;
 /// The reply stream a `*Stream` RPC returns.
 pub type ReplyStream<R> = ReceiverStream<Result<R, Status>>;
 
+/// What sends on a [`ReplyStream`].
+pub type ReplySender<R> = mpsc::Sender<Result<R, Status>>;
+
 /// Answers each request of `requests` with `handle`, in order, until the caller closes the
 /// stream, goes away or a request fails.
 pub fn serve_rounds<Q, R, F, Fut>(
-    mut requests: impl Stream<Item = Result<Q, Status>> + Send + Unpin + 'static,
+    requests: impl Stream<Item = Result<Q, Status>> + Send + Unpin + 'static,
     handle: F,
 ) -> ReplyStream<R>
 where
@@ -26,11 +29,28 @@ where
     Fut: Future<Output = Result<R, Status>> + Send,
 {
     // One slot: a round's reply is awaited before the next request is sent.
-    let (replies, rx) = mpsc::channel(1);
+    serve_rounds_lending(requests, 1, move |request, _| handle(request))
+}
+
+/// As [`serve_rounds`], with the stream's sender lent to each request's handler, so that
+/// work started for one request can send more replies between the answers (a draft node's
+/// blocks pushed ahead), and `queue` replies buffered for the caller.
+pub fn serve_rounds_lending<Q, R, F, Fut>(
+    mut requests: impl Stream<Item = Result<Q, Status>> + Send + Unpin + 'static,
+    queue: usize,
+    handle: F,
+) -> ReplyStream<R>
+where
+    Q: Send + 'static,
+    R: Send + 'static,
+    F: Fn(Q, ReplySender<R>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<R, Status>> + Send,
+{
+    let (replies, rx) = mpsc::channel(queue);
     tokio::spawn(async move {
         while let Some(request) = requests.next().await {
             let reply = match request {
-                Ok(request) => handle(request).await,
+                Ok(request) => handle(request, replies.clone()).await,
                 Err(status) => Err(status),
             };
             let failed = reply.is_err();
