@@ -7,6 +7,7 @@ pub mod round_stream;
 mod vocab;
 
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -80,14 +81,21 @@ impl<C: Clone, L> NodeClient<C, L> {
         node_error(self.role, &self.address, status)
     }
 
-    /// Opens a round stream with `open`, waiting at most the node timeout for the node to
-    /// accept it.
-    async fn open_stream<Q, R: Send + 'static, F, Fut>(&self, open: F) -> Result<RoundStream<Q, R>, CoordinatorError>
+    /// Opens a round stream: through the node's handle where this process serves it, else
+    /// with `open` over gRPC, waiting at most the node timeout for the node to accept it.
+    async fn open_stream<Q, R, F, Fut>(&self, open: F) -> Result<RoundStream<Q, R>, CoordinatorError>
     where
+        Q: Send + 'static,
+        R: Send + 'static,
+        L: Deref<Target = dyn ServesRounds<Q, R>>,
         F: FnOnce(C, Request<ReceiverStream<Q>>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Streaming<R>>, Status>>,
     {
         let (requests, rx) = mpsc::channel(1);
+        let stream = |replies| RoundStream::new(self.role, self.address.clone(), self.timeout, requests, replies);
+        if let Some(node) = &self.in_process {
+            return Ok(stream(node.answer_rounds(Box::pin(ReceiverStream::new(rx).map(Ok)))));
+        }
         // No deadline on the stream itself: it lives as long as the session.
         let mut request = Request::new(ReceiverStream::new(rx));
         inject_into_metadata(request.metadata_mut());
@@ -95,14 +103,7 @@ impl<C: Clone, L> NodeClient<C, L> {
             .await
             .map_err(|_| self.error(Status::deadline_exceeded(format!("no stream within {:?}", self.timeout))))?;
         let replies = opened.map_err(|s| self.error(s))?.into_inner();
-        Ok(RoundStream::new(self.role, self.address.clone(), self.timeout, requests, Box::pin(replies)))
-    }
-
-    /// A round stream handed over to `node`, served in this process.
-    fn in_process_stream<Q: Send + 'static, R>(&self, node: &dyn ServesRounds<Q, R>) -> RoundStream<Q, R> {
-        let (requests, rx) = mpsc::channel(1);
-        let replies = node.answer_rounds(Box::pin(ReceiverStream::new(rx).map(Ok)));
-        RoundStream::new(self.role, self.address.clone(), self.timeout, requests, replies)
+        Ok(stream(Box::pin(replies)))
     }
 }
 
@@ -170,9 +171,6 @@ impl DraftClient {
 
     /// The session's round stream.
     pub async fn open_rounds(&self) -> Result<DraftRounds, CoordinatorError> {
-        if let Some(node) = &self.in_process {
-            return Ok(self.in_process_stream(node.as_ref()));
-        }
         self.open_stream(|mut client, requests| async move { client.propose_stream(requests).await }).await
     }
 
@@ -207,9 +205,6 @@ impl TargetClient {
 
     /// The session's round stream.
     pub async fn open_rounds(&self) -> Result<TargetRounds, CoordinatorError> {
-        if let Some(node) = &self.in_process {
-            return Ok(self.in_process_stream(node.as_ref()));
-        }
         self.open_stream(|mut client, requests| async move { client.verify_stream(requests).await }).await
     }
 
