@@ -37,11 +37,19 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// A layer's keys or values of every KV head.
+/// A layer's keys and values of every KV head, in one element type: per KV head, a region of
+/// `capacity × head_dim` each (keys laid out by [`KeyLayout`], values position-major).
 #[derive(Debug)]
-enum Stored {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
+struct KeysValues<T> {
+    keys: Vec<T>,
+    values: Vec<T>,
+}
+
+/// A layer as stored: both halves in f32, or both in bf16.
+#[derive(Debug)]
+enum StoredLayer {
+    F32(KeysValues<f32>),
+    Bf16(KeysValues<u16>),
 }
 
 /// A value as a stored element: itself, or rounded to bf16.
@@ -77,10 +85,7 @@ pub(crate) struct HostCache {
     kv_heads: usize,
     head_dim: usize,
     capacity: usize,
-    /// Per layer, `kv_heads` regions of `capacity × head_dim`, each laid out by [`KeyLayout`].
-    keys: Vec<Stored>,
-    /// Per layer, `kv_heads × capacity × head_dim`.
-    values: Vec<Stored>,
+    layers: Vec<StoredLayer>,
 }
 
 /// Where a key sits in its head's region of a cache of some capacity.
@@ -112,32 +117,30 @@ impl KeyLayout {
     }
 }
 
-/// The first `len` positions' keys and values of each head of a layer laid out by `old`,
-/// written into one laid out by `new`.
-fn copy_heads<T: Copy>(
-    (new_keys, new_values): (&mut [T], &mut [T]),
-    (old_keys, old_values): (&[T], &[T]),
-    new: KeyLayout,
-    old: KeyLayout,
-    len: usize,
-) {
+/// A layer laid out by `new` holding the first `len` positions' keys and values of each
+/// head of `old`, laid out by `from`.
+fn copy_heads<T: Element>(old: &KeysValues<T>, from: KeyLayout, new: KeyLayout, len: usize) -> Result<KeysValues<T>> {
     let hd = new.head_dim;
-    let (new_region, old_region) = (new.capacity * hd, old.capacity * hd);
-    for (new_head, old_head) in new_keys.chunks_exact_mut(new_region).zip(old_keys.chunks_exact(old_region)) {
+    let (new_region, old_region) = (new.capacity * hd, from.capacity * hd);
+    let floats = old.keys.len() / old_region * new_region;
+    let mut copy = KeysValues { keys: zeros(floats, "keys", new.capacity)?, values: zeros(floats, "values", new.capacity)? };
+    for (new_head, old_head) in copy.keys.chunks_exact_mut(new_region).zip(old.keys.chunks_exact(old_region)) {
         for d in 0..hd {
             for p in 0..len {
-                new_head[new.at(p, d)] = old_head[old.at(p, d)];
+                new_head[new.at(p, d)] = old_head[from.at(p, d)];
             }
         }
     }
-    for (new_head, old_head) in new_values.chunks_exact_mut(new_region).zip(old_values.chunks_exact(old_region)) {
+    for (new_head, old_head) in copy.values.chunks_exact_mut(new_region).zip(old.values.chunks_exact(old_region)) {
         new_head[..len * hd].copy_from_slice(&old_head[..len * hd]);
     }
+    Ok(copy)
 }
 
 /// Writes one position's keys and values (`kv_heads × head_dim` each) into a layer.
-fn write_position<T: Element>(keys: &mut [T], values: &mut [T], layout: KeyLayout, at: usize, k: &[f32], v: &[f32]) {
+fn write_position<T: Element>(layer: &mut KeysValues<T>, layout: KeyLayout, at: usize, k: &[f32], v: &[f32]) {
     let (hd, cap) = (layout.head_dim, layout.capacity);
+    let KeysValues { keys, values } = layer;
     for (h, (key, value)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
         let head_keys = &mut keys[h * cap * hd..][..cap * hd];
         for (d, &x) in key.iter().enumerate() {
@@ -150,8 +153,9 @@ fn write_position<T: Element>(keys: &mut [T], values: &mut [T], layout: KeyLayou
 }
 
 /// Moves the keys and values of slots `base + path[k]` to `base + k` in a layer.
-fn keep_path_in<T: Copy>(keys: &mut [T], values: &mut [T], layout: KeyLayout, base: usize, path: &[usize]) {
+fn keep_path_in<T: Copy>(layer: &mut KeysValues<T>, layout: KeyLayout, base: usize, path: &[usize]) {
     let (hd, cap) = (layout.head_dim, layout.capacity);
+    let KeysValues { keys, values } = layer;
     for (head_keys, head_values) in keys.chunks_exact_mut(cap * hd).zip(values.chunks_exact_mut(cap * hd)) {
         for (k, &node) in path.iter().enumerate().filter(|&(k, &node)| node != k) {
             let (from, to) = (base + node, base + k);
@@ -172,23 +176,20 @@ impl HostCache {
         format: KvFormat,
     ) -> Result<Self> {
         let floats = kv_heads * head_dim * capacity;
-        let layer = |what: &str| -> Result<Stored> {
+        let layer = || -> Result<StoredLayer> {
             Ok(match format {
-                KvFormat::F32 => Stored::F32(zeros(floats, what, capacity)?),
-                KvFormat::Bf16 => Stored::Bf16(zeros(floats, what, capacity)?),
+                KvFormat::F32 => StoredLayer::F32(KeysValues {
+                    keys: zeros(floats, "keys", capacity)?,
+                    values: zeros(floats, "values", capacity)?,
+                }),
+                KvFormat::Bf16 => StoredLayer::Bf16(KeysValues {
+                    keys: zeros(floats, "keys", capacity)?,
+                    values: zeros(floats, "values", capacity)?,
+                }),
             })
         };
-        let keys = (0..layers).map(|_| layer("keys")).collect::<Result<_>>()?;
-        let values = (0..layers).map(|_| layer("values")).collect::<Result<_>>()?;
-        Ok(Self { kv_heads, head_dim, capacity, keys, values })
-    }
-
-    /// How its keys and values are stored.
-    pub(crate) fn format(&self) -> KvFormat {
-        match self.keys.first() {
-            Some(Stored::Bf16(_)) => KvFormat::Bf16,
-            _ => KvFormat::F32,
-        }
+        let layers = (0..layers).map(|_| layer()).collect::<Result<_>>()?;
+        Ok(Self { kv_heads, head_dim, capacity, layers })
     }
 
     /// Room for `capacity` positions in every layer, keeping what is there (both are laid
@@ -203,32 +204,28 @@ impl HostCache {
     /// A new cache of `capacity` positions holding a copy of this one's first `len` (a
     /// prefix another session computed, which both then use apart).
     pub(crate) fn copy_prefix(&self, len: usize, capacity: usize) -> Result<Self> {
-        let mut copy = Self::new(self.keys.len(), self.kv_heads, self.head_dim, capacity, self.format())?;
-        let (new, old) = (copy.key_layout(), self.key_layout());
+        let (from, new) = (self.key_layout(), KeyLayout { head_dim: self.head_dim, capacity });
         let len = len.min(self.capacity).min(capacity);
-        let layers = copy.keys.iter_mut().zip(&mut copy.values).zip(self.keys.iter().zip(&self.values));
-        for ((new_keys, new_values), (old_keys, old_values)) in layers {
-            match (new_keys, new_values, old_keys, old_values) {
-                (Stored::F32(nk), Stored::F32(nv), Stored::F32(ok), Stored::F32(ov)) => {
-                    copy_heads((nk, nv), (ok, ov), new, old, len);
-                }
-                (Stored::Bf16(nk), Stored::Bf16(nv), Stored::Bf16(ok), Stored::Bf16(ov)) => {
-                    copy_heads((nk, nv), (ok, ov), new, old, len);
-                }
-                _ => unreachable!("a copy is made in its source's format"),
-            }
-        }
-        Ok(copy)
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| {
+                Ok(match layer {
+                    StoredLayer::F32(old) => StoredLayer::F32(copy_heads(old, from, new, len)?),
+                    StoredLayer::Bf16(old) => StoredLayer::Bf16(copy_heads(old, from, new, len)?),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { kv_heads: self.kv_heads, head_dim: self.head_dim, capacity, layers })
     }
 
     /// Writes the key and value of position `at` (`kv_heads × head_dim` each), rounded to
     /// bf16 in a bf16 cache.
     pub(crate) fn write(&mut self, layer: usize, at: usize, k: &[f32], v: &[f32]) {
         let layout = self.key_layout();
-        match (&mut self.keys[layer], &mut self.values[layer]) {
-            (Stored::F32(keys), Stored::F32(values)) => write_position(keys, values, layout, at, k, v),
-            (Stored::Bf16(keys), Stored::Bf16(values)) => write_position(keys, values, layout, at, k, v),
-            _ => unreachable!("keys and values share a format"),
+        match &mut self.layers[layer] {
+            StoredLayer::F32(layer) => write_position(layer, layout, at, k, v),
+            StoredLayer::Bf16(layer) => write_position(layer, layout, at, k, v),
         }
     }
 
@@ -236,11 +233,10 @@ impl HostCache {
     /// path (ascending nodes, `path[k] ≥ k`: each slot is read before anything is written to it).
     pub(crate) fn keep_path(&mut self, base: usize, path: &[usize]) {
         let layout = self.key_layout();
-        for (keys, values) in self.keys.iter_mut().zip(&mut self.values) {
-            match (keys, values) {
-                (Stored::F32(keys), Stored::F32(values)) => keep_path_in(keys, values, layout, base, path),
-                (Stored::Bf16(keys), Stored::Bf16(values)) => keep_path_in(keys, values, layout, base, path),
-                _ => unreachable!("keys and values share a format"),
+        for layer in &mut self.layers {
+            match layer {
+                StoredLayer::F32(layer) => keep_path_in(layer, layout, base, path),
+                StoredLayer::Bf16(layer) => keep_path_in(layer, layout, base, path),
             }
         }
     }
@@ -252,19 +248,19 @@ impl HostCache {
 
     /// Layer `layer`'s keys of KV head `head`, laid out as [`Self::key_layout`] says.
     pub(crate) fn keys(&self, layer: usize, head: usize) -> KvRows<'_> {
-        self.head(&self.keys[layer], head)
+        let region = self.capacity * self.head_dim;
+        match &self.layers[layer] {
+            StoredLayer::F32(layer) => KvRows::F32(&layer.keys[head * region..][..region]),
+            StoredLayer::Bf16(layer) => KvRows::Bf16(&layer.keys[head * region..][..region]),
+        }
     }
 
     /// Layer `layer`'s values of KV head `head`, `capacity × head_dim`, position-major.
     pub(crate) fn values(&self, layer: usize, head: usize) -> KvRows<'_> {
-        self.head(&self.values[layer], head)
-    }
-
-    fn head<'a>(&self, layer: &'a Stored, head: usize) -> KvRows<'a> {
-        let len = self.capacity * self.head_dim;
-        match layer {
-            Stored::F32(v) => KvRows::F32(&v[head * len..][..len]),
-            Stored::Bf16(v) => KvRows::Bf16(&v[head * len..][..len]),
+        let region = self.capacity * self.head_dim;
+        match &self.layers[layer] {
+            StoredLayer::F32(layer) => KvRows::F32(&layer.values[head * region..][..region]),
+            StoredLayer::Bf16(layer) => KvRows::Bf16(&layer.values[head * region..][..region]),
         }
     }
 }
@@ -298,7 +294,6 @@ mod tests {
         let stored = |x: f32| if format == KvFormat::Bf16 { specd_host_kernels::bf16_value(x) } else { x };
         assert_ne!(stored(entry(1)[1]) == entry(1)[1], format == KvFormat::Bf16);
         let check = |cache: &HostCache, written: &[usize]| {
-            assert_eq!(cache.format(), format);
             let layout = cache.key_layout();
             for &p in written {
                 for head in 0..kv_heads {
