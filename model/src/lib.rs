@@ -8,9 +8,11 @@
 //!   [`attention`] says how it attends (key lengths, kernel); [`config`] reads `config.json` and
 //!   `generation_config.json`; `weights` reads safetensors (single or sharded); [`rope`] and
 //!   `kv_cache` are the pieces of the forward pass.
-//! - [`host`]: the same family (Llama, Mistral, Qwen2) computed in plain Rust `f32` on one
-//!   CPU thread, for drafts so small that libtorch's cost per operation is most of their
-//!   step; [`engine`] names the two (`--engine`) and [`engine_choice`] chooses between them.
+//! - [`host`]: the same family computed on the CPU without libtorch, with the kernels of
+//!   `specd-host-kernels` (the CPU's vector instructions, bf16 products where it has them, a
+//!   pool of threads kept hot through a pass), where libtorch's cost per operation would be
+//!   most of a pass; [`engine`] names the two (`--engine`) and [`engine_choice`] chooses
+//!   between them by timing both at load.
 //! - [`table`]: a model whose distributions are written out in a JSON file, used by the law
 //!   tests to drive the whole system with known p and q. The file format is documented in
 //!   [`table`]; in short `{"vocab_size": 3, "tokens": ["A","B","C"], "default": [0.6, 0.3,
