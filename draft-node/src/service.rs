@@ -1,5 +1,7 @@
 //! The `DraftService` gRPC implementation over a [`DraftNode`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -32,6 +34,23 @@ pub const MAX_PUSH_DEPTH: usize = 16;
 
 /// The sending side of a session's ProposeStream.
 type Replies = ReplySender<ProposeResponse>;
+
+/// A Propose's reply, and the drafting ahead it made ready, which is started once the reply
+/// is on its way: on a stream, the blocks it pushes must come after the reply.
+struct Answered {
+    reply: ProposeResponse,
+    ahead: Option<DraftingAhead>,
+}
+
+/// Drafting ahead that is registered (the session's next Propose can stop it) and not yet
+/// running.
+struct DraftingAhead(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl DraftingAhead {
+    fn start(self) {
+        tokio::spawn(self.0);
+    }
+}
 
 /// A complete block drafted ahead, as the unsolicited message that pushes it.
 fn pushed_reply(block: &Lookahead) -> ProposeResponse {
@@ -92,7 +111,13 @@ impl DraftService for DraftNode {
     }
 
     async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeResponse>, Status> {
-        Ok(Response::new(self.propose_one(request.into_inner(), None).await?))
+        let Answered { reply, ahead } = self.propose_one(request.into_inner(), None).await?;
+        // Nothing is pushed without a stream: the drafting ahead only fills the lookahead
+        // that the session's next Propose reads.
+        if let Some(ahead) = ahead {
+            ahead.start();
+        }
+        Ok(Response::new(reply))
     }
 
     type ProposeStreamStream = ReplyStream<ProposeResponse>;
@@ -133,25 +158,31 @@ impl DraftNode {
         let node = self.clone();
         serve_rounds_lending(requests, PUSH_QUEUE, move |request, replies| {
             let node = node.clone();
-            async move { node.propose_one(request, Some(&replies)).await.map_err(Status::from) }
+            async move {
+                let Answered { reply, ahead } = node.propose_one(request, Some(&replies)).await?;
+                // The reply goes out before any block drafted ahead of it: the coordinator
+                // drops every block that arrives before a round's reply as stale.
+                if replies.send(Ok(reply)).await.is_ok()
+                    && let Some(ahead) = ahead
+                {
+                    ahead.start();
+                }
+                Ok(None)
+            }
         })
     }
 
     /// One Propose, for the unary call and the stream alike; `stream`: where the stream's
     /// replies go, for blocks pushed ahead.
-    async fn propose_one(&self, req: ProposeRequest, stream: Option<&Replies>) -> Result<ProposeResponse, NodeError> {
+    async fn propose_one(&self, req: ProposeRequest, stream: Option<&Replies>) -> Result<Answered, NodeError> {
         let span = round_span("propose", &req.session_id, req.round, &req.trace_context);
-        let reply = self.propose_in_span(req, stream).instrument(span.clone()).await?;
-        span.set_attribute(attributes::NODE_MODEL_NS, reply.draft_ns as i64);
-        span.set_attribute(attributes::NODE_TOKENS, reply.positions.len() as i64);
-        Ok(reply)
+        let answered = self.propose_in_span(req, stream).instrument(span.clone()).await?;
+        span.set_attribute(attributes::NODE_MODEL_NS, answered.reply.draft_ns as i64);
+        span.set_attribute(attributes::NODE_TOKENS, answered.reply.positions.len() as i64);
+        Ok(answered)
     }
 
-    async fn propose_in_span(
-        &self,
-        req: ProposeRequest,
-        stream: Option<&Replies>,
-    ) -> Result<ProposeResponse, NodeError> {
+    async fn propose_in_span(&self, req: ProposeRequest, stream: Option<&Replies>) -> Result<Answered, NodeError> {
         self.interrupt(&req.session_id);
         if req.gamma > MAX_GAMMA {
             let message = format!("gamma {} is above the maximum {MAX_GAMMA}", req.gamma);
@@ -164,7 +195,7 @@ impl DraftNode {
             Some(Truncation::try_from(&wire)?)
         };
         if !req.tree_widths.is_empty() {
-            return self.propose_tree(req, truncation).await;
+            return Ok(Answered { reply: self.propose_tree(req, truncation).await?, ahead: None });
         }
         let job = ProposeJob {
             round: req.round,
@@ -183,14 +214,14 @@ impl DraftNode {
             }
             Proposer::Lookup(node) => node.propose(&req.session_id, &job).await?,
         };
-        if proposal.draft_ahead {
+        let ahead = proposal.draft_ahead.then(|| {
             // Pushing needs a stream to push on; a depth above the cap is capped, not refused.
             let push = stream.filter(|_| req.push_depth > 0).cloned();
             let depth = (req.push_depth as usize).clamp(1, MAX_PUSH_DEPTH);
-            self.draft_ahead(req.session_id, round, depth, push, req.model_only);
-        }
+            self.draft_ahead(req.session_id, round, depth, push, req.model_only)
+        });
         let Proposal { positions, draft_ns, optimistic_hit, elided, passes, .. } = proposal;
-        Ok(ProposeResponse {
+        let reply = ProposeResponse {
             positions,
             draft_ns,
             optimistic_hit,
@@ -198,7 +229,8 @@ impl DraftNode {
             elided,
             forward_passes: passes.forward_passes,
             batched_sequences: passes.batched_sequences,
-        })
+        };
+        Ok(Answered { reply, ahead: ahead.flatten() })
     }
 
     /// A tree's Propose: from the model only (an n-gram or suffix proposer has one
@@ -230,13 +262,21 @@ impl DraftNode {
         })
     }
 
-    /// Drafts the blocks after round `round` ahead in one model job, in the background,
-    /// pushing each on `push` when there is one. Its stop flag is registered before the reply
-    /// goes out, so the next Propose of the session always finds it: that Propose waits for
-    /// one forward pass at most, then takes or drops what is done.
-    /// `model_only`: as the request that started it (`ProposeRequest.model_only`).
-    fn draft_ahead(&self, session_id: String, round: u32, depth: usize, push: Option<Replies>, model_only: bool) {
-        let Proposer::Model { node, ngram } = &self.proposer else { return };
+    /// Makes ready the drafting of the blocks after round `round` ahead, in one model job,
+    /// pushing each on `push` when there is one; it runs once started, after the reply.
+    /// Its stop flag is registered now, before the reply goes out, so the next Propose of the
+    /// session always finds it: that Propose waits for one forward pass at most, then takes
+    /// or drops what is done. `model_only`: as the request that started it
+    /// (`ProposeRequest.model_only`).
+    fn draft_ahead(
+        &self,
+        session_id: String,
+        round: u32,
+        depth: usize,
+        push: Option<Replies>,
+        model_only: bool,
+    ) -> Option<DraftingAhead> {
+        let Proposer::Model { node, ngram } = &self.proposer else { return None };
         let (node, ngram) = (node.clone(), ngram.filter(|_| !model_only));
         let (purpose, interrupts) = (self.lookahead_purpose, self.interrupts.clone());
         let corrupt = self.corrupt_pushes;
@@ -272,7 +312,7 @@ impl DraftNode {
                 tracing::debug!(%err, "drafting ahead stopped");
             }
         };
-        tokio::spawn(work.instrument(span));
+        Some(DraftingAhead(Box::pin(work.instrument(span))))
     }
 
     /// Stops the session's drafting ahead before its next forward pass, if it is running.

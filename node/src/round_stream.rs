@@ -29,12 +29,16 @@ where
     Fut: Future<Output = Result<R, Status>> + Send,
 {
     // One slot: a round's reply is awaited before the next request is sent.
-    serve_rounds_lending(requests, 1, move |request, _| handle(request))
+    serve_rounds_lending(requests, 1, move |request, _| {
+        let reply = handle(request);
+        async move { reply.await.map(Some) }
+    })
 }
 
-/// As [`serve_rounds`], with the stream's sender lent to each request's handler, so that
-/// work started for one request can send more replies between the answers (a draft node's
-/// blocks pushed ahead), and `queue` replies buffered for the caller.
+/// As [`serve_rounds`], with the stream's sender lent to each request's handler and `queue`
+/// replies buffered for the caller. A handler may send its reply itself, and more after it
+/// (a draft node's blocks pushed ahead), and then answer `None`; an error it returns is
+/// sent, and ends the stream.
 pub fn serve_rounds_lending<Q, R, F, Fut>(
     mut requests: impl Stream<Item = Result<Q, Status>> + Send + Unpin + 'static,
     queue: usize,
@@ -44,15 +48,16 @@ where
     Q: Send + 'static,
     R: Send + 'static,
     F: Fn(Q, ReplySender<R>) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<R, Status>> + Send,
+    Fut: Future<Output = Result<Option<R>, Status>> + Send,
 {
     let (replies, rx) = mpsc::channel(queue);
     tokio::spawn(async move {
         while let Some(request) = requests.next().await {
             let reply = match request {
-                Ok(request) => handle(request, replies.clone()).await,
-                Err(status) => Err(status),
+                Ok(request) => handle(request, replies.clone()).await.transpose(),
+                Err(status) => Some(Err(status)),
             };
+            let Some(reply) = reply else { continue };
             let failed = reply.is_err();
             if replies.send(reply).await.is_err() || failed {
                 break;
