@@ -14,7 +14,7 @@ impl NodeOptions {
     /// [`super::draft_options::DraftOptions::apply`] gives them (`specd draft --device` is
     /// where the draft runs).
     pub(crate) fn to_args(&self, forward_delay_ms: Option<f64>, draft: Option<&DraftSettings>) -> Vec<String> {
-        let threads = draft.map(|d| d.threads).or(self.threads);
+        let threads = draft.map_or(self.threads, |d| d.threads);
         let device = draft.map_or(self.device, |d| d.placement.device);
         let dtype = draft.map_or(self.dtype, |d| d.placement.dtype);
         let engine = draft.map_or(self.engine, |d| d.placement.engine);
@@ -181,7 +181,7 @@ mod tests {
         // The draft's own options stand in for the shared ones, and its delay for theirs.
         let mut node = parent.node.clone();
         node.device = parent.draft.draft_device.unwrap();
-        node.threads = Some(parent.draft.draft_threads);
+        node.threads = parent.draft.draft_threads;
         node.dtype = parent.draft.draft_dtype.unwrap();
         node.engine = parent.draft.draft_engine.unwrap();
         node.forward_delay_ms = draft_delay_ms;

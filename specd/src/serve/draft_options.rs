@@ -23,10 +23,11 @@ pub struct DraftOptions {
     /// draft beside a CPU target.
     #[arg(long, env = "SPECD_DRAFT_DEVICE", value_parser = parse_device)]
     pub(crate) draft_device: Option<DeviceSpec>,
-    /// Threads of the draft model (its steps are too short to split; --threads then applies
-    /// to the target only).
-    #[arg(long, env = "SPECD_DRAFT_THREADS", default_value_t = 1)]
-    pub(crate) draft_threads: usize,
+    /// Threads of the draft model. Default: the target's (--threads, one per core), since a
+    /// round drafts and then verifies and the two models take turns on the same cores; 1 for
+    /// a draft on libtorch (--draft-engine libtorch), whose operations are too short to split.
+    #[arg(long, env = "SPECD_DRAFT_THREADS")]
+    pub(crate) draft_threads: Option<usize>,
     /// dtype of the draft model. Default: --dtype where the draft runs on the target's
     /// device, auto where it runs on another (--dtype is then the target's). A draft's auto
     /// on a CPU with AVX-512 BF16 is bf16 unless it runs on libtorch (see --dtype).
@@ -44,7 +45,8 @@ pub struct DraftOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DraftSettings {
     pub(crate) placement: DraftPlacement,
-    pub(crate) threads: usize,
+    /// `None`: the node's default, one per core.
+    pub(crate) threads: Option<usize>,
 }
 
 impl DraftOptions {
@@ -61,13 +63,14 @@ impl DraftOptions {
             draft_engine: self.draft_engine,
         };
         let size = || DraftSize::of(&shared.model, self.draft_dtype.unwrap_or(DType::Auto));
-        DraftSettings { placement: place_draft(flags, size), threads: self.draft_threads }
+        let placement = place_draft(flags, size);
+        DraftSettings { placement, threads: draft_threads(self.draft_threads, placement.engine, shared.threads) }
     }
 
     /// The draft node's configuration: the shared node options with the draft's own.
     pub(crate) fn apply(&self, mut config: NodeConfig) -> NodeConfig {
         let DraftSettings { placement, threads } = self.settings(&config);
-        config.threads = Some(threads);
+        config.threads = threads;
         config.device = placement.device;
         config.dtype = placement.dtype;
         config.engine = placement.engine;
@@ -129,8 +132,29 @@ pub(super) fn draft_model_path(flag: &str, model: Option<&PathBuf>, proposer: Pr
     }
 }
 
+/// The draft model's threads: `flag` (--draft-threads) if given, else 1 on libtorch and the
+/// target's `target_threads` otherwise (`None`: the node's default, one per core).
+fn draft_threads(flag: Option<usize>, engine: Engine, target_threads: Option<usize>) -> Option<usize> {
+    flag.or(match engine {
+        Engine::Libtorch => Some(1),
+        Engine::Host | Engine::Auto => target_threads,
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use specd_model::Engine;
+
+    #[test]
+    fn the_draft_takes_the_targets_threads_unless_on_libtorch_or_told() {
+        use super::draft_threads;
+        assert_eq!(draft_threads(None, Engine::Host, None), None);
+        assert_eq!(draft_threads(None, Engine::Auto, Some(3)), Some(3));
+        assert_eq!(draft_threads(None, Engine::Libtorch, Some(3)), Some(1));
+        assert_eq!(draft_threads(Some(2), Engine::Libtorch, None), Some(2));
+        assert_eq!(draft_threads(Some(1), Engine::Host, Some(4)), Some(1));
+    }
+
     #[test]
     fn a_draft_model_a_model_less_proposer_would_ignore_is_refused() {
         use specd_draft_node::proposer::ProposerKind;
