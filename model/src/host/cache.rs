@@ -123,7 +123,8 @@ fn copy_heads<T: Element>(old: &KeysValues<T>, from: KeyLayout, new: KeyLayout, 
     let hd = new.head_dim;
     let (new_region, old_region) = (new.capacity * hd, from.capacity * hd);
     let floats = old.keys.len() / old_region * new_region;
-    let mut copy = KeysValues { keys: zeros(floats, "keys", new.capacity)?, values: zeros(floats, "values", new.capacity)? };
+    let mut copy =
+        KeysValues { keys: zeros(floats, "keys", new.capacity)?, values: zeros(floats, "values", new.capacity)? };
     for (new_head, old_head) in copy.keys.chunks_exact_mut(new_region).zip(old.keys.chunks_exact(old_region)) {
         for d in 0..hd {
             for p in 0..len {
