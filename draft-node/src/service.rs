@@ -161,10 +161,10 @@ impl DraftNode {
             async move {
                 let Answered { reply, ahead } = node.propose_one(request, Some(&replies)).await?;
                 // The reply goes out before any block drafted ahead of it: the coordinator
-                // drops every block that arrives before a round's reply as stale.
-                if replies.send(Ok(reply)).await.is_ok()
-                    && let Some(ahead) = ahead
-                {
+                // drops every block that arrives before a round's reply as stale. Where the
+                // caller has gone, the drafting ahead still runs, and unregisters itself.
+                let _ = replies.send(Ok(reply)).await;
+                if let Some(ahead) = ahead {
                     ahead.start();
                 }
                 Ok(None)
