@@ -21,8 +21,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `specd up` on table models; returns the process and its `host:port`.
-fn up(dir: &Path) -> (Running, String) {
+/// `specd up` on table models, with `extra` flags; returns the process and its `host:port`.
+fn up_with(dir: &Path, extra: &[&str]) -> (Running, String) {
     let target = dir.join("target.json");
     let draft = dir.join("draft.json");
     std::fs::write(
@@ -47,9 +47,18 @@ fn up(dir: &Path) -> (Running, String) {
             draft,
             "--gamma",
             "4",
-        ],
+        ]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>(),
         &[],
     )
+}
+
+/// `specd up` on table models; returns the process and its `host:port`.
+fn up(dir: &Path) -> (Running, String) {
+    up_with(dir, &[])
 }
 
 fn json_of(output: &std::process::Output) -> Value {
@@ -59,6 +68,28 @@ fn json_of(output: &std::process::Output) -> Value {
 
 fn python() -> PathBuf {
     std::env::var_os("SPECD_PYTHON").map_or_else(|| workspace().join(".venv/bin/python"), PathBuf::from)
+}
+
+/// `specd up` hands its rounds to its nodes in process unless told otherwise; over loopback
+/// gRPC (`--round-transport grpc`) the same seeds give the same tokens, which are keyed by
+/// seed, round and position alone (docs/randomness.md).
+#[test]
+fn up_gives_the_same_tokens_with_rounds_in_process_and_over_grpc() {
+    let (_in_process, in_process) = up(&scratch("rounds-in-process"));
+    let (_grpc, grpc) = up_with(&scratch("rounds-grpc"), &["--round-transport", "grpc"]);
+    let tokens = |address: &str, seed: u64| {
+        let output = Command::new(env!("CARGO_BIN_EXE_specd"))
+            .args(["generate", "--endpoint", &format!("http://{address}"), "--token-ids", "1,2"])
+            .args(["--max-new-tokens", "16", "--seed", &seed.to_string(), "--json"])
+            .output()
+            .unwrap();
+        json_of(&output)["token_ids"].clone()
+    };
+    for seed in [1u64, 2, 3] {
+        let (a, b) = (tokens(&in_process, seed), tokens(&grpc, seed));
+        assert_eq!(a.as_array().map(Vec::len), Some(16), "seed {seed}: {a}");
+        assert_eq!(a, b, "seed {seed}: in process, then over gRPC");
+    }
 }
 
 #[test]
