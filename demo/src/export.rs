@@ -51,7 +51,7 @@ impl WeightsFormat {
     }
 }
 
-fn config_json(cfg: &LlamaConfig, format: WeightsFormat) -> Value {
+pub(crate) fn config_json(cfg: &LlamaConfig, format: WeightsFormat) -> Value {
     json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -12,6 +12,7 @@ use crate::checkpoint::StageCheckpoint;
 use crate::error::{DemoError, Result};
 use crate::evaluate::{self, PairReport};
 use crate::export::{CheckpointKind, WeightsFormat};
+use crate::given_target::GivenTarget;
 use crate::matmul::MatmulKind;
 use crate::net::TrainableLlama;
 use crate::progress::Progress;
@@ -41,6 +42,9 @@ pub struct BuildOptions {
     /// Also write the pair as the repository ships it: the target in bf16, both models with
     /// `SHA256SUMS`, evaluated as stored.
     pub ship_to: Option<PathBuf>,
+    /// Distil the draft against this shipped target (its shape the preset's) instead of
+    /// training the tokenizer and a target: the build takes the target's tokenizer too.
+    pub target_from: Option<PathBuf>,
 }
 
 /// The pair as written to [`BuildOptions::ship_to`].
@@ -63,7 +67,10 @@ fn with_device(mut key: Value, device: DeviceSpec) -> Value {
 /// A finished (or cached) pair.
 #[derive(Debug, Clone)]
 pub struct BuildOutcome {
+    /// The target's directory: the build's stage, or the given target's.
     pub target_dir: PathBuf,
+    /// The target the draft was distilled against where the build was given one.
+    pub given_target: Option<GivenTarget>,
     pub draft_dir: PathBuf,
     pub report: PairReport,
     pub target_parameters: u64,
@@ -106,29 +113,41 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     ));
     let spec = &opts.spec;
     let device = opts.device.to_device()?;
+    let target_cfg = spec.llama_config(spec.target);
+    let given = opts.target_from.as_deref().map(|dir| GivenTarget::open(dir, &target_cfg)).transpose()?;
     let tokenizer_key = json!({"format": FORMAT, "stage": "tokenizer", "vocab_size": spec.vocab_size,
         "corpus": corpus.fingerprint, "corpus_bytes": spec.corpus_bytes});
-    let target_key = with_device(
-        json!({"format": FORMAT, "stage": "target", "tokenizer": tokenizer_key, "seed": opts.seed,
-        "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr, "matmul": opts.matmul}),
-        opts.device,
-    );
-    let draft_key = with_device(
-        json!({"format": FORMAT, "stage": "draft", "target": target_key, "shape": spec.draft,
-        "steps": spec.draft_steps, "lr": spec.draft_lr, "matmul": opts.matmul}),
-        opts.device,
-    );
+    // A given target is known by its weights alone; a draft distilled against it is keyed on
+    // them, and the corpus it reads is keyed in the draft's own key.
+    let target_key = match &given {
+        Some(given) => json!({"format": FORMAT, "stage": "target", "given": given.weights_sha256}),
+        None => with_device(
+            json!({"format": FORMAT, "stage": "target", "tokenizer": tokenizer_key, "seed": opts.seed,
+            "context": spec.context, "shape": spec.target, "batch": spec.batch, "steps": spec.target_steps, "lr": spec.target_lr, "matmul": opts.matmul}),
+            opts.device,
+        ),
+    };
+    let mut draft_key = json!({"format": FORMAT, "stage": "draft", "target": target_key, "shape": spec.draft,
+        "steps": spec.draft_steps, "lr": spec.draft_lr, "matmul": opts.matmul});
+    if given.is_some() {
+        draft_key["corpus"] = json!(corpus.fingerprint);
+        draft_key["seed"] = json!(opts.seed);
+    }
+    let draft_key = with_device(draft_key, opts.device);
     let tok_dir = opts.out.join("tokenizer");
     let target_dir = opts.out.join("target");
     let draft_dir = opts.out.join("draft");
     let is_current = |dir: &Path, key: &Value| export::read_build(dir).is_some_and(|b| b.get("key") == Some(key));
-    let all_cached = is_current(&tok_dir, &tokenizer_key)
-        && is_current(&target_dir, &target_key)
+    let all_cached = (given.is_some() || is_current(&tok_dir, &tokenizer_key) && is_current(&target_dir, &target_key))
         && is_current(&draft_dir, &draft_key);
 
-    // Tokenizer.
-    let tokenizer_json = tok_dir.join("tokenizer.json");
-    let tokenizer = if is_current(&tok_dir, &tokenizer_key) {
+    // Tokenizer: the given target's, or one trained on the corpus.
+    let tokenizer_json = given.as_ref().map_or_else(|| tok_dir.join("tokenizer.json"), GivenTarget::tokenizer_json);
+    let tokenizer = if given.is_some() {
+        progress.note(&format!("tokenizer: {}'s", tokenizer_json.display()));
+        tokenizers::Tokenizer::from_file(&tokenizer_json)
+            .map_err(|e| DemoError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
+    } else if is_current(&tok_dir, &tokenizer_key) {
         progress.note("tokenizer: cached");
         tokenizers::Tokenizer::from_file(&tokenizer_json)
             .map_err(|e| DemoError::Tokenizer { path: tokenizer_json.clone(), message: e.to_string() })?
@@ -150,11 +169,13 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
 
     // Target: next-token prediction on the corpus.
     let compute = opts.matmul.kind();
-    let target_cfg = spec.llama_config(spec.target);
     tch::manual_seed(opts.seed as i64);
     let mut target_vs = VarStore::new(device);
     let target = TrainableLlama::new(&target_vs.root(), &target_cfg)?;
-    if is_current(&target_dir, &target_key) {
+    if let Some(given) = &given {
+        progress.note(&format!("target: {} (sha256 {})", given.dir.display(), given.weights_sha256));
+        export::read_weights_file(&target_vs, &given.weights())?;
+    } else if is_current(&target_dir, &target_key) {
         progress.note("target: cached");
         export::read_weights(&target_vs, &target_dir)?;
     } else {
@@ -247,7 +268,8 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         }
     };
     let outcome = BuildOutcome {
-        target_dir,
+        target_dir: given.as_ref().map_or(target_dir, |given| given.dir.clone()),
+        given_target: given,
         draft_dir,
         report,
         target_parameters: parameters(&target_vs),
@@ -262,7 +284,8 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         &opts.out.join(PAIR_FILE),
         &with_device(
             json!({"seed": opts.seed, "spec": spec, "matmul": opts.matmul, "corpus": corpus.fingerprint, "report": report,
-            "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters}),
+            "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters,
+            "target_from": outcome.given_target.as_ref().map(|g| json!({"dir": g.dir, "weights_sha256": g.weights_sha256}))}),
             opts.device,
         ),
     )?;

@@ -279,6 +279,76 @@ fn a_shipped_pair_has_its_card_and_checksums_and_a_corrupted_file_is_refused_by_
 }
 
 #[test]
+fn a_draft_is_distilled_against_a_given_shipped_target_and_a_wrong_target_is_refused() {
+    let temp = |name: &str| std::env::temp_dir().join(format!("specd-demo-{name}-{}", std::process::id()));
+    let (ship, reship, out) = (temp("given"), temp("reshipped"), temp("given-build"));
+    for dir in [&ship, &reship, &out] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let (first_build, first) = build(9, &["--ship-to", ship.to_str().unwrap()]);
+    let given = ship.join("target");
+    let args = [
+        "models",
+        "demo",
+        "--preset",
+        "tiny",
+        "--seed",
+        "9",
+        "--out",
+        out.to_str().unwrap(),
+        "--target-from",
+        given.to_str().unwrap(),
+        "--draft-steps",
+        "20",
+        "--ship-to",
+        reship.to_str().unwrap(),
+        "--json",
+    ];
+    let run = specd(&args);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report: Value = serde_json::from_slice(&run.stdout).expect("JSON report");
+    assert_eq!(report["cached"], false);
+    // The target is the given one, not one trained again: the same bytes shipped, and the same
+    // held-out loss on the same windows.
+    let read = |p: PathBuf| std::fs::read(p).unwrap();
+    for file in ["model.safetensors", "tokenizer.json"] {
+        assert!(read(given.join(file)) == read(reship.join("target").join(file)), "{file} differs from the given one");
+    }
+    assert_eq!(report["shipped"]["report"]["target_loss"], first["shipped"]["report"]["target_loss"]);
+    assert!(!out.join("target").exists() && !out.join("tokenizer").exists(), "no target or tokenizer was trained");
+    let card: Value = serde_json::from_slice(&read(reship.join("card.json"))).expect("card JSON");
+    assert_eq!(
+        card["steps"],
+        serde_json::json!({"target": 12, "draft": 20}),
+        "the given target's steps, from its card"
+    );
+    let digest = Command::new("sha256sum").arg(given.join("model.safetensors")).output().expect("sha256sum runs");
+    let digest = String::from_utf8_lossy(&digest.stdout).split_whitespace().next().unwrap().to_owned();
+    assert_eq!(card["target_from"]["weights_sha256"], digest.as_str());
+    assert!(read(reship.join("draft/model.safetensors")) != read(ship.join("draft/model.safetensors")));
+    // The same command again is cached.
+    let again: Value = serde_json::from_slice(&specd(&args).stdout).expect("JSON report");
+    assert_eq!(again["cached"], true);
+    // A draft's directory is not the preset's target: refused before any work, by the field.
+    let wrong = specd(&[&args[..8], &["--target-from", ship.join("draft").to_str().unwrap()]].concat());
+    let message = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(2), "{message}");
+    assert!(message.contains("hidden_size"), "{message}");
+    // A given target whose weights changed is refused by name.
+    let weights = given.join("model.safetensors");
+    let mut bytes = read(weights.clone());
+    bytes[100] ^= 0x01;
+    std::fs::write(&weights, bytes).unwrap();
+    let corrupted = specd(&args);
+    let message = String::from_utf8_lossy(&corrupted.stderr);
+    assert_eq!(corrupted.status.code(), Some(2), "{message}");
+    assert!(message.contains("model.safetensors") && message.contains("SHA256SUMS"), "{message}");
+    for dir in [first_build, ship, reship, out] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
 fn a_minutes_budget_builds_a_pair_transformers_loads() {
     let (dir, report) = build(3, &["--minutes", "0.1"]);
     assert!(report["report"]["alpha_t1"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));

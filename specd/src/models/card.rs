@@ -40,10 +40,37 @@ fn commit() -> String {
     }
 }
 
-/// The card of `outcome`'s shipped pair.
+/// Where a given target came from: its directory, its weights' SHA-256, and what the card of
+/// the pair it was shipped in (`DIR/../card.json`) says of its build, where there is one.
+fn target_origin(outcome: &BuildOutcome) -> Value {
+    let Some(given) = &outcome.given_target else { return Value::Null };
+    let card: Option<Value> = given
+        .dir
+        .parent()
+        .and_then(|pair| std::fs::read_to_string(pair.join("card.json")).ok())
+        .and_then(|text| serde_json::from_str(&text).ok());
+    let from_card = |pointer: &str| card.as_ref().and_then(|c| c.pointer(pointer)).cloned().unwrap_or(Value::Null);
+    json!({
+        "dir": given.dir,
+        "weights_sha256": given.weights_sha256,
+        "command": from_card("/command"),
+        "commit": from_card("/commit"),
+        "steps": from_card("/steps/target"),
+        "tokens_seen": from_card("/tokens_seen/target"),
+    })
+}
+
+/// The card of `outcome`'s shipped pair. Where the target was given, its steps and tokens are
+/// those its own card records (null where it has none), not this build's preset's.
 pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairReport) -> Value {
     let spec = &provenance.spec;
     let tokens_per_step = spec.batch * spec.context;
+    let origin = target_origin(outcome);
+    let (target_steps, target_tokens) = if origin.is_null() {
+        (json!(spec.target_steps), json!(spec.target_steps * tokens_per_step))
+    } else {
+        (origin["steps"].clone(), origin["tokens_seen"].clone())
+    };
     json!({
         "command": provenance.command,
         "seed": provenance.seed,
@@ -58,8 +85,9 @@ pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairRepor
         },
         "device": provenance.device.to_string(),
         "matmul": provenance.matmul.name(),
-        "steps": {"target": spec.target_steps, "draft": spec.draft_steps},
-        "tokens_seen": {"target": spec.target_steps * tokens_per_step, "draft": spec.draft_steps * tokens_per_step},
+        "steps": {"target": target_steps, "draft": spec.draft_steps},
+        "tokens_seen": {"target": target_tokens, "draft": spec.draft_steps * tokens_per_step},
+        "target_from": origin,
         "corpus": {
             "root": outcome.corpus_root,
             "fingerprint": outcome.corpus_fingerprint,
@@ -77,6 +105,18 @@ pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairRepor
 pub fn readme(card: &Value) -> String {
     let f = |v: &Value| v.as_f64().map_or_else(|| "?".into(), |x| format!("{x:.3}"));
     let n = |v: &Value| v.as_u64().map_or_else(|| "?".into(), |x| format!("{:.1} M", x as f64 / 1e6));
+    let origin = &card["target_from"];
+    let target_origin = if origin.is_null() {
+        String::new()
+    } else {
+        format!(
+            " The draft was distilled against the target given with `--target-from` (weights SHA-256 {}), \
+             which was built with `{}` at commit {}.",
+            origin["weights_sha256"].as_str().unwrap_or("?"),
+            origin["command"].as_str().unwrap_or("?"),
+            origin["commit"].as_str().unwrap_or("?"),
+        )
+    };
     format!(
         "# The specd demo pair\n\n\
          A Llama target and a much smaller Llama draft distilled from it, trained by specd on the \
@@ -86,7 +126,7 @@ pub fn readme(card: &Value) -> String {
          | parameters | {} | {} |\n| weights | bf16 | f32 |\n| training tokens | {} | {} |\n\
          | held-out loss (nats/token) | {} | {} |\n\n\
          Acceptance α = mean Σ min(p, q) on held-out text: {} greedy, {} at T = 0.8, {} at T = 1.\n\n\
-         Built with `{}` at commit {} on {} ({} cores). Every file of `target/` and `draft/` is \
+         Built with `{}` at commit {} on {} ({} cores).{} Every file of `target/` and `draft/` is \
          listed in their `SHA256SUMS`, which specd checks at load. All figures, and the copy \
          probe's (`scripts/copy_probe.py --card`), are in `card.json`.\n",
         n(&card["parameters"]["target"]),
@@ -102,6 +142,7 @@ pub fn readme(card: &Value) -> String {
         card["commit"].as_str().unwrap_or("?"),
         card["host"]["cpu"].as_str().unwrap_or("an unknown CPU"),
         card["host"]["cores"],
+        target_origin,
     )
 }
 

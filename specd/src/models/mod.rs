@@ -81,6 +81,12 @@ pub struct DemoArgs {
     /// model card (card.json, README.md) with the figures of the files as stored.
     #[arg(long, env = "SPECD_DEMO_SHIP_TO")]
     pub ship_to: Option<PathBuf>,
+    /// Distil the draft against this target instead of training a tokenizer and a target:
+    /// a target directory a build shipped with the same preset (e.g. models/demo/target),
+    /// checked against its SHA256SUMS and the preset's shape first. Only the draft is trained
+    /// (--draft-steps), with the target's own tokenizer; the card records the target's origin.
+    #[arg(long, env = "SPECD_DEMO_TARGET_FROM", conflicts_with_all = ["minutes", "target_steps"])]
+    pub target_from: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
@@ -306,6 +312,11 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     if !(args.checkpoint_minutes.is_finite() && args.checkpoint_minutes >= 0.0) {
         return Err(invalid(format!("--checkpoint-minutes must be 0 or more, got {}", args.checkpoint_minutes)));
     }
+    // A given target is checked before any work, so that a wrong one is refused as input.
+    if let Some(dir) = &args.target_from {
+        demo::given_target::GivenTarget::open(dir, &spec.llama_config(spec.target))
+            .map_err(|e| invalid(e.to_string()))?;
+    }
     let opts = BuildOptions {
         out: args.out.clone(),
         corpus: args.corpus.clone(),
@@ -315,6 +326,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         device: args.device,
         checkpoint_every: Duration::from_secs_f64(args.checkpoint_minutes * 60.0),
         ship_to: args.ship_to.clone(),
+        target_from: args.target_from.clone(),
     };
     let provenance = card::Provenance {
         command: command_line(),
