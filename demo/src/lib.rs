@@ -9,7 +9,7 @@
 //!   with [`adamw`], whose state [`checkpoint`] saves so that a stopped stage resumes;
 //! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
 //! - [`progress`]: how the build reports itself;
-//! - [`pair`]: the build itself, stage by stage; [`given_target`]: a shipped target the
+//! - [`pair`]: the build itself, stage by stage; [`given`]: a shipped target the
 //!   build distils a new draft against instead of training one; [`step_time`]: how long a
 //!   training step takes, for `--minutes`;
 //! - [`error`]: the crate's one error type.
@@ -34,7 +34,7 @@ pub mod corpus;
 pub mod error;
 pub mod evaluate;
 pub mod export;
-pub mod given_target;
+pub mod given;
 pub mod matmul;
 pub mod net;
 pub mod pair;

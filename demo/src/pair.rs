@@ -12,7 +12,7 @@ use crate::checkpoint::StageCheckpoint;
 use crate::error::{DemoError, Result};
 use crate::evaluate::{self, PairReport};
 use crate::export::{CheckpointKind, WeightsFormat};
-use crate::given_target::GivenTarget;
+use crate::given::GivenModel;
 use crate::matmul::MatmulKind;
 use crate::net::TrainableLlama;
 use crate::progress::Progress;
@@ -45,6 +45,10 @@ pub struct BuildOptions {
     /// Distil the draft against this shipped target (its shape the preset's) instead of
     /// training the tokenizer and a target: the build takes the target's tokenizer too.
     pub target_from: Option<PathBuf>,
+    /// Start the draft from this shipped draft's weights instead of fresh ones (a fresh
+    /// optimiser, the preset's schedule over its draft steps): trains it further. Needs
+    /// `target_from`, with the same tokenizer.
+    pub draft_from: Option<PathBuf>,
 }
 
 /// The pair as written to [`BuildOptions::ship_to`].
@@ -70,7 +74,9 @@ pub struct BuildOutcome {
     /// The target's directory: the build's stage, or the given target's.
     pub target_dir: PathBuf,
     /// The target the draft was distilled against where the build was given one.
-    pub given_target: Option<GivenTarget>,
+    pub given_target: Option<GivenModel>,
+    /// The draft the build trained further, where it was given one.
+    pub given_draft: Option<GivenModel>,
     pub draft_dir: PathBuf,
     pub report: PairReport,
     pub target_parameters: u64,
@@ -114,7 +120,19 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let spec = &opts.spec;
     let device = opts.device.to_device()?;
     let target_cfg = spec.llama_config(spec.target);
-    let given = opts.target_from.as_deref().map(|dir| GivenTarget::open(dir, &target_cfg)).transpose()?;
+    let draft_cfg = spec.llama_config(spec.draft);
+    let given =
+        opts.target_from.as_deref().map(|dir| GivenModel::open("--target-from", dir, &target_cfg)).transpose()?;
+    let given_draft = match (&opts.draft_from, &given) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(DemoError::InvalidInput(
+                "--draft-from needs --target-from: a draft is trained further against the target it was distilled from"
+                    .into(),
+            ));
+        }
+        (Some(dir), Some(target)) => Some(GivenModel::open_beside("--draft-from", dir, &draft_cfg, target)?),
+    };
     let tokenizer_key = json!({"format": FORMAT, "stage": "tokenizer", "vocab_size": spec.vocab_size,
         "corpus": corpus.fingerprint, "corpus_bytes": spec.corpus_bytes});
     // A given target is known by its weights alone; a draft distilled against it is keyed on
@@ -133,6 +151,9 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         draft_key["corpus"] = json!(corpus.fingerprint);
         draft_key["seed"] = json!(opts.seed);
     }
+    if let Some(draft) = &given_draft {
+        draft_key["from"] = json!(draft.weights_sha256);
+    }
     let draft_key = with_device(draft_key, opts.device);
     let tok_dir = opts.out.join("tokenizer");
     let target_dir = opts.out.join("target");
@@ -142,7 +163,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         && is_current(&draft_dir, &draft_key);
 
     // Tokenizer: the given target's, or one trained on the corpus.
-    let tokenizer_json = given.as_ref().map_or_else(|| tok_dir.join("tokenizer.json"), GivenTarget::tokenizer_json);
+    let tokenizer_json = given.as_ref().map_or_else(|| tok_dir.join("tokenizer.json"), GivenModel::tokenizer_json);
     let tokenizer = if given.is_some() {
         progress.note(&format!("tokenizer: {}'s", tokenizer_json.display()));
         tokenizers::Tokenizer::from_file(&tokenizer_json)
@@ -209,7 +230,6 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     target_vs.freeze();
 
     // Draft: imitate the target's distributions on the same kind of windows.
-    let draft_cfg = spec.llama_config(spec.draft);
     tch::manual_seed(opts.seed.wrapping_add(1) as i64);
     let draft_vs = VarStore::new(device);
     let draft = TrainableLlama::new(&draft_vs.root(), &draft_cfg)?;
@@ -217,6 +237,10 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         progress.note("draft: cached");
         export::read_weights(&draft_vs, &draft_dir)?;
     } else {
+        if let Some(given) = &given_draft {
+            progress.note(&format!("draft: from {} (sha256 {})", given.dir.display(), given.weights_sha256));
+            export::read_weights_file(&draft_vs, &given.weights())?;
+        }
         progress.stage("distilling draft", spec.draft_steps);
         let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed.wrapping_add(1));
         let mut checkpoint = StageCheckpoint::new(&draft_dir, &draft_key, opts.checkpoint_every);
@@ -270,6 +294,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let outcome = BuildOutcome {
         target_dir: given.as_ref().map_or(target_dir, |given| given.dir.clone()),
         given_target: given,
+        given_draft,
         draft_dir,
         report,
         target_parameters: parameters(&target_vs),
@@ -285,7 +310,8 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         &with_device(
             json!({"seed": opts.seed, "spec": spec, "matmul": opts.matmul, "corpus": corpus.fingerprint, "report": report,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters,
-            "target_from": outcome.given_target.as_ref().map(|g| json!({"dir": g.dir, "weights_sha256": g.weights_sha256}))}),
+            "target_from": outcome.given_target.as_ref().map(GivenModel::summary),
+            "draft_from": outcome.given_draft.as_ref().map(GivenModel::summary)}),
             opts.device,
         ),
     )?;

@@ -1,6 +1,7 @@
 //! `specd models demo` and `specd bench` on the `tiny` preset (seconds to build): the pair
 //! loads in transformers with the same tokenizer and logits as specd's, builds are
-//! deterministic for a seed and cached, a build killed part-way resumes to the same bytes,
+//! deterministic for a seed and cached, a build killed part-way resumes to the same bytes, a
+//! shipped target (and draft) can be given instead of trained again,
 //! `--minutes` produces a loadable pair, and the bench JSON is complete and consistent.
 
 mod common;
@@ -279,7 +280,7 @@ fn a_shipped_pair_has_its_card_and_checksums_and_a_corrupted_file_is_refused_by_
 }
 
 #[test]
-fn a_draft_is_distilled_against_a_given_shipped_target_and_a_wrong_target_is_refused() {
+fn given_shipped_models_distil_a_new_draft_or_train_the_shipped_one_further_and_wrong_ones_are_refused() {
     let temp = |name: &str| std::env::temp_dir().join(format!("specd-demo-{name}-{}", std::process::id()));
     let (ship, reship, out) = (temp("given"), temp("reshipped"), temp("given-build"));
     for dir in [&ship, &reship, &out] {
@@ -329,6 +330,36 @@ fn a_draft_is_distilled_against_a_given_shipped_target_and_a_wrong_target_is_ref
     // The same command again is cached.
     let again: Value = serde_json::from_slice(&specd(&args).stdout).expect("JSON report");
     assert_eq!(again["cached"], true);
+    // The shipped draft trained one step further starts where it was: its held-out loss is
+    // near the shipped draft's, where a fresh draft after one step is near the uniform's.
+    let one_step = |extra: &[&str], name: &str| -> (Value, PathBuf) {
+        let (out, ship_to) = (temp(name), temp(&format!("{name}-shipped")));
+        let dirs = [out.to_str().unwrap(), ship_to.to_str().unwrap()];
+        let mut run = args[..6].to_vec();
+        run.extend(["--out", dirs[0], "--target-from", given.to_str().unwrap(), "--draft-steps", "1"]);
+        run.extend(["--ship-to", dirs[1], "--json"]);
+        run.extend_from_slice(extra);
+        let done = specd(&run);
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+        let _ = std::fs::remove_dir_all(out);
+        (serde_json::from_slice(&done.stdout).expect("JSON report"), ship_to)
+    };
+    let (fresh, fresh_dir) = one_step(&[], "fresh");
+    let (further, further_dir) = one_step(&["--draft-from", ship.join("draft").to_str().unwrap()], "further");
+    let loss = |report: &Value| report["shipped"]["report"]["draft_loss"].as_f64().unwrap();
+    let shipped_draft = loss(&first);
+    assert!(
+        (loss(&further) - shipped_draft).abs() < (loss(&fresh) - shipped_draft).abs() / 4.0,
+        "draft loss: shipped {shipped_draft}, one step further {}, one step fresh {}",
+        loss(&further),
+        loss(&fresh)
+    );
+    let card: Value = serde_json::from_slice(&read(further_dir.join("card.json"))).expect("card JSON");
+    assert_eq!(card["steps"]["draft"], 12 + 1, "the shipped draft's steps and this build's");
+    assert!(card["draft_from"]["weights_sha256"].is_string());
+    // A draft trained further needs the target it was distilled from.
+    let alone = specd(&["models", "demo", "--preset", "tiny", "--draft-from", ship.join("draft").to_str().unwrap()]);
+    assert_eq!(alone.status.code(), Some(2), "{}", String::from_utf8_lossy(&alone.stderr));
     // A draft's directory is not the preset's target: refused before any work, by the field.
     let wrong = specd(&[&args[..8], &["--target-from", ship.join("draft").to_str().unwrap()]].concat());
     let message = String::from_utf8_lossy(&wrong.stderr);
@@ -343,7 +374,7 @@ fn a_draft_is_distilled_against_a_given_shipped_target_and_a_wrong_target_is_ref
     let message = String::from_utf8_lossy(&corrupted.stderr);
     assert_eq!(corrupted.status.code(), Some(2), "{message}");
     assert!(message.contains("model.safetensors") && message.contains("SHA256SUMS"), "{message}");
-    for dir in [first_build, ship, reship, out] {
+    for dir in [first_build, ship, reship, out, fresh_dir, further_dir] {
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{Value, json};
+use specd_demo::given::GivenModel;
 use specd_demo::{BuildOutcome, DemoSpec, MatmulKind, PairReport};
 use specd_model::{DeviceSpec, cpu_features};
 
@@ -40,10 +41,11 @@ fn commit() -> String {
     }
 }
 
-/// Where a given target came from: its directory, its weights' SHA-256, and what the card of
-/// the pair it was shipped in (`DIR/../card.json`) says of its build, where there is one.
-fn target_origin(outcome: &BuildOutcome) -> Value {
-    let Some(given) = &outcome.given_target else { return Value::Null };
+/// Where a given model (`role`: target or draft) came from: its directory, its weights'
+/// SHA-256, and what the card of the pair it was shipped in (`DIR/../card.json`) says of its
+/// build, where there is one.
+fn origin(given: Option<&GivenModel>, role: &str) -> Value {
+    let Some(given) = given else { return Value::Null };
     let card: Option<Value> = given
         .dir
         .parent()
@@ -55,21 +57,32 @@ fn target_origin(outcome: &BuildOutcome) -> Value {
         "weights_sha256": given.weights_sha256,
         "command": from_card("/command"),
         "commit": from_card("/commit"),
-        "steps": from_card("/steps/target"),
-        "tokens_seen": from_card("/tokens_seen/target"),
+        "steps": from_card(&format!("/steps/{role}")),
+        "tokens_seen": from_card(&format!("/tokens_seen/{role}")),
     })
 }
 
 /// The card of `outcome`'s shipped pair. Where the target was given, its steps and tokens are
-/// those its own card records (null where it has none), not this build's preset's.
+/// those its own card records (null where it has none), not this build's preset's; where the
+/// draft was trained further, its own card's are added to this build's.
 pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairReport) -> Value {
     let spec = &provenance.spec;
     let tokens_per_step = spec.batch * spec.context;
-    let origin = target_origin(outcome);
-    let (target_steps, target_tokens) = if origin.is_null() {
+    let target_origin = origin(outcome.given_target.as_ref(), "target");
+    let draft_origin = origin(outcome.given_draft.as_ref(), "draft");
+    let (target_steps, target_tokens) = if target_origin.is_null() {
         (json!(spec.target_steps), json!(spec.target_steps * tokens_per_step))
     } else {
-        (origin["steps"].clone(), origin["tokens_seen"].clone())
+        (target_origin["steps"].clone(), target_origin["tokens_seen"].clone())
+    };
+    let (draft_steps, draft_tokens) = if draft_origin.is_null() {
+        (json!(spec.draft_steps), json!(spec.draft_steps * tokens_per_step))
+    } else {
+        let plus = |before: &Value, now: usize| before.as_u64().map_or(Value::Null, |b| json!(b + now as u64));
+        (
+            plus(&draft_origin["steps"], spec.draft_steps),
+            plus(&draft_origin["tokens_seen"], spec.draft_steps * tokens_per_step),
+        )
     };
     json!({
         "command": provenance.command,
@@ -85,9 +98,10 @@ pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairRepor
         },
         "device": provenance.device.to_string(),
         "matmul": provenance.matmul.name(),
-        "steps": {"target": target_steps, "draft": spec.draft_steps},
-        "tokens_seen": {"target": target_tokens, "draft": spec.draft_steps * tokens_per_step},
-        "target_from": origin,
+        "steps": {"target": target_steps, "draft": draft_steps},
+        "tokens_seen": {"target": target_tokens, "draft": draft_tokens},
+        "target_from": target_origin,
+        "draft_from": draft_origin,
         "corpus": {
             "root": outcome.corpus_root,
             "fingerprint": outcome.corpus_fingerprint,
@@ -105,18 +119,20 @@ pub fn card(provenance: &Provenance, outcome: &BuildOutcome, shipped: &PairRepor
 pub fn readme(card: &Value) -> String {
     let f = |v: &Value| v.as_f64().map_or_else(|| "?".into(), |x| format!("{x:.3}"));
     let n = |v: &Value| v.as_u64().map_or_else(|| "?".into(), |x| format!("{:.1} M", x as f64 / 1e6));
-    let origin = &card["target_from"];
-    let target_origin = if origin.is_null() {
-        String::new()
-    } else {
+    let given = |field: &str, what: &str, that: &str| {
+        let origin = &card[field];
+        if origin.is_null() {
+            return String::new();
+        }
         format!(
-            " The draft was distilled against the target given with `--target-from` (weights SHA-256 {}), \
-             which was built with `{}` at commit {}.",
+            " {what} (weights SHA-256 {}); {that} was built with `{}` at commit {}.",
             origin["weights_sha256"].as_str().unwrap_or("?"),
             origin["command"].as_str().unwrap_or("?"),
             origin["commit"].as_str().unwrap_or("?"),
         )
     };
+    let target_origin = given("target_from", "The target was given with `--target-from`", "it")
+        + &given("draft_from", "The draft was trained further from the one given with `--draft-from`", "that one");
     format!(
         "# The specd demo pair\n\n\
          A Llama target and a much smaller Llama draft distilled from it, trained by specd on the \

@@ -87,6 +87,11 @@ pub struct DemoArgs {
     /// (--draft-steps), with the target's own tokenizer; the card records the target's origin.
     #[arg(long, env = "SPECD_DEMO_TARGET_FROM", conflicts_with_all = ["minutes", "target_steps"])]
     pub target_from: Option<PathBuf>,
+    /// Train this shipped draft further instead of one from fresh weights: --draft-steps more
+    /// steps on the preset's schedule, with a fresh optimiser, against --target-from's target
+    /// (which it needs, with the same tokenizer), e.g. models/demo/draft.
+    #[arg(long, env = "SPECD_DEMO_DRAFT_FROM", requires = "target_from")]
+    pub draft_from: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long, env = "SPECD_JSON")]
     pub json: bool,
@@ -312,10 +317,14 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     if !(args.checkpoint_minutes.is_finite() && args.checkpoint_minutes >= 0.0) {
         return Err(invalid(format!("--checkpoint-minutes must be 0 or more, got {}", args.checkpoint_minutes)));
     }
-    // A given target is checked before any work, so that a wrong one is refused as input.
+    // Given models are checked before any work, so that a wrong one is refused as input.
     if let Some(dir) = &args.target_from {
-        demo::given_target::GivenTarget::open(dir, &spec.llama_config(spec.target))
+        let target = demo::given::GivenModel::open("--target-from", dir, &spec.llama_config(spec.target))
             .map_err(|e| invalid(e.to_string()))?;
+        if let Some(dir) = &args.draft_from {
+            demo::given::GivenModel::open_beside("--draft-from", dir, &spec.llama_config(spec.draft), &target)
+                .map_err(|e| invalid(e.to_string()))?;
+        }
     }
     let opts = BuildOptions {
         out: args.out.clone(),
@@ -327,6 +336,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         checkpoint_every: Duration::from_secs_f64(args.checkpoint_minutes * 60.0),
         ship_to: args.ship_to.clone(),
         target_from: args.target_from.clone(),
+        draft_from: args.draft_from.clone(),
     };
     let provenance = card::Provenance {
         command: command_line(),

@@ -1,7 +1,7 @@
-//! A target the build is given instead of training one (`specd models demo --target-from`):
-//! a shipped target of the same preset, checked whole before any training, so that a new
-//! draft can be distilled against the very target the repository ships without paying for
-//! the target's hours again.
+//! Models the build is given instead of starting from nothing (`specd models demo
+//! --target-from`, `--draft-from`): shipped models of the same preset, checked whole before
+//! any training, so that a new draft can be distilled against the very target the repository
+//! ships, or the shipped draft trained further, without paying again for the hours they cost.
 
 use std::path::{Path, PathBuf};
 
@@ -14,24 +14,24 @@ use crate::export::{WeightsFormat, config_json};
 
 const WEIGHTS_FILE: &str = "model.safetensors";
 
-/// A checked target directory.
+/// A checked model directory.
 #[derive(Debug, Clone)]
-pub struct GivenTarget {
+pub struct GivenModel {
     pub dir: PathBuf,
-    /// Lower-case hex SHA-256 of its weights: what the draft's cache key holds in place of
-    /// the target stage's own key.
+    /// Lower-case hex SHA-256 of its weights: what the cache keys hold for it.
     pub weights_sha256: String,
 }
 
-impl GivenTarget {
-    /// Checks that `dir` is a target this builder shipped for `cfg`: every file its
+impl GivenModel {
+    /// Checks that `dir` is a model this builder shipped for `cfg`: every file its
     /// `SHA256SUMS` lists matches, and its `config.json` is the one `cfg` is written as (the
-    /// number format aside), so its weights fit the store the build declares.
-    pub fn open(dir: &Path, cfg: &LlamaConfig) -> Result<Self> {
-        let invalid = |why: String| DemoError::InvalidInput(format!("--target-from {}: {why}", dir.display()));
+    /// number format aside), so its weights fit the store the build declares. `flag` names
+    /// the option that gave it, for the messages.
+    pub fn open(flag: &str, dir: &Path, cfg: &LlamaConfig) -> Result<Self> {
+        let invalid = |why: String| DemoError::InvalidInput(format!("{flag} {}: {why}", dir.display()));
         if verify_checksums(dir)? == 0 {
             return Err(invalid(format!(
-                "it has no {CHECKSUMS_FILE}; give a target directory that `specd models demo --ship-to` wrote"
+                "it has no {CHECKSUMS_FILE}; give a model directory that `specd models demo --ship-to` wrote"
             )));
         }
         let config_path = dir.join("config.json");
@@ -41,7 +41,7 @@ impl GivenTarget {
         let expected = config_json(cfg, WeightsFormat::Bf16);
         if let Some(field) = first_difference(&expected, &found) {
             return Err(invalid(format!(
-                "its config.json has {field} = {}, but this preset's target has {}: build with the preset that made it",
+                "its config.json has {field} = {}, but this preset's model there has {}: build with the preset that made it",
                 found.get(field).unwrap_or(&Value::Null),
                 expected[field]
             )));
@@ -54,6 +54,26 @@ impl GivenTarget {
         let weights = dir.join(WEIGHTS_FILE);
         let weights_sha256 = sha256_of(&weights).map_err(|source| DemoError::Io { path: weights, source })?;
         Ok(Self { dir: dir.to_owned(), weights_sha256 })
+    }
+
+    /// [`Self::open`], for a model that must share `beside`'s tokenizer (a draft trained
+    /// further against the target it was distilled from).
+    pub fn open_beside(flag: &str, dir: &Path, cfg: &LlamaConfig, beside: &GivenModel) -> Result<Self> {
+        let model = Self::open(flag, dir, cfg)?;
+        let read = |path: PathBuf| std::fs::read(&path).map_err(|source| DemoError::Io { path, source });
+        if read(model.tokenizer_json())? != read(beside.tokenizer_json())? {
+            return Err(DemoError::InvalidInput(format!(
+                "{flag} {}: its tokenizer.json is not the one of {}",
+                dir.display(),
+                beside.dir.display()
+            )));
+        }
+        Ok(model)
+    }
+
+    /// Its directory and digest, as the build's record states them.
+    pub fn summary(&self) -> Value {
+        serde_json::json!({"dir": self.dir, "weights_sha256": self.weights_sha256})
     }
 
     pub fn weights(&self) -> PathBuf {
