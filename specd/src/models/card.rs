@@ -131,7 +131,7 @@ pub fn readme(card: &Value) -> String {
             origin["commit"].as_str().unwrap_or("?"),
         )
     };
-    let target_origin = given("target_from", "The target was given with `--target-from`", "it")
+    let origins = given("target_from", "The target was given with `--target-from`", "it")
         + &given("draft_from", "The draft was trained further from the one given with `--draft-from`", "that one");
     format!(
         "# The specd demo pair\n\n\
@@ -158,7 +158,7 @@ pub fn readme(card: &Value) -> String {
         card["commit"].as_str().unwrap_or("?"),
         card["host"]["cpu"].as_str().unwrap_or("an unknown CPU"),
         card["host"]["cores"],
-        target_origin,
+        origins,
     )
 }
 
