@@ -345,7 +345,9 @@ fn given_shipped_models_distil_a_new_draft_or_train_the_shipped_one_further_and_
         (serde_json::from_slice(&done.stdout).expect("JSON report"), ship_to)
     };
     let (fresh, fresh_dir) = one_step(&[], "fresh");
-    let (further, further_dir) = one_step(&["--draft-from", ship.join("draft").to_str().unwrap()], "further");
+    let shipped_draft_dir = ship.join("draft");
+    let from = ["--draft-from", shipped_draft_dir.to_str().unwrap(), "--draft-lr", "0.001"];
+    let (further, further_dir) = one_step(&from, "further");
     let loss = |report: &Value| report["shipped"]["report"]["draft_loss"].as_f64().unwrap();
     let shipped_draft = loss(&first);
     assert!(
@@ -357,6 +359,7 @@ fn given_shipped_models_distil_a_new_draft_or_train_the_shipped_one_further_and_
     let card: Value = serde_json::from_slice(&read(further_dir.join("card.json"))).expect("card JSON");
     assert_eq!(card["steps"]["draft"], 12 + 1, "the shipped draft's steps and this build's");
     assert!(card["draft_from"]["weights_sha256"].is_string());
+    assert_eq!(card["spec"]["draft_lr"], 0.001, "--draft-lr is the draft's peak learning rate");
     // A draft trained further needs the target it was distilled from.
     let alone = specd(&["models", "demo", "--preset", "tiny", "--draft-from", ship.join("draft").to_str().unwrap()]);
     assert_eq!(alone.status.code(), Some(2), "{}", String::from_utf8_lossy(&alone.stderr));
@@ -395,6 +398,7 @@ fn bad_arguments_are_refused_with_exit_code_2() {
         &["models", "demo", "--preset", "tiny", "--minutes", "0"],
         &["models", "demo", "--preset", "tiny", "--corpus", "/nonexistent/dir"],
         &["models", "demo", "--preset", "tiny", "--target-steps", "0"],
+        &["models", "demo", "--preset", "tiny", "--draft-lr", "0"],
         &["models", "demo", "--preset", "tiny", "--checkpoint-minutes", "-1"],
         &["models", "demo", "--preset", "tiny", "--out", "/tmp/specd-same", "--ship-to", "/tmp/specd-same"],
         &["models", "demo", "--preset", "tiny", "--device", "tpu"],

@@ -61,6 +61,11 @@ pub struct DemoArgs {
     /// Optimiser steps for the draft (overrides the preset).
     #[arg(long, env = "SPECD_DEMO_DRAFT_STEPS")]
     pub draft_steps: Option<usize>,
+    /// The draft's peak learning rate (overrides the preset's; part of the draft's cache key).
+    /// A draft trained further (--draft-from) may want less than the preset's, which is sized
+    /// for fresh weights.
+    #[arg(long, env = "SPECD_DEMO_DRAFT_LR")]
+    pub draft_lr: Option<f64>,
     /// Where to train: cpu or cuda:N. A GPU build's bytes differ from a CPU build's (and
     /// between GPU builds: CUDA's embedding backward sums with atomics), so the device kind
     /// is part of the models' cache keys; its index is not.
@@ -178,6 +183,12 @@ impl DemoArgs {
         }
         if let Some(steps) = self.draft_steps {
             spec.draft_steps = steps;
+        }
+        if let Some(lr) = self.draft_lr {
+            if !(lr.is_finite() && lr > 0.0) {
+                return Err(invalid(format!("--draft-lr must be positive, got {lr}")));
+            }
+            spec.draft_lr = lr;
         }
         if let Some(minutes) = self.minutes {
             if !(minutes.is_finite() && minutes > 0.0) {
