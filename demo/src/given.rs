@@ -11,8 +11,31 @@ use specd_model::checksums::{CHECKSUMS_FILE, sha256_of, verify_checksums};
 
 use crate::error::{DemoError, Result};
 use crate::export::{WeightsFormat, config_json};
+use crate::spec::DemoSpec;
 
 const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// What a build is given: a shipped target, and the shipped draft to train further if any.
+/// Checked whole when opened, so that a wrong one is refused before any work.
+#[derive(Debug, Clone)]
+pub struct GivenPair {
+    pub target: GivenModel,
+    /// Shares the target's tokenizer: a draft is trained further against the target it was
+    /// distilled from.
+    pub draft: Option<GivenModel>,
+}
+
+impl GivenPair {
+    /// Opens `target_dir` (`--target-from`) and `draft_dir` (`--draft-from`) as `spec`'s
+    /// target and draft.
+    pub fn open(target_dir: &Path, draft_dir: Option<&Path>, spec: &DemoSpec) -> Result<Self> {
+        let target = GivenModel::open("--target-from", target_dir, &spec.llama_config(spec.target))?;
+        let draft = draft_dir
+            .map(|dir| GivenModel::open_beside("--draft-from", dir, &spec.llama_config(spec.draft), &target))
+            .transpose()?;
+        Ok(Self { target, draft })
+    }
+}
 
 /// A checked model directory.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use crate::checkpoint::StageCheckpoint;
 use crate::error::{DemoError, Result};
 use crate::evaluate::{self, PairReport};
 use crate::export::{CheckpointKind, WeightsFormat};
-use crate::given::GivenModel;
+use crate::given::{GivenModel, GivenPair};
 use crate::matmul::MatmulKind;
 use crate::net::TrainableLlama;
 use crate::progress::Progress;
@@ -42,13 +42,11 @@ pub struct BuildOptions {
     /// Also write the pair as the repository ships it: the target in bf16, both models with
     /// `SHA256SUMS`, evaluated as stored.
     pub ship_to: Option<PathBuf>,
-    /// Distil the draft against this shipped target (its shape the preset's) instead of
-    /// training the tokenizer and a target: the build takes the target's tokenizer too.
-    pub target_from: Option<PathBuf>,
-    /// Start the draft from this shipped draft's weights instead of fresh ones (a fresh
-    /// optimiser, the preset's schedule over its draft steps): trains it further. Needs
-    /// `target_from`, with the same tokenizer.
-    pub draft_from: Option<PathBuf>,
+    /// Distil the draft against this shipped target (opened for `spec`) instead of training
+    /// the tokenizer and a target: the build takes the target's tokenizer too. With its
+    /// draft, start the draft from that draft's weights instead of fresh ones (a fresh
+    /// optimiser, the preset's schedule over its draft steps): train it further.
+    pub given: Option<GivenPair>,
 }
 
 /// The pair as written to [`BuildOptions::ship_to`].
@@ -121,18 +119,8 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let device = opts.device.to_device()?;
     let target_cfg = spec.llama_config(spec.target);
     let draft_cfg = spec.llama_config(spec.draft);
-    let given =
-        opts.target_from.as_deref().map(|dir| GivenModel::open("--target-from", dir, &target_cfg)).transpose()?;
-    let given_draft = match (&opts.draft_from, &given) {
-        (None, _) => None,
-        (Some(_), None) => {
-            return Err(DemoError::InvalidInput(
-                "--draft-from needs --target-from: a draft is trained further against the target it was distilled from"
-                    .into(),
-            ));
-        }
-        (Some(dir), Some(target)) => Some(GivenModel::open_beside("--draft-from", dir, &draft_cfg, target)?),
-    };
+    let given = opts.given.as_ref().map(|pair| pair.target.clone());
+    let given_draft = opts.given.as_ref().and_then(|pair| pair.draft.clone());
     let tokenizer_key = json!({"format": FORMAT, "stage": "tokenizer", "vocab_size": spec.vocab_size,
         "corpus": corpus.fingerprint, "corpus_bytes": spec.corpus_bytes});
     // A given target is known by its weights alone; a draft distilled against it is keyed on

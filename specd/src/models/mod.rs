@@ -329,14 +329,12 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         return Err(invalid(format!("--checkpoint-minutes must be 0 or more, got {}", args.checkpoint_minutes)));
     }
     // Given models are checked before any work, so that a wrong one is refused as input.
-    if let Some(dir) = &args.target_from {
-        let target = demo::given::GivenModel::open("--target-from", dir, &spec.llama_config(spec.target))
-            .map_err(|e| invalid(e.to_string()))?;
-        if let Some(dir) = &args.draft_from {
-            demo::given::GivenModel::open_beside("--draft-from", dir, &spec.llama_config(spec.draft), &target)
-                .map_err(|e| invalid(e.to_string()))?;
-        }
-    }
+    let given = args
+        .target_from
+        .as_deref()
+        .map(|dir| demo::given::GivenPair::open(dir, args.draft_from.as_deref(), &spec))
+        .transpose()
+        .map_err(|e| invalid(e.to_string()))?;
     let opts = BuildOptions {
         out: args.out.clone(),
         corpus: args.corpus.clone(),
@@ -346,8 +344,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         device: args.device,
         checkpoint_every: Duration::from_secs_f64(args.checkpoint_minutes * 60.0),
         ship_to: args.ship_to.clone(),
-        target_from: args.target_from.clone(),
-        draft_from: args.draft_from.clone(),
+        given,
     };
     let provenance = card::Provenance {
         command: command_line(),
