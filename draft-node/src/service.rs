@@ -214,12 +214,14 @@ impl DraftNode {
             }
             Proposer::Lookup(node) => node.propose(&req.session_id, &job).await?,
         };
-        let ahead = proposal.draft_ahead.then(|| {
+        let ahead = if proposal.draft_ahead {
             // Pushing needs a stream to push on; a depth above the cap is capped, not refused.
             let push = stream.filter(|_| req.push_depth > 0).cloned();
             let depth = (req.push_depth as usize).clamp(1, MAX_PUSH_DEPTH);
             self.draft_ahead(req.session_id, round, depth, push, req.model_only)
-        });
+        } else {
+            None
+        };
         let Proposal { positions, draft_ns, optimistic_hit, elided, passes, .. } = proposal;
         let reply = ProposeResponse {
             positions,
@@ -230,7 +232,7 @@ impl DraftNode {
             forward_passes: passes.forward_passes,
             batched_sequences: passes.batched_sequences,
         };
-        Ok(Answered { reply, ahead: ahead.flatten() })
+        Ok(Answered { reply, ahead })
     }
 
     /// A tree's Propose: from the model only (an n-gram or suffix proposer has one
