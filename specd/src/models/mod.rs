@@ -259,6 +259,9 @@ impl Progress for Bars {
                 .progress_chars("=> "),
         );
         bar.set_prefix(name.to_owned());
+        if bar.is_hidden() {
+            eprintln!("{name}: {steps} steps");
+        }
         bar.enable_steady_tick(Duration::from_millis(500));
         self.bar = Some(bar);
     }
