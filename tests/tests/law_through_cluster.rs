@@ -27,7 +27,7 @@ use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
 use specd_node::Distributions;
-use specd_proto::v1::SamplingParams as WireSampling;
+use specd_proto::v1::{SamplingParams as WireSampling, SpeculationStats};
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation, Verification};
@@ -155,58 +155,30 @@ async fn law_run_by(
     for c in 0..clients {
         let (mut client, params, prompt) = (client.clone(), Arc::clone(&params), Arc::clone(&prompt));
         tasks.push(tokio::spawn(async move {
-            let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
-            let mut fallbacks = 0;
-            let (mut passes, mut sequences) = (0, 0);
-            let mut by_proposer: HashMap<String, (u64, u64)> = HashMap::new();
-            let (mut empty, mut rounds, mut drafted_then_plain) = (0, 0, 0);
+            let mut lane = Tally::default();
             for seed in (c..n).step_by(clients as usize) {
                 let request = continuation_request(&prompt, LENGTH, wire(&params, seed), dense);
                 let (tokens, stats) = stream_to_end(&mut client, request).await.unwrap();
-                fallbacks += stats.draft_fallbacks;
-                passes += stats.target_forward_passes;
-                sequences += stats.target_batched_sequences;
-                empty += stats.empty_proposals;
-                rounds += stats.rounds;
-                drafted_then_plain += u64::from(stats.draft_tokens > 0 && stats.gamma == 0);
-                for (proposer, tally) in stats.by_proposer {
-                    let sum = by_proposer.entry(proposer).or_default();
-                    (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
-                }
                 assert_eq!(tokens.len(), LENGTH);
-                counts[cell(&tokens)] += 1;
+                lane.add(&tokens, stats);
             }
-            (counts, fallbacks, passes, sequences, by_proposer, (empty, rounds, drafted_then_plain))
+            lane
         }));
     }
-    let mut counts = vec![0u64; VOCAB.pow(LENGTH as u32)];
-    let (mut fallbacks, mut passes, mut sequences) = (0, 0, 0);
-    let mut run = LawRun::default();
+    let mut tally = Tally::default();
     for task in tasks {
-        let (lane, lost, lane_passes, lane_sequences, by_proposer, (empty, rounds, drafted_then_plain)) =
-            task.await.unwrap();
-        fallbacks += lost;
-        run.rounds += rounds;
-        run.drafted_then_plain += drafted_then_plain;
-        passes += lane_passes;
-        sequences += lane_sequences;
-        run.empty_proposals += empty;
-        for (proposer, (proposed, accepted)) in by_proposer {
-            let sum = run.by_proposer.entry(proposer).or_default();
-            (sum.0, sum.1) = (sum.0 + proposed, sum.1 + accepted);
-        }
-        for (total, c) in counts.iter_mut().zip(lane) {
-            *total += c;
-        }
+        tally.merge(task.await.unwrap());
     }
     cluster.shutdown().await;
     let model = EffectiveTarget { table: target_table, params: *params }.after(prompt.len());
-    let mut expected = vec![0.0; counts.len()];
+    let mut expected = vec![0.0; tally.counts.len()];
     for (seq, p) in target_sequence_law(&model, &prompt, LENGTH) {
         expected[cell(&seq)] = p;
     }
-    let p_value = chi_square_test(&counts, &expected).unwrap().p_value;
-    let mean_batch = sequences as f64 / passes.max(1) as f64;
+    let p_value = chi_square_test(&tally.counts, &expected).unwrap().p_value;
+    let mean_batch = tally.target_sequences as f64 / tally.target_passes.max(1) as f64;
+    let fallbacks = tally.run.fallbacks;
+    let run = tally.run;
     eprintln!(
         "law check: {n} samples, γ = {}, tree {:?}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals, {} generations drafted then decoded target-only: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
@@ -219,7 +191,63 @@ async fn law_run_by(
         run.empty_proposals,
         run.drafted_then_plain,
     );
-    LawRun { p_value, fallbacks, mean_batch, ..run }
+    LawRun { p_value, mean_batch, ..run }
+}
+
+/// What one client's generations (then all of them, merged) counted.
+#[derive(Debug)]
+struct Tally {
+    /// Generations per cell.
+    counts: Vec<u64>,
+    target_passes: u64,
+    target_sequences: u64,
+    /// The run's counts (its p-value and mean batch come from the merged tally).
+    run: LawRun,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; VOCAB.pow(LENGTH as u32)],
+            target_passes: 0,
+            target_sequences: 0,
+            run: LawRun::default(),
+        }
+    }
+}
+
+impl Tally {
+    fn add(&mut self, tokens: &[u32], stats: SpeculationStats) {
+        self.counts[cell(tokens)] += 1;
+        self.target_passes += stats.target_forward_passes;
+        self.target_sequences += stats.target_batched_sequences;
+        let run = &mut self.run;
+        run.fallbacks += stats.draft_fallbacks;
+        run.empty_proposals += stats.empty_proposals;
+        run.rounds += stats.rounds;
+        run.drafted_then_plain += u64::from(stats.draft_tokens > 0 && stats.gamma == 0);
+        for (proposer, tally) in stats.by_proposer {
+            let sum = run.by_proposer.entry(proposer).or_default();
+            (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
+        }
+    }
+
+    fn merge(&mut self, other: Tally) {
+        for (total, c) in self.counts.iter_mut().zip(other.counts) {
+            *total += c;
+        }
+        self.target_passes += other.target_passes;
+        self.target_sequences += other.target_sequences;
+        let (run, lane) = (&mut self.run, other.run);
+        run.fallbacks += lane.fallbacks;
+        run.empty_proposals += lane.empty_proposals;
+        run.rounds += lane.rounds;
+        run.drafted_then_plain += lane.drafted_then_plain;
+        for (proposer, (proposed, accepted)) in lane.by_proposer {
+            let sum = run.by_proposer.entry(proposer).or_default();
+            (sum.0, sum.1) = (sum.0 + proposed, sum.1 + accepted);
+        }
+    }
 }
 
 fn gamma_name(gamma: GammaChoice) -> String {
@@ -280,16 +308,19 @@ async fn sparse_law_with_top_k_top_p_and_penalties() {
 /// The adaptive policy's audits run one generation at a time. Under load the governor starts
 /// a level target-only and a 3-token generation ends before its draft session opens, so
 /// nearly every round would be target-only and the audit would measure the target's own
-/// draws (docs/adaptive.md). Alone, every generation's first round drafts and the rounds
-/// after a rejection run target-only; with table models and one client that schedule is the
-/// same from run to run, so the verdict is too.
+/// draws (docs/adaptive.md). Alone, every generation's first round drafts, and the rounds
+/// after a rejection run target-only (the policy's choice where two tokens are left; where
+/// one is, no draft helps); with table models and one client that schedule is the same from
+/// run to run, so the verdict is too.
 fn adaptive() -> ClusterOptions {
     ClusterOptions { gamma: GammaChoice::Adaptive { max: 4 }, ..small_truncation() }
 }
 
-/// Asserts that γ changed within generations: a tenth of them at least drafted, then ended
-/// with a target-only round.
+/// Asserts that the rounds drafted (a candidate a generation at least) and that γ changed
+/// within generations: a tenth of them at least ended with a target-only round after drafting.
 fn assert_gamma_changed(run: &LawRun, n: u64) {
+    let proposed: u64 = run.by_proposer.values().map(|(proposed, _)| proposed).sum();
+    assert!(proposed >= n, "{proposed} candidates proposed for {n} generations");
     assert!(
         run.drafted_then_plain * 10 >= n,
         "only {} of {n} generations drafted and then decoded target-only",
@@ -299,9 +330,9 @@ fn assert_gamma_changed(run: &LawRun, n: u64) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn sparse_law_with_adaptive_gamma() {
-    // γ changes within a generation (a drafting round, then target-only ones at the positions
-    // whose candidates it rejected): every round is exact for its γ, which depends only on
-    // finished rounds, so the law is the target's.
+    // γ changes within a generation (a drafting round, then target-only ones after a
+    // rejection): every round is exact for its γ, which depends only on finished rounds, so
+    // the law is the target's.
     let n = samples();
     let run = law_run_by(adaptive(), SamplingParams::default(), false, n, &PROMPT, 1).await;
     assert_gamma_changed(&run, n);
