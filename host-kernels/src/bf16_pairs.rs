@@ -15,14 +15,33 @@ use crate::packed::{BLOCK, LINE, to_bf16};
 
 /// `x` (`rows × k`) rounded to bf16, two inputs to a `u32` (input `2j` in the low half,
 /// `2j + 1` in the high, zero past the last), into `out` (`rows × ⌈k / 2⌉`).
-pub(crate) fn round_pairs(x: &[f32], rows: usize, k: usize, out: &mut Vec<u32>) {
+///
+/// A verify pass rounds a few thousand inputs a layer on the calling thread while the
+/// pool's helpers wait, so the rounding is compiled per instruction set, to vectorise.
+pub(crate) fn round_pairs(isa: Isa, x: &[f32], rows: usize, k: usize, out: &mut Vec<u32>) {
+    out.resize(rows * k.div_ceil(2), 0);
+    round_rows(isa, x, rows, k, out);
+}
+
+dispatched! {
+    fn round_rows(x: &[f32], rows: usize, k: usize, out: &mut [u32]) {
+        avx512 => round_rows_of(x, rows, k, out),
+        avx2 => round_rows_of(x, rows, k, out),
+        baseline => round_rows_of(x, rows, k, out),
+    }
+}
+
+#[inline(always)]
+fn round_rows_of(x: &[f32], rows: usize, k: usize, out: &mut [u32]) {
     let pairs = k.div_ceil(2);
-    out.clear();
-    out.reserve(rows * pairs);
-    for row in x.chunks_exact(k).take(rows) {
+    for (row, dst) in x.chunks_exact(k).take(rows).zip(out.chunks_exact_mut(pairs)) {
         let mut values = row.chunks_exact(2);
-        out.extend((&mut values).map(|p| u32::from(to_bf16(p[0])) | (u32::from(to_bf16(p[1])) << 16)));
-        out.extend(values.remainder().iter().map(|&v| u32::from(to_bf16(v))));
+        for (d, p) in dst.iter_mut().zip(&mut values) {
+            *d = u32::from(to_bf16(p[0])) | (u32::from(to_bf16(p[1])) << 16);
+        }
+        if let [last] = values.remainder() {
+            dst[pairs - 1] = u32::from(to_bf16(*last));
+        }
     }
 }
 
@@ -233,6 +252,48 @@ mod products {
         #[allow(unsafe_code)]
         unsafe {
             _mm512_storeu_ps(out.as_mut_ptr(), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each instruction set's rounding gives `to_bf16`'s bits, pairs packed low input first,
+    /// an odd row's last pair holding one input: over ties (both ways), NaN, infinities,
+    /// zeros of both signs, subnormals and values that round up into the next exponent.
+    #[test]
+    fn round_pairs_gives_to_bf16s_bits_on_every_instruction_set() {
+        let mut x = vec![
+            1.0f32,
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::from_bits(0x3f7f_ffff),
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::from_bits(1),
+            f32::MAX,
+            -1.5e-3,
+        ];
+        x.extend((0..40).map(|i| (i as f32 * 0.77).sin() * 10f32.powi(i % 7 - 3)));
+        let k = 13;
+        let rows = x.len() / k;
+        let x = &x[..rows * k];
+        let want: Vec<u32> = x
+            .chunks_exact(k)
+            .flat_map(|row| {
+                row.chunks(2).map(|p| u32::from(to_bf16(p[0])) | p.get(1).map_or(0, |&v| u32::from(to_bf16(v)) << 16))
+            })
+            .collect();
+        for isa in Isa::available() {
+            let mut got = vec![7u32; 3];
+            round_pairs(isa, x, rows, k, &mut got);
+            assert_eq!(got, want, "{}", isa.name());
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::bf16_pairs;
 use crate::error::KernelError;
+use crate::exponentials;
 use crate::isa::{Isa, dispatched};
 use crate::loops;
 use crate::packed::{BLOCK, PackedMatrix, Panels};
@@ -141,7 +142,7 @@ impl Kernels {
         let LinearScratch { sums, pairs } = scratch;
         sums.resize(blocks * rows, [0.0; BLOCK]);
         if let Panels::Bf16Pairs(_) = w.panels {
-            bf16_pairs::round_pairs(x, rows, k, pairs);
+            bf16_pairs::round_pairs(self.isa, x, rows, k, pairs);
         }
         let (isa, pairs, panel_len) = (self.isa, &*pairs, w.panel_len());
         let run = |first_block: usize, sums: &mut [[f32; BLOCK]]| {
@@ -283,6 +284,22 @@ impl Kernels {
     pub fn axpy(&self, acc: &mut [f32], a: f32, x: &[f32]) {
         axpy(self.isa, acc, a, x);
     }
+
+    /// Softmax of `scores` in place; scores of −∞ get weight 0.
+    pub fn softmax(&self, scores: &mut [f32]) {
+        softmax(self.isa, scores);
+    }
+
+    /// `silu(gate[i]) · up[i]` into `gate[i]`, over the shorter of the two.
+    pub fn silu_times(&self, gate: &mut [f32], up: &[f32]) {
+        silu_times(self.isa, gate, up);
+    }
+
+    /// `gelu_tanh(gate[i]) · up[i]` into `gate[i]` (torch's tanh approximation of GELU), over
+    /// the shorter of the two.
+    pub fn gelu_tanh_times(&self, gate: &mut [f32], up: &[f32]) {
+        gelu_tanh_times(self.isa, gate, up);
+    }
 }
 
 /// Rows from which f32 panels on AVX2 go in half-width tiles of 6 (`panels_f32`).
@@ -360,6 +377,30 @@ dispatched! {
         avx512 => loops::weighted_rows_many::<u16, true, 8>(weights, reach, m, stride, offset, out),
         avx2 => loops::weighted_rows_many::<u16, true, 4>(weights, reach, m, stride, offset, out),
         baseline => loops::weighted_rows_many::<u16, false, 4>(weights, reach, m, stride, offset, out),
+    }
+}
+
+dispatched! {
+    fn softmax(scores: &mut [f32]) {
+        avx512 => exponentials::softmax::<true>(scores),
+        avx2 => exponentials::softmax::<true>(scores),
+        baseline => exponentials::softmax::<false>(scores),
+    }
+}
+
+dispatched! {
+    fn silu_times(gate: &mut [f32], up: &[f32]) {
+        avx512 => exponentials::silu_times::<true>(gate, up),
+        avx2 => exponentials::silu_times::<true>(gate, up),
+        baseline => exponentials::silu_times::<false>(gate, up),
+    }
+}
+
+dispatched! {
+    fn gelu_tanh_times(gate: &mut [f32], up: &[f32]) {
+        avx512 => exponentials::gelu_tanh_times::<true>(gate, up),
+        avx2 => exponentials::gelu_tanh_times::<true>(gate, up),
+        baseline => exponentials::gelu_tanh_times::<false>(gate, up),
     }
 }
 
@@ -569,6 +610,44 @@ mod tests {
             let mut acc = vec![1.0f32; 5];
             k.axpy(&mut acc, 2.0, &[1.0, 2.0, 3.0, 4.0, 5.0]);
             assert_eq!(acc, [3.0, 5.0, 7.0, 9.0, 11.0]);
+        }
+    }
+
+    /// Each set's softmax and gated activations against the standard library's exponential in
+    /// f64, over lengths that leave a remainder after the vector lanes, with masked scores.
+    #[test]
+    fn the_exponential_steps_match_their_definitions_on_every_set() {
+        for isa in Isa::available() {
+            let k = Kernels::with_isa(isa, 1).unwrap();
+            for n in [1, 16, 37, 133] {
+                let mut scores: Vec<f32> = wave(n, 0.61).iter().map(|v| v * 12.0).collect();
+                if n > 2 {
+                    scores[1] = f32::NEG_INFINITY;
+                }
+                let want: Vec<f64> = {
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let e: Vec<f64> = scores.iter().map(|&s| f64::from(s - max).exp()).collect();
+                    let total: f64 = e.iter().sum();
+                    e.iter().map(|v| v / total).collect()
+                };
+                k.softmax(&mut scores);
+                for (i, (&got, want)) in scores.iter().zip(&want).enumerate() {
+                    assert!((f64::from(got) - want).abs() <= 1e-6 * want.max(1e-2), "{}: n = {n}, {i}", isa.name());
+                }
+                let gate: Vec<f32> = wave(n, 0.43).iter().map(|v| v * 9.0).collect();
+                let up = wave(n, 0.19);
+                let (mut silu, mut gelu) = (gate.clone(), gate.clone());
+                k.silu_times(&mut silu, &up);
+                k.gelu_tanh_times(&mut gelu, &up);
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                for i in 0..n {
+                    let (x, u) = (f64::from(gate[i]), f64::from(up[i]));
+                    let want_silu = x / (1.0 + (-x).exp()) * u;
+                    let want_gelu = 0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh()) * u;
+                    assert!((f64::from(silu[i]) - want_silu).abs() <= 2e-6 * (1.0 + want_silu.abs()), "{}", isa.name());
+                    assert!((f64::from(gelu[i]) - want_gelu).abs() <= 2e-6 * (1.0 + want_gelu.abs()), "{}", isa.name());
+                }
+            }
         }
     }
 }

@@ -16,6 +16,8 @@
 //! - `loops` (private): the loops themselves, written once and compiled per instruction set.
 //! - `bf16_pairs` (private): the linear loop over pair panels, with `vdpbf16ps` where the
 //!   CPU has it; its `unsafe` loads and stores the vectors the intrinsics take.
+//! - `exponentials` (private): `eˣ` as a polynomial that vectorises, and the softmax and
+//!   gated activations built on it.
 //! - `error`: [`KernelError`].
 //! - `pool` (private): `HotPool`, the threads a pass's parallel steps run on with the
 //!   calling thread, spinning between steps rather than sleeping; its one `unsafe` lets
@@ -25,6 +27,7 @@
 
 mod bf16_pairs;
 mod error;
+mod exponentials;
 pub mod isa;
 pub mod kernels;
 mod loops;

@@ -6,7 +6,6 @@
 use specd_host_kernels::{BLOCK, Kernels};
 
 use crate::host::cache::{HostCache, KvRows};
-use crate::host::elementwise::softmax;
 
 /// The shape of attention in one layer.
 #[derive(Debug, Clone, Copy)]
@@ -127,12 +126,12 @@ pub(crate) fn attend(
                     for s in seen.iter_mut() {
                         *s *= shape.scale;
                     }
-                    softmax(seen);
+                    kernels.softmax(seen);
                 }
                 Some(tree) => {
                     let path = &queries.tree_paths[tree.start..][..tree.len];
                     mask_tree_row(row_scores, start, seen_from, tree.base, path, window, shape.scale);
-                    softmax(row_scores);
+                    kernels.softmax(row_scores);
                 }
             }
         }

@@ -1,7 +1,10 @@
-//! The host pass's element-wise steps: norms, activations, softmax, soft-capping. They cost
-//! a few microseconds a pass against the linear layers' hundreds, so they stay plain loops
-//! on the calling thread; the linear layers and attention's products are
-//! `specd_host_kernels`'.
+//! The host pass's element-wise steps: norms, activations, soft-capping. Norms and
+//! soft-capping cost a few microseconds a pass against the linear layers' hundreds, so they
+//! stay plain loops on the calling thread; the activations and attention's softmax, an
+//! exponential per value, are `specd_host_kernels`' vectorised loops, as the linear layers
+//! and attention's products are.
+
+use specd_host_kernels::Kernels;
 
 use crate::config::Activation;
 
@@ -60,39 +63,14 @@ fn inverse_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
-/// `act(gate) * up` in place into `gate`.
-pub(crate) fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
+/// `act(gate) * up` in place into `gate`, with the kernels' vectorised exponential.
+pub(crate) fn gated(kernels: &Kernels, activation: Activation, gate: &mut [f32], up: &[f32]) {
     match activation {
-        Activation::Silu => {
-            for (g, &u) in gate.iter_mut().zip(up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        }
-        Activation::GeluTanh => {
-            // torch's tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))).
-            let k = (2.0 / std::f32::consts::PI).sqrt();
-            for (g, &u) in gate.iter_mut().zip(up) {
-                let x = *g;
-                *g = 0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh()) * u;
-            }
-        }
+        Activation::Silu => kernels.silu_times(gate, up),
+        Activation::GeluTanh => kernels.gelu_tanh_times(gate, up),
         // The host engine refuses a model with exact GELU (`host::unsupported`): Rust's
         // standard library has no `erf`.
         Activation::Gelu => unreachable!("exact GELU is refused at load"),
-    }
-}
-
-/// Softmax of `scores` in place.
-pub(crate) fn softmax(scores: &mut [f32]) {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
-    for s in scores.iter_mut() {
-        *s *= inv;
     }
 }
 
@@ -108,7 +86,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn norms_softmax_and_activations_by_their_definitions() {
+    fn norms_activations_and_soft_capping_by_their_definitions() {
         let mut out = [0f32; 2];
         Norm::new(vec![1.0, 2.0], false).apply(&[3.0, 4.0], 0.0, &mut out);
         let rms = (12.5f32).sqrt();
@@ -117,16 +95,16 @@ mod tests {
         let mut x = [3.0f32, 4.0];
         Norm::new(vec![0.0, 1.0], true).apply_in_place(&mut x, 0.0);
         assert!((x[0] - 3.0 / rms).abs() < 1e-6 && (x[1] - 8.0 / rms).abs() < 1e-6);
-        let mut s = [0.0, (2f32).ln()];
-        softmax(&mut s);
-        assert!((s[0] - 1.0 / 3.0).abs() < 1e-6 && (s[1] - 2.0 / 3.0).abs() < 1e-6);
-        let mut g = [0.0, 1.0];
-        gated(Activation::Silu, &mut g, &[5.0, 2.0]);
-        assert!(g[0].abs() < 1e-7 && (g[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
-        // gelu_tanh(1) = 0.841192 (torch).
-        let mut g = [1.0f32];
-        gated(Activation::GeluTanh, &mut g, &[1.0]);
-        assert!((g[0] - 0.841_192).abs() < 1e-5, "{}", g[0]);
+        for isa in specd_host_kernels::Isa::available() {
+            let kernels = Kernels::with_isa(isa, 1).unwrap();
+            let mut g = [0.0, 1.0];
+            gated(&kernels, Activation::Silu, &mut g, &[5.0, 2.0]);
+            assert!(g[0].abs() < 1e-7 && (g[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
+            // gelu_tanh(1) = 0.841192 (torch).
+            let mut g = [1.0f32];
+            gated(&kernels, Activation::GeluTanh, &mut g, &[1.0]);
+            assert!((g[0] - 0.841_192).abs() < 1e-5, "{}", g[0]);
+        }
         let mut l = [0.0f32, 100.0];
         soft_cap(&mut l, 30.0);
         assert!(l[0] == 0.0 && (l[1] - 30.0 * (100f32 / 30.0).tanh()).abs() < 1e-5);

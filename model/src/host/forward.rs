@@ -169,7 +169,7 @@ impl Net {
             k.for_each_chunk(gate, i, n * i >= PARALLEL_MIN_ACTIVATIONS, |t, g| {
                 let both = &gate_up[t * 2 * i..][..2 * i];
                 g.copy_from_slice(&both[..i]);
-                gated(self.activation, g, &both[i..]);
+                gated(k, self.activation, g, &both[i..]);
             });
             let projected = sized(&mut s.projected, n * h);
             k.linear(gate, n, &layer.down, layer.down_bias.as_deref(), projected, &mut s.linear);
