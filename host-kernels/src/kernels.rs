@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use crate::bf16_pairs;
 use crate::error::KernelError;
 use crate::exponentials;
-use crate::isa::{Isa, dispatched};
+use crate::isa::{Isa, dispatched, prefetch};
 use crate::loops;
-use crate::packed::{BLOCK, PackedMatrix, Panels};
+use crate::packed::{BLOCK, LINE, PackedMatrix, Panels};
 use crate::pool::HotPool;
 
 /// Work below which a linear layer runs on the calling thread: handing it to the pool costs
@@ -283,6 +283,16 @@ impl Kernels {
     /// `acc += a · x`.
     pub fn axpy(&self, acc: &mut [f32], a: f32, x: &[f32]) {
         axpy(self.isa, acc, a, x);
+    }
+
+    /// Asks the CPU to start bringing every cache line of `data` into its caches: for data
+    /// that a step will read soon, after other work, such as attention's values while its
+    /// scores are computed.
+    pub fn prefetch<T>(&self, data: &[T]) {
+        let per_line = (LINE / size_of::<T>().max(1)).max(1);
+        for at in (0..data.len()).step_by(per_line) {
+            prefetch(data, at);
+        }
     }
 
     /// Softmax of `scores` in place; scores of −∞ get weight 0.

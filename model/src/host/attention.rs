@@ -111,6 +111,12 @@ pub(crate) fn attend(
             .collect();
         let lo = mine.iter().map(|r| sees_from(r.position)).min().unwrap_or(0);
         let hi = mine.iter().map(|r| r.slot + 1).max().unwrap_or(0);
+        // The values are read after the scores: asked for now, they come from memory while
+        // the scores are computed, instead of each row stalling the weighted sum.
+        match cache.values(l, kv_head).from(lo * hd) {
+            KvRows::F32(values) => kernels.prefetch(&values[..(hi - lo) * hd]),
+            KvRows::Bf16(values) => kernels.prefetch(&values[..(hi - lo) * hd]),
+        }
         let (start, mut scores) = scores(kernels, &piece_queries, hd, cache, l, kv_head, lo, hi);
         let width = scores.len() / (n * group);
         let reach = hi - start;
