@@ -106,6 +106,11 @@ impl KeyLayout {
         self.capacity - self.paneled()
     }
 
+    /// How far apart `position`'s keys of consecutive dimensions are.
+    pub(crate) fn stride(self, position: usize) -> usize {
+        if position < self.paneled() { BLOCK } else { self.tail() }
+    }
+
     /// The index of `position`'s key in dimension `dim`.
     pub(crate) fn at(self, position: usize, dim: usize) -> usize {
         let paneled = self.paneled();
@@ -144,8 +149,10 @@ fn write_position<T: Element>(layer: &mut KeysValues<T>, layout: KeyLayout, at: 
     let KeysValues { keys, values } = layer;
     for (h, (key, value)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
         let head_keys = &mut keys[h * cap * hd..][..cap * hd];
-        for (d, &x) in key.iter().enumerate() {
-            head_keys[layout.at(at, d)] = T::store(x);
+        // A position's dimensions lie one stride apart (a panel's width, or the tail's).
+        let (first, stride) = (layout.at(at, 0), layout.stride(at));
+        for (stored, &x) in head_keys[first..].iter_mut().step_by(stride).zip(key) {
+            *stored = T::store(x);
         }
         for (stored, &x) in values[(h * cap + at) * hd..][..hd].iter_mut().zip(value) {
             *stored = T::store(x);
