@@ -27,7 +27,7 @@ use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
 use specd_node::Distributions;
-use specd_proto::v1::{SamplingParams as WireSampling, SpeculationStats};
+use specd_proto::v1::{ProposerTally, SamplingParams as WireSampling, SpeculationStats};
 use specd_sampling::chi2::chi_square_test;
 use specd_sampling::law::target_sequence_law;
 use specd_sampling::{SamplingParams, Truncation, Verification};
@@ -105,7 +105,7 @@ pub(crate) struct LawRun {
     pub fallbacks: u64,
     pub mean_batch: f64,
     /// Candidates proposed and accepted, by proposer, over every generation.
-    pub by_proposer: HashMap<String, (u64, u64)>,
+    pub by_proposer: HashMap<String, ProposerTally>,
     pub empty_proposals: u64,
     /// Rounds over every generation.
     pub rounds: u64,
@@ -177,15 +177,15 @@ async fn law_run_by(
     }
     let p_value = chi_square_test(&tally.counts, &expected).unwrap().p_value;
     let mean_batch = tally.target_sequences as f64 / tally.target_passes.max(1) as f64;
-    let fallbacks = tally.run.fallbacks;
     let run = tally.run;
     eprintln!(
-        "law check: {n} samples, γ = {}, tree {:?}, dense = {dense}, rule {:?}, {} verification, proposer {}, {fallbacks} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals, {} generations drafted then decoded target-only: χ² p-value {p_value:.4e}",
+        "law check: {n} samples, γ = {}, tree {:?}, dense = {dense}, rule {:?}, {} verification, proposer {}, {} draft losses, mean target batch {mean_batch:.2}, {} rounds, proposed/accepted {:?}, {} empty proposals, {} generations drafted then decoded target-only: χ² p-value {p_value:.4e}",
         gamma_name(options.gamma),
         options.tree,
         options.rule,
         options.verification,
         options.proposer.kind,
+        run.fallbacks,
         run.rounds,
         run.by_proposer,
         run.empty_proposals,
@@ -216,20 +216,40 @@ impl Default for Tally {
     }
 }
 
+impl LawRun {
+    /// One generation's counts, from its stats.
+    fn of_generation(stats: SpeculationStats) -> Self {
+        Self {
+            fallbacks: stats.draft_fallbacks,
+            empty_proposals: stats.empty_proposals,
+            rounds: stats.rounds,
+            drafted_then_plain: u64::from(stats.draft_tokens > 0 && stats.gamma == 0),
+            by_proposer: stats.by_proposer,
+            ..Self::default()
+        }
+    }
+
+    /// Adds `other`'s counts to these (the p-value and mean batch are left alone: they
+    /// come from the merged tally).
+    fn absorb(&mut self, other: LawRun) {
+        self.fallbacks += other.fallbacks;
+        self.empty_proposals += other.empty_proposals;
+        self.rounds += other.rounds;
+        self.drafted_then_plain += other.drafted_then_plain;
+        for (proposer, tally) in other.by_proposer {
+            let sum = self.by_proposer.entry(proposer).or_default();
+            sum.proposed += tally.proposed;
+            sum.accepted += tally.accepted;
+        }
+    }
+}
+
 impl Tally {
     fn add(&mut self, tokens: &[u32], stats: SpeculationStats) {
         self.counts[cell(tokens)] += 1;
         self.target_passes += stats.target_forward_passes;
         self.target_sequences += stats.target_batched_sequences;
-        let run = &mut self.run;
-        run.fallbacks += stats.draft_fallbacks;
-        run.empty_proposals += stats.empty_proposals;
-        run.rounds += stats.rounds;
-        run.drafted_then_plain += u64::from(stats.draft_tokens > 0 && stats.gamma == 0);
-        for (proposer, tally) in stats.by_proposer {
-            let sum = run.by_proposer.entry(proposer).or_default();
-            (sum.0, sum.1) = (sum.0 + tally.proposed, sum.1 + tally.accepted);
-        }
+        self.run.absorb(LawRun::of_generation(stats));
     }
 
     fn merge(&mut self, other: Tally) {
@@ -238,15 +258,7 @@ impl Tally {
         }
         self.target_passes += other.target_passes;
         self.target_sequences += other.target_sequences;
-        let (run, lane) = (&mut self.run, other.run);
-        run.fallbacks += lane.fallbacks;
-        run.empty_proposals += lane.empty_proposals;
-        run.rounds += lane.rounds;
-        run.drafted_then_plain += lane.drafted_then_plain;
-        for (proposer, (proposed, accepted)) in lane.by_proposer {
-            let sum = run.by_proposer.entry(proposer).or_default();
-            (sum.0, sum.1) = (sum.0 + proposed, sum.1 + accepted);
-        }
+        self.run.absorb(other.run);
     }
 }
 
@@ -319,7 +331,7 @@ fn adaptive() -> ClusterOptions {
 /// Asserts that the rounds drafted (a candidate a generation at least) and that γ changed
 /// within generations: a tenth of them at least ended with a target-only round after drafting.
 fn assert_gamma_changed(run: &LawRun, n: u64) {
-    let proposed: u64 = run.by_proposer.values().map(|(proposed, _)| proposed).sum();
+    let proposed: u64 = run.by_proposer.values().map(|t| t.proposed).sum();
     assert!(proposed >= n, "{proposed} candidates proposed for {n} generations");
     assert!(
         run.drafted_then_plain * 10 >= n,
@@ -424,7 +436,7 @@ fn with_trees(options: ClusterOptions) -> ClusterOptions {
 /// Asserts that the rounds drafted trees and not chains: a chain at γ = 2 proposes at most
 /// two candidates a round.
 fn assert_trees_ran(run: &LawRun) {
-    let proposed: u64 = run.by_proposer.values().map(|(proposed, _)| proposed).sum();
+    let proposed: u64 = run.by_proposer.values().map(|t| t.proposed).sum();
     let per_round = proposed as f64 / run.rounds.max(1) as f64;
     assert!(per_round > 2.5, "{per_round:.2} candidates a round: the rounds drafted chains, not trees");
 }

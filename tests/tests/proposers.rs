@@ -63,10 +63,14 @@ async fn audit(kind: ProposerKind) {
     assert_eq!(run.fallbacks, 0, "{kind}: draft losses");
     // The audit saw what it is about: deterministic candidates, some accepted, some not.
     let deterministic: Vec<_> = run.by_proposer.iter().filter(|(name, _)| name.as_str() != "model").collect();
-    let (proposed, accepted) = deterministic.iter().fold((0, 0), |(p, a), (_, t)| (p + t.0, a + t.1));
+    let (proposed, accepted) = deterministic.iter().fold((0, 0), |(p, a), (_, t)| (p + t.proposed, a + t.accepted));
     assert!(proposed > 0 && accepted > 0 && accepted < proposed, "{kind}: {:?}", run.by_proposer);
     if kind == ProposerKind::ModelNgram {
-        assert!(run.by_proposer.get("model").is_some_and(|t| t.0 > 0), "no model candidate: {:?}", run.by_proposer);
+        assert!(
+            run.by_proposer.get("model").is_some_and(|t| t.proposed > 0),
+            "no model candidate: {:?}",
+            run.by_proposer
+        );
     }
 }
 
