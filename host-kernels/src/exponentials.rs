@@ -48,10 +48,11 @@ pub(crate) fn exp<const FUSED: bool>(x: f32) -> f32 {
     // `n as i32`, whose saturating conversion the compiler does one value at a time. 2ⁿ
     // goes into an f32's exponent bits in two halves, so that 2¹²⁸ (x just under HIGH) is
     // never formed.
+    // For a NaN `n` is meaningless, so the arithmetic on it wraps rather than overflows.
     let n = rounded.to_bits().wrapping_sub(ROUNDER.to_bits()) as i32;
     let half = n >> 1;
-    let scale_a = f32::from_bits(((half + 127) as u32) << 23);
-    let scale_b = f32::from_bits(((n - half + 127) as u32) << 23);
+    let scale_a = f32::from_bits((half.wrapping_add(127) as u32) << 23);
+    let scale_b = f32::from_bits((n.wrapping_sub(half).wrapping_add(127) as u32) << 23);
     let y = er * scale_a * scale_b;
     if x.is_nan() {
         x
