@@ -1,7 +1,7 @@
 //! Attention's loops at the demo target's shape (head dim 64) over a session of 133
-//! positions, for 1 and 5 query rows (a decode step and a verify block of γ = 4): the
-//! scores against a head's key panels and the weighted sum of its values, bf16 cache, one
-//! thread, the CPU's widest instruction set.
+//! positions, for 1 to 8 query rows (a decode step, a verify block of γ = 4, a prompt's
+//! tile): the scores against a head's key panels and the weighted sum of its values, bf16
+//! cache, one thread, the CPU's widest instruction set.
 //!
 //! `cargo bench -p specd-host-kernels --bench attention_loops`
 
@@ -19,7 +19,7 @@ fn main() {
     let keys: Vec<u16> = wave(panels * BLOCK * HEAD_DIM, 0.37).into_iter().map(to_bf16).collect();
     let values: Vec<u16> = wave(POSITIONS * HEAD_DIM, 0.29).into_iter().map(to_bf16).collect();
     println!("{}, one thread, {POSITIONS} positions, head dim {HEAD_DIM}", kernels.isa().name());
-    for rows in [1usize, 5] {
+    for rows in [1usize, 3, 5, 6, 7, 8] {
         let queries = wave(rows * HEAD_DIM, 0.11);
         let weights = wave(rows * POSITIONS, 0.07);
         let mut sums = vec![[0f32; BLOCK]; panels * rows];

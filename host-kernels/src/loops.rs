@@ -315,14 +315,32 @@ fn many_tile<W: Weight, const FUSED: bool, const N: usize>(
         if bw == BLOCK {
             for r in 0..reach {
                 let row: &[W; BLOCK] = m[r * stride + offset + start..][..BLOCK].try_into().expect("a block");
-                // The row widened once and the tile's weights gathered before the products:
-                // written as one call per weight row, the compiler widened the row again for
-                // each and stored sums to the stack at every step (1.5× the time at 5 rows).
-                let row: [f32; BLOCK] = std::array::from_fn(|i| row[i].widen());
-                let weights: [f32; N] = std::array::from_fn(|t| ws[t][r]);
-                for t in 0..N {
-                    for i in 0..BLOCK {
-                        acc[t][i] = madd::<FUSED>(weights[t], row[i], acc[t][i]);
+                // The row is widened once, before the products: written as one call per weight
+                // row, the compiler widened it again for each and stored sums to the stack at
+                // every step. Up to 5 weight rows (a verify block's queries) their weights are
+                // also gathered first, which took a third off the time at 5 rows; at 8 the
+                // compiler turned that gather into code 17× slower, so larger tiles read each
+                // weight where it is used (`attention_loops` bench).
+                let mut wide = [0f32; BLOCK];
+                for i in 0..BLOCK {
+                    wide[i] = row[i].widen();
+                }
+                if N <= 5 {
+                    let mut weights = [0f32; N];
+                    for t in 0..N {
+                        weights[t] = ws[t][r];
+                    }
+                    for t in 0..N {
+                        for i in 0..BLOCK {
+                            acc[t][i] = madd::<FUSED>(weights[t], wide[i], acc[t][i]);
+                        }
+                    }
+                } else {
+                    for t in 0..N {
+                        let w = ws[t][r];
+                        for i in 0..BLOCK {
+                            acc[t][i] = madd::<FUSED>(w, wide[i], acc[t][i]);
+                        }
                     }
                 }
             }
