@@ -10,6 +10,8 @@
 //! the standard library's), far inside the 1e-4 that the host engine's parity with
 //! transformers allows.
 
+use crate::loops::madd;
+
 /// Above this `eˣ` overflows `f32`.
 const HIGH: f32 = 88.722_83;
 /// Below this `eˣ` is under the smallest normal `f32`: it is taken as 0 (the standard
@@ -23,11 +25,6 @@ const LN2_LOW: f32 = -2.121_944_4e-4;
 const ROUNDER: f32 = 12_582_912.0;
 /// Cephes' coefficients of `(eʳ - 1 - r) / r²`, highest degree first.
 const COEFFICIENTS: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
-
-#[inline(always)]
-fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FUSED { a.mul_add(b, c) } else { a * b + c }
-}
 
 /// `eˣ`: within two ulps of the exact value, 0 below [`LOW`], `∞` above [`HIGH`], NaN for
 /// NaN. Every branch is a select, so a loop over it vectorises.

@@ -7,7 +7,7 @@ use crate::isa::prefetch;
 use crate::packed::{BLOCK, LINE};
 
 #[inline(always)]
-fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+pub(crate) fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FUSED { a.mul_add(b, c) } else { a * b + c }
 }
 
