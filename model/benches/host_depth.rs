@@ -12,7 +12,7 @@ use std::time::Instant;
 use specd_model::{Engine, LoadOptions, load_model};
 
 mod common;
-use common::{BenchEnv, median};
+use common::{BenchEnv, counts_from_env, median};
 
 fn main() {
     let BenchEnv { dir, samples, threads, dtype } = BenchEnv::read("target", 300);
@@ -20,11 +20,7 @@ fn main() {
         eprintln!("host_depth: no checkpoint at {} (make demo builds models/demo); nothing measured", dir.display());
         return;
     }
-    let depths: Vec<usize> = std::env::var("SPECD_BENCH_DEPTHS")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .map(|v| v.split(',').map(|d| d.trim().parse().expect("SPECD_BENCH_DEPTHS: comma-separated counts")).collect())
-        .unwrap_or_else(|| vec![0, 64, 128, 256, 448]);
+    let depths = counts_from_env("SPECD_BENCH_DEPTHS", &[0, 64, 128, 256, 448]);
     let opts = LoadOptions { dtype, threads: Some(threads), engine: Engine::Host, ..LoadOptions::default() };
     let mut m = load_model(&dir, &opts).expect("checkpoint");
     let vocab = m.info().vocab_size as u32;

@@ -13,7 +13,7 @@ use std::time::Instant;
 use specd_model::{Engine, LoadOptions, load_model};
 
 mod common;
-use common::{BenchEnv, median};
+use common::{BenchEnv, counts_from_env, median};
 
 /// Tokens in the session's cache before each measured pass.
 const DEPTH: usize = 128;
@@ -24,11 +24,7 @@ fn main() {
         eprintln!("host_verify: no checkpoint at {} (make demo builds models/demo); nothing measured", dir.display());
         return;
     }
-    let mut lengths: Vec<usize> = std::env::var("SPECD_BENCH_LENGTHS")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .map(|v| v.split(',').map(|n| n.trim().parse().expect("SPECD_BENCH_LENGTHS: comma-separated counts")).collect())
-        .unwrap_or_else(|| vec![1, 2, 3, 5, 8]);
+    let mut lengths = counts_from_env("SPECD_BENCH_LENGTHS", &[1, 2, 3, 5, 8]);
     lengths.push(1);
     lengths.sort_unstable();
     lengths.dedup();

@@ -38,3 +38,15 @@ impl BenchEnv {
         }
     }
 }
+
+/// The comma-separated counts in the environment variable `name`, or `default` when it is
+/// unset or empty.
+pub fn counts_from_env(name: &str, default: &[usize]) -> Vec<usize> {
+    match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+        Some(v) => v
+            .split(',')
+            .map(|n| n.trim().parse().unwrap_or_else(|_| panic!("{name}: comma-separated counts")))
+            .collect(),
+        None => default.to_vec(),
+    }
+}
