@@ -40,6 +40,7 @@ impl DenseDist {
 
     /// [`DenseDist::from_weights`] for weights that are finite and non-negative by
     /// construction, with their sum taken by the caller: no validating pass over them.
+    #[inline(always)]
     pub(crate) fn from_summed_weights(weights: Vec<f64>, sum: f64) -> Result<Self> {
         if weights.is_empty() {
             return Err(SamplingError::EmptyDistribution);
@@ -58,6 +59,7 @@ impl DenseDist {
         Ok(Self { probs })
     }
 
+    #[inline(always)]
     fn renormalised(mut probs: Vec<f64>, sum: f64) -> Self {
         // Sums off by rounding alone are left as given, so that 0.6,0.3,0.1 stays those numbers.
         if (sum - 1.0).abs() > ROUNDING_SLACK {

@@ -3,12 +3,16 @@
 //! f64 addition is not reassociated by the compiler, so a plain running sum over V waits on
 //! every add. Eight independent accumulators let the adds overlap and vectorise. Sampling
 //! skips whole blocks by their sum and walks only the block where the draw lands.
+//!
+//! The loops a row's distribution runs are `#[inline(always)]`: a function compiled for a
+//! wider instruction set ([`crate::effective_distribution`]'s copies) widens only the code
+//! inlined into it, and a call would run the baseline's.
 
 const LANES: usize = 8;
 const BLOCK: usize = 512;
 
 /// Σ weight(i) for i in `range`.
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_sum(range: std::ops::Range<usize>, weight: impl Fn(usize) -> f64) -> f64 {
     let mut acc = [0.0f64; LANES];
     let mut i = range.start;
@@ -29,7 +33,7 @@ pub(crate) fn lane_sum(range: std::ops::Range<usize>, weight: impl Fn(usize) -> 
 /// The largest of `values` (-inf when empty), NaN-free values assumed. A running maximum
 /// waits on every comparison, as a running sum waits on every add; eight lanes let them
 /// overlap and vectorise.
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_max<S: Copy + Into<f64>>(values: &[S]) -> f64 {
     let mut acc = [f64::NEG_INFINITY; LANES];
     let chunks = values.chunks_exact(LANES);
@@ -110,7 +114,7 @@ pub(crate) fn sample_index(n: usize, weight: impl Fn(usize) -> f64, total: f64, 
 /// 0 below -708 (where libm's results are below 3.4e-308), NaN for NaN. Inlined, with no
 /// branch and no call, so that a row's values vectorise: a call to libm's `exp` for each
 /// was most of the time a row of logits took to become a distribution (BENCHMARKS.md).
-#[inline]
+#[inline(always)]
 pub(crate) fn exp_nonpositive(x: f64) -> f64 {
     // x = k·ln 2 + r with |r| ≤ ln 2 / 2, ln 2 split so that k·LN2_HI is exact (fdlibm's).
     const LN2_HI: f64 = 6.931_471_803_691_238e-1;
