@@ -11,14 +11,21 @@ use crate::Table;
 pub const VOCAB: usize = 3;
 pub const PROMPT: [u32; 1] = [0];
 
+/// The target's table and the draft's, for one law test.
+#[derive(Debug, Clone)]
+pub struct TablePair {
+    pub target: Table,
+    pub draft: Table,
+}
+
 /// Target and draft tables for continuations of up to `length` tokens after [`PROMPT`].
-pub fn tables(length: usize) -> (Table, Table) {
+pub fn tables(length: usize) -> TablePair {
     tables_after(&PROMPT, length)
 }
 
 /// [`tables`] after another prompt (the proposers' audits use one that repeats itself, so
 /// that an n-gram match proposes the token the target finds least likely).
-pub fn tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
+pub fn tables_after(prompt: &[u32], length: usize) -> TablePair {
     let mut target = Table { vocab_size: VOCAB, default: vec![1.0 / 3.0; VOCAB], rules: Vec::new() };
     let mut draft = target.clone();
     target.rules.push((prompt.to_vec(), vec![0.6, 0.3, 0.1]));
@@ -32,13 +39,13 @@ pub fn tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
             draft.rules.push((prefix.clone(), row(i as u64, prefix.len() as u32, 2)));
         }
     }
-    (target, draft)
+    TablePair { target, draft }
 }
 
 /// [`tables_after`] with every row's entries at least 0.05 (no zeros, no one-hot rows): under
 /// an output constraint a row must keep mass on the tokens it allows, whichever they are.
-pub fn positive_tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
-    let (mut target, mut draft) = tables_after(prompt, length);
+pub fn positive_tables_after(prompt: &[u32], length: usize) -> TablePair {
+    let TablePair { mut target, mut draft } = tables_after(prompt, length);
     for table in [&mut target, &mut draft] {
         for (_, probs) in table.rules.iter_mut() {
             let floored: Vec<f64> = probs.iter().map(|p| p + 0.05).collect();
@@ -46,15 +53,15 @@ pub fn positive_tables_after(prompt: &[u32], length: usize) -> (Table, Table) {
             *probs = floored.iter().map(|p| p / total).collect();
         }
     }
-    (target, draft)
+    TablePair { target, draft }
 }
 
 /// Tables for conversations of two turns: [`tables_after`]'s rules after `prompt`, and after
 /// each `prompt ++ first ++ [user]` (`first` any continuation of 1 to `length` tokens) rules
 /// of its own, so that the second turn's law depends on every token of the first turn's
 /// output.
-pub fn conversation_tables(prompt: &[u32], user: u32, length: usize) -> (Table, Table) {
-    let (mut target, mut draft) = tables_after(prompt, length);
+pub fn conversation_tables(prompt: &[u32], user: u32, length: usize) -> TablePair {
+    let TablePair { mut target, mut draft } = tables_after(prompt, length);
     // A history that is also another's (a short first turn, the user's token and what
     // follows, against a longer first turn) keeps the rule it got first.
     let mut keys: std::collections::HashSet<Vec<u32>> = target.rules.iter().map(|(key, _)| key.clone()).collect();
@@ -72,7 +79,7 @@ pub fn conversation_tables(prompt: &[u32], user: u32, length: usize) -> (Table, 
                 prefixes.iter().flat_map(|p| (0..VOCAB as u32).map(move |t| [p.clone(), vec![t]].concat())).collect();
         }
     }
-    (target, draft)
+    TablePair { target, draft }
 }
 
 /// Every sequence of `length` tokens, in [`cell`] order.

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use specd_coordinator::GammaChoice;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_e2e::law_tables::{ConstrainedTarget, EffectiveTarget, VOCAB, cell, positive_tables_after};
+use specd_e2e::law_tables::{ConstrainedTarget, EffectiveTarget, TablePair, VOCAB, cell, positive_tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_node::{BlockMasks, Distributions};
 use specd_proto::v1::output_constraint::Kind;
@@ -70,7 +70,7 @@ fn sampling(seed: u64) -> WireSampling {
 /// p-value against the exact constrained law.
 async fn constrained_law_p_value(name: &str, options: ClusterOptions, n: u64) -> f64 {
     let dir = scratch_dir(&format!("constraint-law-{name}"));
-    let (target_table, draft_table) = positive_tables_after(&PROMPT, LENGTH);
+    let TablePair { target: target_table, draft: draft_table } = positive_tables_after(&PROMPT, LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let cluster = Cluster::start(&target, &draft, &options).await.unwrap();

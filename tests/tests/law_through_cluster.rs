@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant, TreeSetting};
 use specd_device_sampling::DeviceRule;
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, TablePair, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
 use specd_node::Distributions;
@@ -144,7 +144,7 @@ async fn law_run_by(
         options.rule,
         options.verification
     ));
-    let (target_table, draft_table) = tables_after(prompt, LENGTH);
+    let TablePair { target: target_table, draft: draft_table } = tables_after(prompt, LENGTH);
     let prompt = Arc::new(prompt.to_vec());
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();

@@ -19,7 +19,7 @@
 //! exact; only acceptance drops (and the draft's history would go wrong).
 
 use specd_coordinator::GammaChoice;
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, TablePair, VOCAB, cell, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, hf_fixture, scratch_dir};
 use specd_model::DType;
 use specd_node::Distributions;
@@ -89,7 +89,7 @@ async fn generate(
 #[tokio::test(flavor = "current_thread")]
 async fn same_seed_same_tokens_with_and_without_optimistic_drafting() {
     let dir = scratch_dir("optimistic-same-seed");
-    let (target_table, draft_table) = tables(LENGTH);
+    let TablePair { target: target_table, draft: draft_table } = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let on = Cluster::start(&target, &draft, &options(2, true)).await.unwrap();
@@ -147,11 +147,17 @@ async fn greedy_with_optimistic_drafting_equals_target_only_on_hf_models() {
     }
 }
 
-/// Draws `n` 4-token continuations through the cluster: the χ² p-value against the exact
-/// law, and the optimistic hits on the way.
-async fn law_check(options: ClusterOptions, n: u64) -> (f64, u64) {
+/// What a law check saw: the χ² p-value of the continuations against the exact law, and
+/// the optimistic hits on the way.
+struct LawCheck {
+    p_value: f64,
+    hits: u64,
+}
+
+/// Draws `n` 4-token continuations through the cluster.
+async fn law_check(options: ClusterOptions, n: u64) -> LawCheck {
     let dir = scratch_dir(&format!("optimistic-law-{:?}-{}", options.lookahead_purpose, options.distributions));
-    let (target_table, draft_table) = tables(LENGTH);
+    let TablePair { target: target_table, draft: draft_table } = tables(LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
@@ -191,13 +197,13 @@ async fn law_check(options: ClusterOptions, n: u64) -> (f64, u64) {
         "optimistic law check: {n} samples, lookahead draws {:?}, {hits} optimistic hits: χ² p-value {p_value:.4e}",
         options.lookahead_purpose
     );
-    (p_value, hits)
+    LawCheck { p_value, hits }
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn law_with_optimistic_drafting() {
     let n = samples();
-    let (p, hits) = law_check(options(1, true), n).await;
+    let LawCheck { p_value: p, hits } = law_check(options(1, true), n).await;
     assert!(hits > n / 10, "only {hits} optimistic hits in {n} generations");
     assert!(p > FALSE_FAILURE, "optimistic drafting: p = {p} ({hits} hits)");
 }
@@ -209,7 +215,7 @@ async fn law_with_optimistic_drafting() {
 async fn law_with_optimistic_drafting_on_the_device_path() {
     let n = device_samples();
     let options = ClusterOptions { distributions: Distributions::Device, ..options(1, true) };
-    let (p, hits) = law_check(options, n).await;
+    let LawCheck { p_value: p, hits } = law_check(options, n).await;
     assert!(hits > n / 10, "only {hits} optimistic hits in {n} generations");
     assert!(p > FALSE_FAILURE, "optimistic drafting on the device path: p = {p} ({hits} hits)");
 }
@@ -218,7 +224,7 @@ async fn law_with_optimistic_drafting_on_the_device_path() {
 async fn lookahead_reusing_the_acceptance_draws_is_caught() {
     let n = power_samples();
     let broken = ClusterOptions { lookahead_purpose: Purpose::Accept, ..options(1, true) };
-    let (p, hits) = law_check(broken, n).await;
+    let LawCheck { p_value: p, hits } = law_check(broken, n).await;
     assert!(hits > n / 10, "only {hits} optimistic hits in {n} generations");
     assert!(p < FALSE_FAILURE, "a lookahead drawn with the acceptance uniforms passed: p = {p} ({hits} hits)");
 }

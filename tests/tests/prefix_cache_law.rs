@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use specd_coordinator::GammaChoice;
-use specd_e2e::law_tables::{EffectiveTarget, VOCAB, cell, conversation_tables};
+use specd_e2e::law_tables::{EffectiveTarget, TablePair, VOCAB, cell, conversation_tables};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::PrefixCacheOptions;
 use specd_proto::v1::SamplingParams as WireSampling;
@@ -62,7 +62,7 @@ struct Audit {
 async fn audit(options: ClusterOptions, n: u64) -> Audit {
     let dir = scratch_dir(&format!("prefix-cache-law-{}", options.target_prefix_cache_keeps_rejected_rows));
     let prompt = prompt();
-    let (target_table, draft_table) = conversation_tables(&prompt, USER, LENGTH);
+    let TablePair { target: target_table, draft: draft_table } = conversation_tables(&prompt, USER, LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
@@ -104,7 +104,7 @@ async fn audit(options: ClusterOptions, n: u64) -> Audit {
     let params = SamplingParams::default();
     let first_law = EffectiveTarget { table: target_table.clone(), params }.after(prompt.len());
     let mut expected = vec![0.0; counts.len()];
-    for (first, weight) in first_turn_law(&first_law, &prompt) {
+    for FirstTurn { output: first, probability: weight } in first_turn_law(&first_law, &prompt) {
         let next = [prompt.as_slice(), &first, &[USER]].concat();
         let second_law = EffectiveTarget { table: target_table.clone(), params }.after(next.len());
         for (seq, p) in target_sequence_law(&second_law, &next, LENGTH) {
@@ -120,18 +120,24 @@ async fn audit(options: ClusterOptions, n: u64) -> Audit {
     Audit { p_value, target_reused }
 }
 
-/// Turn one's outputs and their probabilities: up to [`LENGTH`] tokens, ending at [`STOP`].
-fn first_turn_law(model: &dyn PrefixModel, prompt: &[u32]) -> Vec<(Vec<u32>, f64)> {
+/// One output of turn one (up to [`LENGTH`] tokens, ending at [`STOP`]) and its probability.
+struct FirstTurn {
+    output: Vec<u32>,
+    probability: f64,
+}
+
+/// Every output of turn one with its probability.
+fn first_turn_law(model: &dyn PrefixModel, prompt: &[u32]) -> Vec<FirstTurn> {
     let mut outputs = Vec::new();
     let mut open = vec![(Vec::new(), 1.0)];
-    while let Some((output, p)) = open.pop() {
+    while let Some((output, probability)) = open.pop() {
         if output.len() == LENGTH || output.last() == Some(&STOP) {
-            outputs.push((output, p));
+            outputs.push(FirstTurn { output, probability });
             continue;
         }
         let next = model.target(&[prompt, &output].concat());
         for (token, &q) in next.probs().iter().enumerate().filter(|&(_, &q)| q > 0.0) {
-            open.push(([output.as_slice(), &[token as u32]].concat(), p * q));
+            open.push(([output.as_slice(), &[token as u32]].concat(), probability * q));
         }
     }
     outputs

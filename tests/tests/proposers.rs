@@ -17,7 +17,7 @@ use std::time::Duration;
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_e2e::law_tables::{EffectiveTarget, VOCAB, cell, tables_after};
+use specd_e2e::law_tables::{EffectiveTarget, TablePair, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, hf_fixture, scratch_dir, stream_to_end};
 use specd_model::{DType, DeviceSpec};
 use specd_node::NodeConfig;
@@ -110,7 +110,7 @@ const SAME_SEED_POWER_PAIRS: u64 = 2_000;
 async fn same_seed_pairs(pairs: u64, wrong: bool) -> (f64, u64) {
     const LENGTH: usize = 3;
     let dir = scratch_dir(&format!("suffix-same-seed-{wrong}"));
-    let (target_table, draft_table) = tables_after(&PROMPT, LENGTH);
+    let TablePair { target: target_table, draft: draft_table } = tables_after(&PROMPT, LENGTH);
     let target = target_table.write(&dir.join("target.json")).unwrap();
     let draft = draft_table.write(&dir.join("draft.json")).unwrap();
     let config = ProposerConfig { suffix_budget_tokens: PROMPT.len() + LENGTH, ..proposer(ProposerKind::Suffix) };

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use specd_coordinator::RuleVariant;
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, tables};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, TablePair, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, continuation_request, scratch_dir, stream_to_end};
 use specd_node::Distributions;
 use specd_proto::v1::SamplingParams as WireSampling;
@@ -44,8 +44,8 @@ fn samples() -> u64 {
 }
 
 /// `law_tables`' pair with a padding row added to the target.
-fn padded_tables() -> (Table, Table) {
-    let (target, draft) = tables(LENGTH);
+fn padded_tables() -> TablePair {
+    let TablePair { target, draft } = tables(LENGTH);
     let pad = |probs: &[f64], mass: f64| -> Vec<f64> {
         probs.iter().map(|p| p * (1.0 - mass)).chain(std::iter::once(mass)).collect()
     };
@@ -61,7 +61,7 @@ fn padded_tables() -> (Table, Table) {
             })
             .collect(),
     };
-    (padded, draft)
+    TablePair { target: padded, draft }
 }
 
 /// Writes `table` as a table-model file whose token names are [`NAMES`]: the ids past them
@@ -82,15 +82,15 @@ fn cell(seq: &[u32]) -> usize {
 
 /// The reverse of [`padded_tables`]: `law_tables`' target (3 rows) and its draft with a
 /// padding row that takes 30% of q everywhere.
-fn larger_draft_tables() -> (Table, Table) {
-    let (target, draft) = tables(LENGTH);
+fn larger_draft_tables() -> TablePair {
+    let TablePair { target, draft } = tables(LENGTH);
     let pad = |probs: &[f64]| -> Vec<f64> { probs.iter().map(|p| p * 0.7).chain(std::iter::once(0.3)).collect() };
     let padded = Table {
         vocab_size: TARGET_VOCAB,
         default: pad(&draft.default),
         rules: draft.rules.iter().map(|(prefix, probs)| (prefix.clone(), pad(probs))).collect(),
     };
-    (target, padded)
+    TablePair { target, draft: padded }
 }
 
 /// What a law check saw: the χ² p-value of N continuations through the cluster against the
@@ -108,7 +108,7 @@ async fn law_check(name: &str, options: ClusterOptions, dense: bool, n: u64) -> 
 
 async fn law_check_of(
     name: &str,
-    (target_table, draft_table): (Table, Table),
+    TablePair { target: target_table, draft: draft_table }: TablePair,
     options: ClusterOptions,
     dense: bool,
     n: u64,
@@ -228,7 +228,7 @@ async fn a_draft_with_a_padding_row_the_target_lacks_keeps_the_law() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_real_tokenizer_difference_is_refused_by_name() {
     let dir = scratch_dir("vocab-padding-refused");
-    let (target_table, draft_table) = padded_tables();
+    let TablePair { target: target_table, draft: draft_table } = padded_tables();
     let target = write(&target_table, &dir.join("target.json"), &NAMES);
     let renamed = write(&draft_table, &dir.join("renamed.json"), &["A", "B", "Z"]);
     let err = Cluster::start(&target, &renamed, &ClusterOptions::default()).await.unwrap_err().to_string();
