@@ -7,8 +7,9 @@
 //! and on a virtual machine a wake-up costs tens of microseconds, as much as a small layer.
 //! So while a pass runs ([`HotPool::pass`]) the helpers spin between its steps, and the
 //! caller takes a share of every step itself instead of handing the pass to the pool and
-//! waiting. Between passes they sleep almost at once: on a small host the cores are then
-//! needed by the other threads of a node (the network, a draft model beside the target).
+//! waiting. Between passes they look for a millisecond more, giving their core way to any
+//! other thread that wants it, and then sleep: on a small host the cores are then needed by
+//! the other threads of a node (the network, a draft model beside the target).
 //!
 //! This module is the crate's second use of `unsafe` (the first is [`crate::isa`]'s
 //! dispatch): a step is a closure borrowed from the caller's stack, and the helpers call it
@@ -28,10 +29,20 @@ use crate::error::KernelError;
 /// stalled by something else lets its helpers sleep.
 const SPIN_IN_PASS: Duration = Duration::from_millis(2);
 
-/// How long a helper keeps looking when no pass runs: passes that follow each other at once
-/// (a prompt in chunks, a draft's steps) find it awake, and a node between rounds does not
-/// keep a core busy.
-const SPIN_IDLE: Duration = Duration::from_micros(50);
+/// How long a helper keeps looking when no pass runs, yielding its core every
+/// [`YIELD_EVERY_IDLE`] looks. Passes that follow each other at once (a prompt in chunks, a
+/// draft's steps) find it awake. It is a millisecond, not tens of microseconds, for the
+/// hand-offs around a pass: a round wakes a node's model thread, then the thread that waits
+/// for its reply, then the other node's, and on a small virtual machine each of those wakes
+/// costs tens of microseconds. A helper that keeps looking through the gaps between a
+/// round's passes, and gives way to any thread woken on its core, made them shorter
+/// (BENCHMARKS.md has the measure). A node with no round to run still sleeps within a
+/// millisecond.
+const SPIN_IDLE: Duration = Duration::from_millis(1);
+
+/// Between passes a helper yields its core this often, so that a thread woken there (the
+/// network's, a model thread's) runs at once instead of waiting for the spin to end.
+const YIELD_EVERY_IDLE: u32 = 64;
 
 /// A step's work: `tasks` calls of the closure, by index.
 type Task = dyn Fn(usize) + Sync;
@@ -288,10 +299,14 @@ impl Shared {
                 return Some(number);
             }
             spins = spins.wrapping_add(1);
-            let limit = if self.passes.load(Ordering::Relaxed) > 0 { SPIN_IN_PASS } else { SPIN_IDLE };
+            let in_pass = self.passes.load(Ordering::Relaxed) > 0;
+            let limit = if in_pass { SPIN_IN_PASS } else { SPIN_IDLE };
             if spins.is_multiple_of(64) && started.elapsed() >= limit {
                 self.sleep(seen);
                 started = Instant::now();
+            }
+            if !in_pass && spins.is_multiple_of(YIELD_EVERY_IDLE) {
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
         }
