@@ -7,6 +7,7 @@
 //! - [`corpus`]: the Python standard library's sources (or any directory of `.py` files);
 //! - [`bpe`]: the tokenizer; [`net`]: the trainable model; [`train`]: the optimiser loop,
 //!   with [`adamw`], whose state [`checkpoint`] saves so that a stopped stage resumes;
+//!   [`teacher`]: the target's states over the corpus, computed once for a long distillation;
 //! - [`evaluate`]: held-out losses and acceptance; [`export`]: Hugging Face directories;
 //! - [`progress`]: how the build reports itself;
 //! - [`pair`]: the build itself, stage by stage; [`given`]: a shipped target the
@@ -41,6 +42,7 @@ pub mod pair;
 pub mod progress;
 pub mod spec;
 pub mod step_time;
+pub mod teacher;
 pub mod train;
 
 pub use error::{DemoError, Result};

@@ -71,6 +71,19 @@ impl TrainableLlama {
     /// Logits `[batch, time, vocab]` in float32 for token ids `[batch, time]` (int64), each
     /// row causal from position 0. `compute` is the dtype of the matmuls.
     pub fn forward(&self, ids: &Tensor, compute: Kind) -> Result<Tensor> {
+        self.head(&self.last_states(ids, compute)?, compute)
+    }
+
+    /// The logits of [`Self::forward`] from the states [`Self::last_states`] returned: the
+    /// vocabulary's head alone, a small share of a pass's work.
+    pub fn head(&self, states: &Tensor, compute: Kind) -> Result<Tensor> {
+        let states = states.f_to_kind(compute)?;
+        Ok(states.f_linear(&self.embed.f_to_kind(compute)?, None::<&Tensor>)?.f_to_kind(Kind::Float)?)
+    }
+
+    /// The last layer's states after the final norm, `[batch, time, hidden]` in float32:
+    /// everything [`Self::forward`] computes but the vocabulary's head.
+    pub fn last_states(&self, ids: &Tensor, compute: Kind) -> Result<Tensor> {
         let size = ids.size();
         let (b, t) = (size[0], size[1]);
         let cfg = &self.cfg;
@@ -108,7 +121,6 @@ impl TrainableLlama {
             let mlp = gate.f_mul(&up)?.f_linear(&w(&l.down)?, None::<&Tensor>)?;
             x = x.f_add(&mlp.f_to_kind(Kind::Float)?)?;
         }
-        let x = rms_norm(&x, &self.norm, eps)?.f_to_kind(compute)?;
-        Ok(x.f_linear(&w(&self.embed)?, None::<&Tensor>)?.f_to_kind(Kind::Float)?)
+        Ok(rms_norm(&x, &self.norm, eps)?)
     }
 }

@@ -17,6 +17,7 @@ use crate::matmul::MatmulKind;
 use crate::net::TrainableLlama;
 use crate::progress::Progress;
 use crate::spec::DemoSpec;
+use crate::teacher::TeacherStates;
 use crate::train::{Windows, distillation_loss, next_token_loss, optimise};
 use crate::{bpe, corpus, export};
 
@@ -47,6 +48,10 @@ pub struct BuildOptions {
     /// draft, start the draft from that draft's weights instead of fresh ones (a fresh
     /// optimiser, the preset's schedule over its draft steps): train it further.
     pub given: Option<GivenPair>,
+    /// Distil against the target's states computed once over the corpus
+    /// ([`TeacherStates`]) instead of running the target on every batch: for a draft whose
+    /// steps see the corpus more than once. Part of the draft's cache key when set.
+    pub teacher_states: bool,
 }
 
 /// The pair as written to [`BuildOptions::ship_to`].
@@ -142,6 +147,10 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     if let Some(draft) = &given_draft {
         draft_key["from"] = json!(draft.weights_sha256);
     }
+    // Absent when unset, so that drafts built before the option stay cached.
+    if opts.teacher_states {
+        draft_key["teacher"] = json!("states computed once, f16, aligned windows");
+    }
     let draft_key = with_device(draft_key, opts.device);
     let tok_dir = opts.out.join("tokenizer");
     let target_dir = opts.out.join("target");
@@ -200,8 +209,8 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
             progress,
             Some(&mut checkpoint),
             |batch| {
-                let logits = target.forward(&batch.f_narrow(1, 0, t)?, compute)?;
-                next_token_loss(&logits, &batch.f_narrow(1, 1, t)?)
+                let logits = target.forward(&batch.ids.f_narrow(1, 0, t)?, compute)?;
+                next_token_loss(&logits, &batch.ids.f_narrow(1, 1, t)?)
             },
         )?;
         progress.note(&format!("target: final training loss {loss:.3}"));
@@ -229,10 +238,18 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
             progress.note(&format!("draft: from {} (sha256 {})", given.dir.display(), given.weights_sha256));
             export::read_weights_file(&draft_vs, &given.weights())?;
         }
+        let (draft_seed, t) = (opts.seed.wrapping_add(1), spec.context as i64);
+        // Computed before the stage's bar: a resumed stage computes them again.
+        let states = match opts.teacher_states {
+            true => Some(TeacherStates::compute(&target, &train_stream, spec.context, compute, device, progress)?),
+            false => None,
+        };
         progress.stage("distilling draft", spec.draft_steps);
-        let mut windows = Windows::new(&train_stream, spec.context, spec.batch, opts.seed.wrapping_add(1));
+        let mut windows = match states {
+            Some(_) => Windows::aligned(&train_stream, spec.context, spec.batch, draft_seed),
+            None => Windows::new(&train_stream, spec.context, spec.batch, draft_seed),
+        };
         let mut checkpoint = StageCheckpoint::new(&draft_dir, &draft_key, opts.checkpoint_every);
-        let t = spec.context as i64;
         let loss = optimise(
             &draft_vs,
             spec.draft_steps,
@@ -241,10 +258,13 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
             progress,
             Some(&mut checkpoint),
             |batch| {
-                let ids = batch.f_narrow(1, 0, t)?;
-                let teacher = {
-                    let _no_grad = tch::no_grad_guard();
-                    target.forward(&ids, compute)?
+                let ids = batch.ids.f_narrow(1, 0, t)?;
+                let teacher = match &states {
+                    Some(states) => states.logits(&target, batch, compute)?,
+                    None => {
+                        let _no_grad = tch::no_grad_guard();
+                        target.forward(&ids, compute)?
+                    }
                 };
                 distillation_loss(&draft.forward(&ids, compute)?, &teacher)
             },
@@ -265,6 +285,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
     let windows = (spec.batch * 2).max(4);
     let held = Windows::new(&held_stream, spec.context, windows, opts.seed.wrapping_add(2))
         .next_batch()?
+        .ids
         .f_to_device(device)?;
     let report = evaluate::evaluate(&target, &draft, &held)?;
     let shipped = match &opts.ship_to {
@@ -298,6 +319,7 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         &with_device(
             json!({"seed": opts.seed, "spec": spec, "matmul": opts.matmul, "corpus": corpus.fingerprint, "report": report,
             "target_parameters": outcome.target_parameters, "draft_parameters": outcome.draft_parameters,
+            "teacher_states": opts.teacher_states,
             "target_from": outcome.given_target.as_ref().map(GivenModel::summary),
             "draft_from": outcome.given_draft.as_ref().map(GivenModel::summary)}),
             opts.device,

@@ -4,8 +4,8 @@
 pub trait Progress {
     /// A stage begins; `steps` is 0 for stages without steps.
     fn stage(&mut self, name: &str, steps: usize);
-    /// Step `step` (1-based) of the current stage finished with this loss, at this many
-    /// training tokens per second so far.
+    /// Step `step` (1-based) of the current stage finished with this loss (NaN for a stage
+    /// that trains nothing), at this many tokens per second so far.
     fn step(&mut self, step: usize, loss: f64, tokens_per_s: f64);
     /// A line worth telling the user (a cache hit, a result).
     fn note(&mut self, text: &str);

@@ -34,7 +34,7 @@ pub fn seconds_per_step(
     let mut time_one = || -> Result<f64> {
         let started = Instant::now();
         optimise(&vs, 1, 1e-4, &mut windows, &mut Quiet, None, |batch| {
-            let ids = batch.f_narrow(1, 0, t)?;
+            let ids = batch.ids.f_narrow(1, 0, t)?;
             let logits = model.forward(&ids, compute)?;
             match &teacher {
                 Some(teacher) => {
@@ -44,7 +44,7 @@ pub fn seconds_per_step(
                     };
                     distillation_loss(&logits, &p)
                 }
-                None => next_token_loss(&logits, &batch.f_narrow(1, 1, t)?),
+                None => next_token_loss(&logits, &batch.ids.f_narrow(1, 1, t)?),
             }
         })?;
         Ok(started.elapsed().as_secs_f64())

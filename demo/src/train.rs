@@ -20,12 +20,29 @@ pub struct Windows<'a> {
     len: usize,
     batch: usize,
     state: u64,
+    /// Windows start only at multiples of `len` (see [`Windows::aligned`]).
+    aligned: bool,
+}
+
+/// A batch of windows and where each starts in the stream.
+#[derive(Debug)]
+pub struct Batch {
+    /// `[batch, len + 1]` int64 ids.
+    pub ids: Tensor,
+    /// The stream offset of each row's first token.
+    pub starts: Vec<usize>,
 }
 
 impl<'a> Windows<'a> {
-    /// Windows of `len` tokens plus the one after each (the last label).
+    /// Windows of `len` tokens plus the one after each (the last label), starting anywhere.
     pub fn new(stream: &'a [u32], len: usize, batch: usize, seed: u64) -> Self {
-        Self { stream, len, batch, state: seed ^ 0x9e37_79b9_7f4a_7c15 }
+        Self { stream, len, batch, state: seed ^ 0x9e37_79b9_7f4a_7c15, aligned: false }
+    }
+
+    /// As [`Windows::new`], each window one of the [`aligned_count`] that start at a multiple
+    /// of `len`: the windows whose target states [`crate::teacher::TeacherStates`] holds.
+    pub fn aligned(stream: &'a [u32], len: usize, batch: usize, seed: u64) -> Self {
+        Self { aligned: true, ..Self::new(stream, len, batch, seed) }
     }
 
     /// The generator's state: the windows drawn after [`restore_state`](Self::restore_state)
@@ -47,20 +64,31 @@ impl<'a> Windows<'a> {
         z ^ (z >> 31)
     }
 
-    /// `[batch, len + 1]` int64 ids.
-    pub fn next_batch(&mut self) -> Result<Tensor> {
+    /// The next `batch` windows.
+    pub fn next_batch(&mut self) -> Result<Batch> {
         let span = self.len + 1;
-        let starts = self.stream.len().saturating_sub(span).max(1) as u64;
         let mut ids = Vec::with_capacity(self.batch * span);
+        let mut starts = Vec::with_capacity(self.batch);
         for _ in 0..self.batch {
-            let start = (self.next_u64() % starts) as usize;
+            let start = if self.aligned {
+                (self.next_u64() % aligned_count(self.stream.len(), self.len) as u64) as usize * self.len
+            } else {
+                (self.next_u64() % self.stream.len().saturating_sub(span).max(1) as u64) as usize
+            };
             let window = &self.stream[start..(start + span).min(self.stream.len())];
             ids.extend(window.iter().map(|&t| i64::from(t)));
             // A stream shorter than one window repeats its last token rather than failing.
             ids.extend(std::iter::repeat_n(ids.last().copied().unwrap_or(0), span - window.len()));
+            starts.push(start);
         }
-        Ok(Tensor::from_slice(&ids).f_view([self.batch as i64, span as i64])?)
+        Ok(Batch { ids: Tensor::from_slice(&ids).f_view([self.batch as i64, span as i64])?, starts })
     }
+}
+
+/// How many windows of `len` tokens and a label start at multiples of `len` in a stream of
+/// `stream_len` tokens: at least one (a short stream's window repeats its last token).
+pub fn aligned_count(stream_len: usize, len: usize) -> usize {
+    (stream_len.saturating_sub(1) / len.max(1)).max(1)
 }
 
 /// Learning rate at `step` of `steps`: linear warm-up over the first 5% (at least one
@@ -84,7 +112,7 @@ pub fn optimise(
     windows: &mut Windows<'_>,
     progress: &mut dyn Progress,
     mut checkpoint: Option<&mut StageCheckpoint>,
-    mut loss: impl FnMut(&Tensor) -> Result<Tensor>,
+    mut loss: impl FnMut(&Batch) -> Result<Tensor>,
 ) -> Result<f64> {
     let mut optimiser = AdamW::new(vs, AdamWConfig::default())?;
     let mut position = TrainingPosition { steps_done: 0, windows_state: windows.state(), tail_sum: 0.0, tail_steps: 0 };
@@ -101,7 +129,8 @@ pub fn optimise(
     let tokens_per_step = (windows.batch * windows.len) as f64;
     let tail_from = steps - (steps / 10).max(1).min(steps);
     for step in position.steps_done..steps {
-        let batch = windows.next_batch()?.f_to_device(vs.device())?;
+        let batch = windows.next_batch()?;
+        let batch = Batch { ids: batch.ids.f_to_device(vs.device())?, ..batch };
         let l = loss(&batch)?;
         optimiser.zero_grad();
         l.f_backward()?;

@@ -1,7 +1,8 @@
 //! `specd models demo` and `specd bench` on the `tiny` preset (seconds to build): the pair
 //! loads in transformers with the same tokenizer and logits as specd's, builds are
 //! deterministic for a seed and cached, a build killed part-way resumes to the same bytes, a
-//! shipped target (and draft) can be given instead of trained again,
+//! shipped target (and draft) can be given instead of trained again, a draft distilled
+//! against the target's states computed once learns as one distilled against the target,
 //! `--minutes` produces a loadable pair, and the bench JSON is complete and consistent.
 
 mod common;
@@ -385,6 +386,41 @@ fn given_shipped_models_distil_a_new_draft_or_train_the_shipped_one_further_and_
 }
 
 #[test]
+fn a_draft_distilled_against_the_targets_states_learns_as_one_against_the_target_and_is_keyed_apart() {
+    // Seed 13, which no other test here builds.
+    let (plain, plain_report) = build(13, &["--draft-steps", "40"]);
+    let (with_states, states_report) = build(13, &["--teacher-states", "--draft-steps", "40"]);
+    let figure = |report: &Value, name: &str| report["report"][name].as_f64().unwrap();
+    // The same draft trained against the same target: the states rounded to f16 and the
+    // windows aligned must change its figures by far less than the 40 steps move them (α at
+    // T = 1 by about 0.3 on this preset).
+    for name in ["alpha_t1", "alpha_t08", "draft_loss"] {
+        let (a, b) = (figure(&plain_report, name), figure(&states_report, name));
+        assert!((a - b).abs() < 0.02, "{name}: {a} against the target, {b} against its states");
+    }
+    assert!(figure(&states_report, "alpha_t1") > 0.9, "{states_report}");
+    let weights = |dir: &Path, model: &str| std::fs::read(dir.join(model).join("model.safetensors")).unwrap();
+    assert!(weights(&plain, "target") == weights(&with_states, "target"), "the flag changed the target");
+    assert!(weights(&plain, "draft") != weights(&with_states, "draft"), "the flag changed nothing");
+    // Over the plain build, the flag retrains the draft alone, through the states pass; run
+    // again, everything is cached.
+    let out = plain.to_str().unwrap();
+    let args = ["models", "demo", "--preset", "tiny", "--out", out, "--seed", "13", "--draft-steps", "40"];
+    let run = specd(&[&args[..], &["--teacher-states"]].concat());
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    assert!(log.contains("target: cached") && !log.contains("draft: cached"), "{log}");
+    assert!(log.contains("running the target over the corpus once"), "{log}");
+    assert!(weights(&plain, "draft") == weights(&with_states, "draft"), "the same build gave other bytes");
+    let again = specd(&[&args[..], &["--teacher-states", "--json"]].concat());
+    let again: Value = serde_json::from_slice(&again.stdout).expect("JSON report");
+    assert_eq!(again["cached"], true);
+    for dir in [plain, with_states] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
 fn a_minutes_budget_builds_a_pair_transformers_loads() {
     let (dir, report) = build(3, &["--minutes", "0.1"]);
     assert!(report["report"]["alpha_t1"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));
@@ -398,6 +434,7 @@ fn bad_arguments_are_refused_with_exit_code_2() {
     for args in [
         &["models", "demo", "--preset", "huge"][..],
         &["models", "demo", "--preset", "tiny", "--minutes", "0"],
+        &["models", "demo", "--preset", "tiny", "--minutes", "1", "--teacher-states"],
         &["models", "demo", "--preset", "tiny", "--corpus", "/nonexistent/dir"],
         &["models", "demo", "--preset", "tiny", "--target-steps", "0"],
         &["models", "demo", "--preset", "tiny", "--draft-lr", "0"],
