@@ -363,6 +363,21 @@ fn given_shipped_models_distil_a_new_draft_or_train_the_shipped_one_further_and_
     assert_eq!(card["steps"]["draft"], 12 + 1, "the shipped draft's steps and this build's");
     assert!(card["draft_from"]["weights_sha256"].is_string());
     assert_eq!(card["spec"]["draft_lr"], 0.001, "--draft-lr is the draft's peak learning rate");
+    // The target given again, from the pair whose build was given it: the card names the
+    // build that trained it, not the one that shipped it last.
+    let (chained, chained_build) = (temp("chained"), temp("chained-build"));
+    let chained_target = reship.join("target");
+    let mut run = args[..6].to_vec();
+    run.extend(["--out", chained_build.to_str().unwrap(), "--target-from", chained_target.to_str().unwrap()]);
+    run.extend(["--draft-steps", "1", "--ship-to", chained.to_str().unwrap()]);
+    let done = specd(&run);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let card_of = |dir: &Path| -> Value { serde_json::from_slice(&read(dir.join("card.json"))).expect("card JSON") };
+    let (first_card, chained_card) = (card_of(&ship), card_of(&chained));
+    assert_eq!(chained_card["target_from"]["command"], first_card["command"], "{chained_card}");
+    let shipped_it = card_of(&reship)["command"].clone();
+    assert_ne!(chained_card["target_from"]["command"], shipped_it, "the command of the pair that shipped it");
+    assert_eq!(chained_card["target_from"]["commit"], first_card["commit"]);
     // A draft trained further needs the target it was distilled from.
     let alone = specd(&["models", "demo", "--preset", "tiny", "--draft-from", ship.join("draft").to_str().unwrap()]);
     assert_eq!(alone.status.code(), Some(2), "{}", String::from_utf8_lossy(&alone.stderr));
@@ -380,7 +395,7 @@ fn given_shipped_models_distil_a_new_draft_or_train_the_shipped_one_further_and_
     let message = String::from_utf8_lossy(&corrupted.stderr);
     assert_eq!(corrupted.status.code(), Some(2), "{message}");
     assert!(message.contains("model.safetensors") && message.contains("SHA256SUMS"), "{message}");
-    for dir in [first_build, ship, reship, out, fresh_dir, further_dir] {
+    for dir in [first_build, ship, reship, out, fresh_dir, further_dir, chained, chained_build] {
         let _ = std::fs::remove_dir_all(dir);
     }
 }

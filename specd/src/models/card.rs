@@ -52,11 +52,19 @@ fn origin(given: Option<&GivenModel>, role: &str) -> Value {
         .and_then(|pair| std::fs::read_to_string(pair.join("card.json")).ok())
         .and_then(|text| serde_json::from_str(&text).ok());
     let from_card = |pointer: &str| card.as_ref().and_then(|c| c.pointer(pointer)).cloned().unwrap_or(Value::Null);
+    // A model that pair's own build was given unchanged (a target given with --target-from
+    // again) was built by the build its card names for it, not by that pair's build.
+    let earlier = from_card(&format!("/{role}_from"));
+    let (command, commit) = if earlier["weights_sha256"].as_str() == Some(given.weights_sha256.as_str()) {
+        (earlier["command"].clone(), earlier["commit"].clone())
+    } else {
+        (from_card("/command"), from_card("/commit"))
+    };
     json!({
         "dir": given.dir,
         "weights_sha256": given.weights_sha256,
-        "command": from_card("/command"),
-        "commit": from_card("/commit"),
+        "command": command,
+        "commit": commit,
         "steps": from_card(&format!("/steps/{role}")),
         "tokens_seen": from_card(&format!("/tokens_seen/{role}")),
     })
