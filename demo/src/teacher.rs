@@ -2,9 +2,10 @@
 //!
 //! Distilling the draft runs the target on every batch to get the distributions the draft
 //! imitates, and that pass is most of a step: for the demo pair the target's forward pass
-//! costs about twice the draft's whole step, forward and backward. A distillation that sees
-//! the corpus several times pays it again on every pass. [`TeacherStates`] runs the target once
-//! over the stream cut into the windows [`Windows::aligned`] draws, keeps each position's
+//! costs more than the draft's whole step, forward and backward (BENCHMARKS.md). A
+//! distillation that sees the corpus several times pays it again on every pass.
+//! [`TeacherStates`] runs the target once over the stream cut into the windows
+//! [`Windows::aligned`](crate::train::Windows::aligned) draws, keeps each position's
 //! last-layer states (after the final norm, in f16), and a step then runs only the target's
 //! vocabulary head on them ([`TrainableLlama::head`]).
 //!
