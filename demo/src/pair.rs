@@ -240,10 +240,10 @@ pub fn build(opts: &BuildOptions, progress: &mut dyn Progress) -> Result<BuildOu
         }
         let (draft_seed, t) = (opts.seed.wrapping_add(1), spec.context as i64);
         // Computed before the stage's bar: a resumed stage computes them again.
-        let states = match opts.teacher_states {
-            true => Some(TeacherStates::compute(&target, &train_stream, spec.context, compute, device, progress)?),
-            false => None,
-        };
+        let states = opts
+            .teacher_states
+            .then(|| TeacherStates::compute(&target, &train_stream, spec.context, compute, device, progress))
+            .transpose()?;
         progress.stage("distilling draft", spec.draft_steps);
         let mut windows = match states {
             Some(_) => Windows::aligned(&train_stream, spec.context, spec.batch, draft_seed),

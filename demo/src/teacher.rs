@@ -20,7 +20,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::Result;
 use crate::net::TrainableLlama;
 use crate::progress::Progress;
-use crate::train::{Batch, aligned_count};
+use crate::train::{Batch, aligned_count, push_window};
 
 /// The target's states for each aligned window of a stream: `[windows, len, hidden]`.
 #[derive(Debug)]
@@ -54,14 +54,12 @@ impl TeacherStates {
             let count = WINDOWS_PER_PASS.min(windows - first);
             let mut ids = Vec::with_capacity(count * len);
             for window in first..first + count {
-                let tokens = &stream[window * len..((window + 1) * len).min(stream.len())];
-                ids.extend(tokens.iter().map(|&t| i64::from(t)));
-                ids.extend(std::iter::repeat_n(ids.last().copied().unwrap_or(0), len - tokens.len()));
+                push_window(stream, window * len, len, &mut ids);
             }
             let ids = Tensor::from_slice(&ids).f_view([count as i64, len as i64])?.f_to_device(device)?;
             parts.push(target.last_states(&ids, compute)?.f_to_kind(Kind::Half)?);
             let elapsed = started.elapsed().as_secs_f64().max(1e-9);
-            progress.step(pass + 1, f64::NAN, ((first + count) * len) as f64 / elapsed);
+            progress.step(pass + 1, None, ((first + count) * len) as f64 / elapsed);
         }
         Ok(Self { states: Tensor::f_cat(&parts, 0)?, len })
     }

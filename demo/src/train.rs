@@ -75,14 +75,19 @@ impl<'a> Windows<'a> {
             } else {
                 (self.next_u64() % self.stream.len().saturating_sub(span).max(1) as u64) as usize
             };
-            let window = &self.stream[start..(start + span).min(self.stream.len())];
-            ids.extend(window.iter().map(|&t| i64::from(t)));
-            // A stream shorter than one window repeats its last token rather than failing.
-            ids.extend(std::iter::repeat_n(ids.last().copied().unwrap_or(0), span - window.len()));
+            push_window(self.stream, start, span, &mut ids);
             starts.push(start);
         }
         Ok(Batch { ids: Tensor::from_slice(&ids).f_view([self.batch as i64, span as i64])?, starts })
     }
+}
+
+/// Appends the `span` tokens of `stream` from `start` to `ids`; a window that runs past the
+/// stream's end repeats its last token rather than failing.
+pub(crate) fn push_window(stream: &[u32], start: usize, span: usize, ids: &mut Vec<i64>) {
+    let window = &stream[start.min(stream.len())..(start + span).min(stream.len())];
+    ids.extend(window.iter().map(|&t| i64::from(t)));
+    ids.extend(std::iter::repeat_n(ids.last().copied().unwrap_or(0), span - window.len()));
 }
 
 /// How many windows of `len` tokens and a label start at multiples of `len` in a stream of
@@ -148,7 +153,7 @@ pub fn optimise(
             checkpoint.maybe_save(vs, &optimiser, position)?;
         }
         let elapsed = started.elapsed().as_secs_f64().max(1e-9);
-        progress.step(step + 1, value, tokens_per_step * (step + 1 - resumed_at) as f64 / elapsed);
+        progress.step(step + 1, Some(value), tokens_per_step * (step + 1 - resumed_at) as f64 / elapsed);
     }
     Ok(position.tail_sum / position.tail_steps.max(1) as f64)
 }

@@ -276,10 +276,10 @@ impl Progress for Bars {
         self.bar = Some(bar);
     }
 
-    fn step(&mut self, step: usize, loss: f64, tokens_per_s: f64) {
-        let msg = match loss.is_nan() {
-            true => format!("{tokens_per_s:.0} tok/s"),
-            false => format!("loss {loss:.3}, {tokens_per_s:.0} tok/s"),
+    fn step(&mut self, step: usize, loss: Option<f64>, tokens_per_s: f64) {
+        let msg = match loss {
+            Some(loss) => format!("loss {loss:.3}, {tokens_per_s:.0} tok/s"),
+            None => format!("{tokens_per_s:.0} tok/s"),
         };
         let resumed_at = *self.resumed_at.get_or_insert_with(|| {
             self.started = Instant::now();
