@@ -3,6 +3,8 @@
 //! prefix-dependent rows (with zeros and one-hot rows) after that, uniform past `length`
 //! tokens; plus the target's exact effective law computed as the target node computes it.
 
+use std::path::{Path, PathBuf};
+
 use specd_sampling::law::PrefixModel;
 use specd_sampling::{DenseDist, Purpose, SamplingParams, StreamKey, TokenHistory, effective_distribution};
 
@@ -16,6 +18,23 @@ pub const PROMPT: [u32; 1] = [0];
 pub struct TablePair {
     pub target: Table,
     pub draft: Table,
+}
+
+/// Where [`TablePair::write`] put the pair's table-model files.
+#[derive(Debug, Clone)]
+pub struct TableFiles {
+    pub target: PathBuf,
+    pub draft: PathBuf,
+}
+
+impl TablePair {
+    /// Writes the pair as `target.json` and `draft.json` in `dir`, the files a cluster loads.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<TableFiles> {
+        Ok(TableFiles {
+            target: self.target.write(&dir.join("target.json"))?,
+            draft: self.draft.write(&dir.join("draft.json"))?,
+        })
+    }
 }
 
 /// Target and draft tables for continuations of up to `length` tokens after [`PROMPT`].

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use specd_coordinator::GammaChoice;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_e2e::law_tables::{ConstrainedTarget, EffectiveTarget, TablePair, VOCAB, cell, positive_tables_after};
+use specd_e2e::law_tables::{ConstrainedTarget, EffectiveTarget, VOCAB, cell, positive_tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_node::{BlockMasks, Distributions};
 use specd_proto::v1::output_constraint::Kind;
@@ -70,10 +70,9 @@ fn sampling(seed: u64) -> WireSampling {
 /// p-value against the exact constrained law.
 async fn constrained_law_p_value(name: &str, options: ClusterOptions, n: u64) -> f64 {
     let dir = scratch_dir(&format!("constraint-law-{name}"));
-    let TablePair { target: target_table, draft: draft_table } = positive_tables_after(&PROMPT, LENGTH);
-    let target = target_table.write(&dir.join("target.json")).unwrap();
-    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
-    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let pair = positive_tables_after(&PROMPT, LENGTH);
+    let files = pair.write(&dir).unwrap();
+    let cluster = Cluster::start(&files.target, &files.draft, &options).await.unwrap();
     let client = cluster.client().await.unwrap();
     let constraint = Arc::new(OutputConstraint { kind: Some(Kind::Regex(REGEX.into())) });
     let mut lanes = Vec::new();
@@ -99,7 +98,7 @@ async fn constrained_law_p_value(name: &str, options: ClusterOptions, n: u64) ->
     }
     cluster.shutdown().await;
     let model = ConstrainedTarget {
-        target: EffectiveTarget { table: target_table, params: params() },
+        target: EffectiveTarget { table: pair.target, params: params() },
         prompt_len: PROMPT.len(),
         allowed,
     };

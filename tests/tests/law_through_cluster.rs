@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use specd_coordinator::{GammaChoice, RuleVariant, TreeSetting};
 use specd_device_sampling::DeviceRule;
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, TablePair, VOCAB, cell, tables_after};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::BatchPolicy;
 use specd_node::Distributions;
@@ -144,11 +144,10 @@ async fn law_run_by(
         options.rule,
         options.verification
     ));
-    let TablePair { target: target_table, draft: draft_table } = tables_after(prompt, LENGTH);
+    let pair = tables_after(prompt, LENGTH);
     let prompt = Arc::new(prompt.to_vec());
-    let target = target_table.write(&dir.join("target.json")).unwrap();
-    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
-    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let files = pair.write(&dir).unwrap();
+    let cluster = Cluster::start(&files.target, &files.draft, &options).await.unwrap();
     let client = cluster.client().await.unwrap();
     let params = Arc::new(params);
     let mut tasks = Vec::new();
@@ -170,7 +169,7 @@ async fn law_run_by(
         tally.merge(task.await.unwrap());
     }
     cluster.shutdown().await;
-    let model = EffectiveTarget { table: target_table, params: *params }.after(prompt.len());
+    let model = EffectiveTarget { table: pair.target, params: *params }.after(prompt.len());
     let mut expected = vec![0.0; tally.counts.len()];
     for (seq, p) in target_sequence_law(&model, &prompt, LENGTH) {
         expected[cell(&seq)] = p;

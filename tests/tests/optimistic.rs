@@ -19,7 +19,7 @@
 //! exact; only acceptance drops (and the draft's history would go wrong).
 
 use specd_coordinator::GammaChoice;
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, TablePair, VOCAB, cell, tables};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, hf_fixture, scratch_dir};
 use specd_model::DType;
 use specd_node::Distributions;
@@ -89,11 +89,10 @@ async fn generate(
 #[tokio::test(flavor = "current_thread")]
 async fn same_seed_same_tokens_with_and_without_optimistic_drafting() {
     let dir = scratch_dir("optimistic-same-seed");
-    let TablePair { target: target_table, draft: draft_table } = tables(LENGTH);
-    let target = target_table.write(&dir.join("target.json")).unwrap();
-    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
-    let on = Cluster::start(&target, &draft, &options(2, true)).await.unwrap();
-    let off = Cluster::start(&target, &draft, &options(2, false)).await.unwrap();
+    let pair = tables(LENGTH);
+    let files = pair.write(&dir).unwrap();
+    let on = Cluster::start(&files.target, &files.draft, &options(2, true)).await.unwrap();
+    let off = Cluster::start(&files.target, &files.draft, &options(2, false)).await.unwrap();
     let (mut on_client, mut off_client) = (on.client().await.unwrap(), off.client().await.unwrap());
     let (mut attempts, mut hits) = (0, 0);
     for seed in 0..300 {
@@ -157,10 +156,9 @@ struct LawCheck {
 /// Draws `n` 4-token continuations through the cluster.
 async fn law_check(options: ClusterOptions, n: u64) -> LawCheck {
     let dir = scratch_dir(&format!("optimistic-law-{:?}-{}", options.lookahead_purpose, options.distributions));
-    let TablePair { target: target_table, draft: draft_table } = tables(LENGTH);
-    let target = target_table.write(&dir.join("target.json")).unwrap();
-    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
-    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let pair = tables(LENGTH);
+    let files = pair.write(&dir).unwrap();
+    let cluster = Cluster::start(&files.target, &files.draft, &options).await.unwrap();
     let client = cluster.client().await.unwrap();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
@@ -187,7 +185,7 @@ async fn law_check(options: ClusterOptions, n: u64) -> LawCheck {
         }
     }
     cluster.shutdown().await;
-    let model = EffectiveTarget { table: target_table, params: SamplingParams::default() };
+    let model = EffectiveTarget { table: pair.target, params: SamplingParams::default() };
     let mut expected = vec![0.0; counts.len()];
     for (seq, p) in target_sequence_law(&model, &PROMPT, LENGTH) {
         expected[cell(&seq)] = p;

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use specd_coordinator::GammaChoice;
-use specd_e2e::law_tables::{EffectiveTarget, TablePair, VOCAB, cell, conversation_tables};
+use specd_e2e::law_tables::{EffectiveTarget, VOCAB, cell, conversation_tables};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, scratch_dir, stream_to_end};
 use specd_model::PrefixCacheOptions;
 use specd_proto::v1::SamplingParams as WireSampling;
@@ -62,10 +62,9 @@ struct Audit {
 async fn audit(options: ClusterOptions, n: u64) -> Audit {
     let dir = scratch_dir(&format!("prefix-cache-law-{}", options.target_prefix_cache_keeps_rejected_rows));
     let prompt = prompt();
-    let TablePair { target: target_table, draft: draft_table } = conversation_tables(&prompt, USER, LENGTH);
-    let target = target_table.write(&dir.join("target.json")).unwrap();
-    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
-    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let pair = conversation_tables(&prompt, USER, LENGTH);
+    let files = pair.write(&dir).unwrap();
+    let cluster = Cluster::start(&files.target, &files.draft, &options).await.unwrap();
     let client = cluster.client().await.unwrap();
     let prompt = Arc::new(prompt);
     let mut lanes = Vec::new();
@@ -102,11 +101,11 @@ async fn audit(options: ClusterOptions, n: u64) -> Audit {
     cluster.shutdown().await;
     // Turn two's law: over turn one's outputs, each one's continuation law.
     let params = SamplingParams::default();
-    let first_law = EffectiveTarget { table: target_table.clone(), params }.after(prompt.len());
+    let first_law = EffectiveTarget { table: pair.target.clone(), params }.after(prompt.len());
     let mut expected = vec![0.0; counts.len()];
     for FirstTurn { output: first, probability: weight } in first_turn_law(&first_law, &prompt) {
         let next = [prompt.as_slice(), &first, &[USER]].concat();
-        let second_law = EffectiveTarget { table: target_table.clone(), params }.after(next.len());
+        let second_law = EffectiveTarget { table: pair.target.clone(), params }.after(next.len());
         for (seq, p) in target_sequence_law(&second_law, &next, LENGTH) {
             expected[cell(&seq)] += weight * p;
         }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use specd_coordinator::{GammaChoice, RuleVariant};
 use specd_draft_node::DraftNode;
 use specd_draft_node::proposer::{MatchSpan, ProposerConfig, ProposerKind};
-use specd_e2e::law_tables::{EffectiveTarget, TablePair, VOCAB, cell, tables_after};
+use specd_e2e::law_tables::{EffectiveTarget, VOCAB, cell, tables_after};
 use specd_e2e::{Cluster, ClusterOptions, continuation_request, hf_fixture, scratch_dir, stream_to_end};
 use specd_model::{DType, DeviceSpec};
 use specd_node::NodeConfig;
@@ -110,12 +110,11 @@ const SAME_SEED_POWER_PAIRS: u64 = 2_000;
 async fn same_seed_pairs(pairs: u64, wrong: bool) -> (f64, u64) {
     const LENGTH: usize = 3;
     let dir = scratch_dir(&format!("suffix-same-seed-{wrong}"));
-    let TablePair { target: target_table, draft: draft_table } = tables_after(&PROMPT, LENGTH);
-    let target = target_table.write(&dir.join("target.json")).unwrap();
-    let draft = draft_table.write(&dir.join("draft.json")).unwrap();
+    let pair = tables_after(&PROMPT, LENGTH);
+    let files = pair.write(&dir).unwrap();
     let config = ProposerConfig { suffix_budget_tokens: PROMPT.len() + LENGTH, ..proposer(ProposerKind::Suffix) };
     let options = ClusterOptions { proposer: config, ..options(ProposerKind::Suffix, RuleVariant::Exact) };
-    let cluster = Cluster::start(&target, &draft, &options).await.unwrap();
+    let cluster = Cluster::start(&files.target, &files.draft, &options).await.unwrap();
     if wrong {
         cluster.draft.lookup().expect("a suffix node").let_same_seed_propose();
     }
@@ -135,7 +134,7 @@ async fn same_seed_pairs(pairs: u64, wrong: bool) -> (f64, u64) {
         }
     }
     cluster.shutdown().await;
-    let model = EffectiveTarget { table: target_table, params: SamplingParams::default() }.after(PROMPT.len());
+    let model = EffectiveTarget { table: pair.target, params: SamplingParams::default() }.after(PROMPT.len());
     let mut expected = vec![0.0; counts.len()];
     for (seq, p) in target_sequence_law(&model, &PROMPT, LENGTH) {
         expected[cell(&seq)] = p;
