@@ -10,22 +10,22 @@
 use std::process::Command;
 
 use specd_coordinator::{GammaChoice, RuleVariant};
+use specd_e2e::law_tables::{TableFiles, TablePair};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
 
-fn tables() -> (Table, Table) {
+fn tables() -> TablePair {
     let target = Table {
         vocab_size: 3,
         default: vec![0.5, 0.3, 0.2],
         rules: vec![(vec![0], vec![0.1, 0.2, 0.7]), (vec![0, 1], vec![0.6, 0.3, 0.1])],
     };
     let draft = Table { vocab_size: 3, default: vec![0.2, 0.2, 0.6], rules: vec![] };
-    (target, draft)
+    TablePair { target, draft }
 }
 
 async fn audit(rule: RuleVariant, mode: &str) -> serde_json::Value {
     let dir = scratch_dir(&format!("audit-{rule:?}-{mode}"));
-    let (target, draft) = tables();
-    let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let TableFiles { target: t, draft: d } = tables().write(&dir).unwrap();
     let options = ClusterOptions { gamma: GammaChoice::Fixed(3), rule, ..ClusterOptions::default() };
     let cluster = Cluster::start(&t, &d, &options).await.unwrap();
     let endpoint = cluster.endpoint.clone();

@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use specd_e2e::law_tables::{TableFiles, TablePair};
 use specd_e2e::{Table, scratch_dir};
 use specd_netns::{ClusterSpec, Delay, NetnsCluster, Topology};
 
@@ -125,7 +126,7 @@ fn the_three_token_law_audit_passes_across_namespaces() {
         rules: vec![(vec![0], vec![0.1, 0.2, 0.7]), (vec![0, 1], vec![0.6, 0.3, 0.1])],
     };
     let draft = Table { vocab_size: 3, default: vec![0.2, 0.2, 0.6], rules: vec![] };
-    let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let TableFiles { target: t, draft: d } = TablePair { target, draft }.write(&dir).unwrap();
     let cluster = start(&dir, t, d, "3");
     let started = Instant::now();
     let report = specd_json(

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use specd_coordinator::GammaChoice;
+use specd_e2e::law_tables::{TableFiles, TablePair};
 use specd_e2e::{Cluster, ClusterOptions, Table, scratch_dir};
 use specd_model::PrefixCacheOptions;
 use specd_proto::v1::generate_request::Prompt;
@@ -92,7 +93,7 @@ async fn metrics_agree_with_the_generation_stats() {
     let dir = scratch_dir("metrics");
     let target = Table { vocab_size: 4, default: vec![0.4, 0.3, 0.2, 0.1], rules: vec![] };
     let draft = Table { vocab_size: 4, default: vec![0.25, 0.25, 0.25, 0.25], rules: vec![] };
-    let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let TableFiles { target: t, draft: d } = TablePair { target, draft }.write(&dir).unwrap();
     let options =
         ClusterOptions { gamma: GammaChoice::Fixed(3), metrics: Some(Metrics::new()), ..ClusterOptions::default() };
     let cluster = Cluster::start(&t, &d, &options).await.unwrap();
@@ -162,7 +163,7 @@ async fn a_turn_decoded_target_only_is_filed_on_the_draft_for_the_next() {
     let dir = scratch_dir("draft-filing");
     let target = Table { vocab_size: 4, default: vec![0.7, 0.1, 0.1, 0.1], rules: vec![] };
     let draft = Table { vocab_size: 4, default: vec![0.1, 0.1, 0.1, 0.7], rules: vec![] };
-    let (t, d) = (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let TableFiles { target: t, draft: d } = TablePair { target, draft }.write(&dir).unwrap();
     let options = ClusterOptions {
         gamma: GammaChoice::Adaptive { max: 4 },
         // A draft that agrees on 40 % and takes 20 ms a step, against a target pass of

@@ -19,7 +19,7 @@
 //! exact; only acceptance drops (and the draft's history would go wrong).
 
 use specd_coordinator::GammaChoice;
-use specd_e2e::law_tables::{EffectiveTarget, PROMPT, VOCAB, cell, tables};
+use specd_e2e::law_tables::{EffectiveTarget, PROMPT, TableFiles, TablePair, VOCAB, cell, tables};
 use specd_e2e::{Cluster, ClusterOptions, Table, hf_fixture, scratch_dir};
 use specd_model::DType;
 use specd_node::Distributions;
@@ -246,8 +246,7 @@ async fn measure_optimistic_drafting_on_loopback() {
     // One distribution at every position: α = Σ min(p, q) = 0.9, and q's mode is p's.
     let target = Table { vocab_size: 5, default: vec![0.6, 0.2, 0.1, 0.05, 0.05], rules: Vec::new() };
     let draft = Table { vocab_size: 5, default: vec![0.5, 0.25, 0.1, 0.1, 0.05], rules: Vec::new() };
-    let (target, draft) =
-        (target.write(&dir.join("target.json")).unwrap(), draft.write(&dir.join("draft.json")).unwrap());
+    let TableFiles { target, draft } = TablePair { target, draft }.write(&dir).unwrap();
     let delays = (std::time::Duration::from_millis(target_ms), std::time::Duration::from_millis(draft_ms));
     for pass in 0..2 {
         for optimistic in [false, true] {
